@@ -1,0 +1,56 @@
+"""Who is running a CLI command: the key in --api-key, $SWITCHYARD_API_KEY, or the operator's
+admin key that `switchyard up` wrote to the state directory (mode 0600, like a kubeconfig)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+
+from switchyard.policy.keys import PLATFORM_TEAM, KeyStore, Principal
+from switchyard.policy.models import Role
+from switchyard.policy.roles import Action, authorize
+from switchyard.state import state_dir
+
+API_KEY_ENV = "SWITCHYARD_API_KEY"
+ADMIN_KEY_FILE = "admin.key"
+
+
+class NotAuthenticated(Exception):
+    pass
+
+
+def add_auth_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--api-key", help=f"key to act as (default: ${API_KEY_ENV}, then the state dir's admin key)")
+    parser.add_argument("--state-dir", help="platform state directory (default: $SWITCHYARD_STATE_DIR or .switchyard)")
+
+
+def ensure_admin_key(state: Path) -> str | None:
+    """Create the operator's platform-admin key on first start. Returns it only when new."""
+    path = state / ADMIN_KEY_FILE
+    store = KeyStore.in_state_dir(state)
+    if path.exists() and store.verify(path.read_text().strip()) is not None:
+        return None
+    key, _ = store.create(PLATFORM_TEAM, Role.PLATFORM_ADMIN, note="operator key written by `switchyard up`")
+    path.touch(mode=0o600)
+    path.write_text(key + "\n")
+    return key
+
+
+def principal(args: argparse.Namespace) -> Principal:
+    state = state_dir(args.state_dir)
+    key = args.api_key or os.environ.get(API_KEY_ENV)
+    if not key and (state / ADMIN_KEY_FILE).exists():
+        key = (state / ADMIN_KEY_FILE).read_text().strip()
+    if not key:
+        raise NotAuthenticated(f"no key: pass --api-key or set ${API_KEY_ENV}")
+    found = KeyStore.in_state_dir(state).verify(key)
+    if found is None:
+        raise NotAuthenticated("the key is unknown or revoked")
+    return found
+
+
+def require(args: argparse.Namespace, action: Action, team: str | None = None) -> Principal:
+    who = principal(args)
+    authorize(who, action, team)
+    return who

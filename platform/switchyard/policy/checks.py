@@ -1,0 +1,199 @@
+"""Every rule a policy set must satisfy beyond its schema: guardrails and references.
+
+Guardrails (org.yaml `guardrails`) say how far a team may move a field: `locked` fields may
+not be set by a team at all; bounded ones may only be tightened (a lower budget, a shorter
+retention, a higher data class, fewer providers). They are checked on every team-wide field
+and on every layer of every flow, and a violation names the file, the field, the team's value
+and the org rule.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from switchyard.policy.errors import PolicyViolation
+from switchyard.policy.layering import Layer, ResolvedFlow, flow_layers, resolve_flow
+from switchyard.policy.models import Bound, EffectiveFlow
+from switchyard.policy.policy_set import PolicySet
+
+
+def check_policy_set(ps: PolicySet) -> list[PolicyViolation]:
+    violations: list[PolicyViolation] = []
+    violations += _check_prompts(ps)
+    violations += _check_catalog(ps)
+    for team_name, team in ps.teams.items():
+        violations += _check_guardrails(ps, _team_layers(ps, team_name))
+        if team.default_flow is not None and team.default_flow not in team.flows:
+            violations.append(
+                PolicyViolation(
+                    ps.team_file(team_name),
+                    "default_flow",
+                    f"names flow {team.default_flow!r}, which the team does not define "
+                    f"(flows: {', '.join(sorted(team.flows)) or 'none'})",
+                )
+            )
+        for flow_name in team.flows:
+            violations += _check_guardrails(ps, flow_layers(ps, team_name, flow_name)[1:])
+            resolved = resolve_flow(ps, team_name, flow_name)
+            if isinstance(resolved, list):
+                violations += resolved
+            else:
+                violations += _check_flow_references(ps, resolved)
+    return violations
+
+
+# ---------------------------------------------------------------- guardrails
+
+
+def _team_layers(ps: PolicySet, team: str) -> list[Layer]:
+    t = ps.teams[team]
+    fields = ("budget", "rate_limit")
+    return [Layer(ps.team_file(team), "", {f: getattr(t, f) for f in fields if f in t.model_fields_set})]
+
+
+def _lookup(values: dict[str, Any], path: str) -> Any:
+    head, _, rest = path.partition(".")
+    if head not in values:
+        return None
+    value = values[head]
+    for part in rest.split(".") if rest else ():
+        value = getattr(value, part, None)
+        if value is None:
+            return None
+    return value
+
+
+def _check_guardrails(ps: PolicySet, layers: list[Layer]) -> list[PolicyViolation]:
+    out: list[PolicyViolation] = []
+    for layer in layers:
+        for path, bound in ps.org.guardrails.items():
+            value = _lookup(layer.values, path)
+            if value is None:
+                continue
+            problem = _violates(ps, bound, value)
+            if problem is not None:
+                out.append(PolicyViolation(layer.file, f"{layer.prefix}{path}", problem))
+    return out
+
+
+def _violates(ps: PolicySet, bound: Bound, value: Any) -> str | None:
+    if bound.locked:
+        return f"is locked by org.yaml guardrails; the team sets {value!r}"
+    if bound.max is not None and isinstance(value, int | float) and value > bound.max:
+        return f"the team sets {value}, above the org cap of {bound.max} (org.yaml guardrails: max)"
+    if bound.min_class is not None and isinstance(value, str):
+        if value not in ps.data.classes:
+            return f"unknown data class {value!r} (known: {', '.join(sorted(ps.data.classes))})"
+        if ps.data.rank(value) < ps.data.rank(bound.min_class):
+            return (
+                f"the team sets data class {value!r}, below the org floor {bound.min_class!r} "
+                "(org.yaml guardrails: min_class; a team may raise a data class, never lower it)"
+            )
+    if bound.subset_of is not None and isinstance(value, frozenset):
+        extra = value - bound.subset_of
+        if extra:
+            return (
+                f"the team allows {sorted(extra)}, outside the org's set {sorted(bound.subset_of)} "
+                "(org.yaml guardrails: subset_of)"
+            )
+    return None
+
+
+# ---------------------------------------------------------------- references
+
+
+def _check_prompts(ps: PolicySet) -> list[PolicyViolation]:
+    out: list[PolicyViolation] = []
+    for prompt in ps.prompts.values():
+        file = f"prompts/{prompt.id}.yaml"
+        for n, version in enumerate(prompt.versions):
+            actual = version.content_hash()
+            if version.sha256 is None:
+                out.append(
+                    PolicyViolation(
+                        file,
+                        f"versions.{n}.sha256",
+                        f"version {version.version} is not published; to publish it, record "
+                        f"sha256: {actual}",
+                    )
+                )
+            elif version.sha256 != actual:
+                out.append(
+                    PolicyViolation(
+                        file,
+                        f"versions.{n}",
+                        f"version {version.version} was edited after publication (recorded "
+                        f"sha256 {version.sha256[:12]}..., content now {actual[:12]}...); "
+                        "published versions are immutable: add a new version instead",
+                    )
+                )
+    return out
+
+
+def _check_catalog(ps: PolicySet) -> list[PolicyViolation]:
+    out: list[PolicyViolation] = []
+    for cls_name, cls in ps.data.classes.items():
+        for tag in cls.requires_compliance:
+            if not any(tag in p.compliance for p in ps.providers.providers.values()):
+                out.append(
+                    PolicyViolation(
+                        "data_policies.yaml",
+                        f"classes.{cls_name}.requires_compliance",
+                        f"no provider carries compliance tag {tag!r}",
+                    )
+                )
+    return out
+
+
+def _flow_models(flow: EffectiveFlow) -> Iterator[tuple[str, str]]:
+    yield "model", flow.model
+    for m in sorted(flow.allowed_models):
+        yield "allowed_models", m
+    for i, cand in enumerate(flow.fallback):
+        yield f"fallback.{i}.model", cand.model
+
+
+def _check_flow_references(ps: PolicySet, resolved: ResolvedFlow) -> list[PolicyViolation]:
+    flow, prov = resolved.policy, resolved.provenance
+    out: list[PolicyViolation] = []
+
+    def bad(field: str, message: str) -> None:
+        top, _, tail = field.partition(".")
+        where = prov.get(top, f"{ps.team_file(flow.team)}: flows.{flow.flow}.{top}")
+        file, _, path = where.partition(": ")
+        out.append(PolicyViolation(file, f"{path}.{tail}" if tail else path, message))
+
+    prompt = ps.prompts.get(flow.prompt_id) if "@" in flow.prompt else None
+    if "@" not in flow.prompt or not flow.prompt.split("@", 1)[1].isdigit():
+        bad("prompt", f"{flow.prompt!r} must be '<prompt-id>@<version>'")
+    elif prompt is None:
+        bad("prompt", f"unknown prompt {flow.prompt_id!r} (no prompts/{flow.prompt_id}.yaml)")
+    else:
+        for version in {flow.prompt_version, *flow.allowed_prompt_versions}:
+            if prompt.get(version) is None:
+                bad("prompt", f"prompt {flow.prompt_id!r} has no version {version}")
+    if flow.data_class not in ps.data.classes:
+        bad("data_class", f"unknown data class {flow.data_class!r}")
+        return out
+    required = ps.data.classes[flow.data_class].requires_compliance
+    for provider in sorted(flow.allowed_providers):
+        if provider not in ps.providers.providers:
+            bad("allowed_providers", f"unknown provider {provider!r}")
+    for field, model in _flow_models(flow):
+        entry = ps.providers.models.get(model)
+        if entry is None:
+            bad(field, f"unknown model {model!r} (not in providers.yaml models)")
+            continue
+        if entry.provider not in flow.allowed_providers:
+            bad(field, f"model {model!r} is served by {entry.provider!r}, which this flow does not allow")
+        missing = required - ps.providers.providers[entry.provider].compliance
+        if missing and field == "model":
+            bad(
+                field,
+                f"data class {flow.data_class!r} requires compliance {sorted(required)}; "
+                f"provider {entry.provider!r} lacks {sorted(missing)}",
+            )
+    if flow.risk_tier == "high" and flow.fallback and flow.eval is None:
+        bad("fallback", "a high-risk flow with a fallback chain needs an `eval` gate (suite, threshold)")
+    return out

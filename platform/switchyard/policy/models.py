@@ -1,0 +1,291 @@
+"""The policy language: pydantic models for every file under `policies/`.
+
+Files are layered org -> team -> flow (see `layering.py`); these models describe one file
+each, plus `EffectiveFlow`, the fully merged policy the gateway enforces for one flow.
+Unknown fields are errors everywhere: a typo in a policy file must not silently do nothing.
+"""
+
+from __future__ import annotations
+
+from datetime import date
+from enum import StrEnum
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class RiskTier(StrEnum):
+    LOW = "low"
+    MEDIUM = "medium"
+    HIGH = "high"
+
+
+class Role(StrEnum):
+    """Who a key speaks for. Ordered from least to most powerful."""
+
+    MEMBER = "member"  # call the gateway as the team
+    TEAM_ADMIN = "team-admin"  # + read the team's spend and audit records
+    AUDITOR = "auditor"  # read every team's audit records
+    PLATFORM_ADMIN = "platform-admin"  # everything
+
+
+# ---------------------------------------------------------------- budgets and limits
+
+
+class BudgetLimits(Strict):
+    """Hard limits in USD per UTC period; soft thresholds are fractions that raise alerts."""
+
+    day_usd: float | None = Field(default=None, ge=0)
+    month_usd: float | None = Field(default=None, ge=0)
+    soft_alerts: tuple[float, ...] = (0.8,)
+
+    @field_validator("soft_alerts")
+    @classmethod
+    def _fractions(cls, v: tuple[float, ...]) -> tuple[float, ...]:
+        if any(not 0 < x < 1 for x in v):
+            raise ValueError("soft alert thresholds are fractions between 0 and 1 (e.g. 0.8)")
+        return tuple(sorted(v))
+
+
+class RateLimit(Strict):
+    requests_per_minute: int | None = Field(default=None, gt=0)
+    tokens_per_minute: int | None = Field(default=None, gt=0)
+
+
+# ---------------------------------------------------------------- providers and models
+
+
+class ProviderKind(StrEnum):
+    OPENAI = "openai"  # OpenAI-compatible HTTP: OpenAI, Azure OpenAI, vLLM, Ray Serve LLM
+    ANTHROPIC = "anthropic"  # Anthropic Messages API
+    BEDROCK = "bedrock"  # AWS Bedrock Converse via boto3
+    SERVE = "serve"  # a Serve deployment in this cluster, through its handle
+    LOCAL = "local"  # switchyard's own small model, served in-cluster
+
+
+class Credential(Strict):
+    """Where a secret comes from. The value itself never appears in a policy file."""
+
+    env: str | None = None
+    file: str | None = None
+
+    @model_validator(mode="after")
+    def _one_source(self) -> Credential:
+        if (self.env is None) == (self.file is None):
+            raise ValueError("give exactly one of `env` or `file`")
+        return self
+
+
+class Provider(Strict):
+    kind: ProviderKind
+    base_url: str | None = None
+    region: str | None = None
+    deployment: str | None = None  # Serve app/deployment name for kind serve/local
+    credential: Credential | None = None
+    compliance: frozenset[str] = frozenset()  # e.g. {"soc2", "eu-residency", "zdr", "in-cluster"}
+    timeout_s: float = Field(default=60.0, gt=0)
+
+
+class Price(Strict):
+    """USD per million tokens, effective from a UTC date until the next entry's date."""
+
+    effective: date
+    input_per_mtok: float = Field(ge=0)
+    output_per_mtok: float = Field(ge=0)
+    cached_input_per_mtok: float | None = Field(default=None, ge=0)
+
+
+class ModelEntry(Strict):
+    provider: str
+    model_version: str  # the id the provider knows, e.g. "gpt-4o-2024-08-06"
+    family: str = "generic"  # tokenizer family for cost estimates
+    context_window: int = Field(default=8192, gt=0)
+    prices: tuple[Price, ...] = ()
+
+    @field_validator("prices")
+    @classmethod
+    def _sorted_unique_dates(cls, v: tuple[Price, ...]) -> tuple[Price, ...]:
+        dates = [p.effective for p in v]
+        if len(set(dates)) != len(dates):
+            raise ValueError("two prices share an effective date")
+        return tuple(sorted(v, key=lambda p: p.effective))
+
+    def price_on(self, day: date) -> Price | None:
+        current = None
+        for p in self.prices:
+            if p.effective <= day:
+                current = p
+        return current
+
+
+class ProviderCatalog(Strict):
+    providers: dict[str, Provider]
+    models: dict[str, ModelEntry]  # key: the model name teams use, e.g. "gpt-4o"
+
+    @model_validator(mode="after")
+    def _models_name_known_providers(self) -> ProviderCatalog:
+        for name, model in self.models.items():
+            if model.provider not in self.providers:
+                raise ValueError(
+                    f"models.{name}.provider: unknown provider {model.provider!r} "
+                    f"(known: {', '.join(sorted(self.providers))})"
+                )
+        return self
+
+
+# ---------------------------------------------------------------- data classes
+
+
+class BodyStorage(StrEnum):
+    FULL = "full"
+    REDACTED = "redacted"
+    HASH = "hash"
+    NONE = "none"
+
+
+class DataClass(Strict):
+    """What may leave the platform and what is kept, for one class of data."""
+
+    rank: int  # higher is more sensitive; a team may raise a flow's class, never lower it
+    send: Literal["raw", "redacted"] = "raw"
+    reversible: bool = False  # restore redaction placeholders in the response
+    requires_compliance: frozenset[str] = frozenset()  # provider must carry all of these tags
+    store_input: BodyStorage = BodyStorage.FULL
+    store_output: BodyStorage = BodyStorage.FULL
+    encrypt_bodies: bool = False
+    retention_days: int = Field(default=30, gt=0)
+    body_readers: frozenset[Role] = frozenset({Role.TEAM_ADMIN, Role.AUDITOR, Role.PLATFORM_ADMIN})
+
+
+class DataPolicies(Strict):
+    classes: dict[str, DataClass]
+
+    def rank(self, name: str) -> int:
+        return self.classes[name].rank
+
+
+# ---------------------------------------------------------------- flows
+
+
+class ErrorClass(StrEnum):
+    """Why an attempt failed; fallback rules name these."""
+
+    TIMEOUT = "timeout"
+    RATE_LIMITED = "rate_limited"  # 429
+    SERVER_ERROR = "server_error"  # 5xx
+    CONNECTION = "connection"
+    CONTEXT_LENGTH = "context_length"
+    CONTENT_FILTER = "content_filter"
+    INVALID_OUTPUT = "invalid_output"  # failed the flow's output contract
+    BAD_REQUEST = "bad_request"  # caused by the request: never falls back
+
+
+class FallbackCandidate(Strict):
+    model: str
+    # Not `on`: YAML 1.1 reads the key `on` as the boolean true.
+    on_errors: frozenset[ErrorClass] = frozenset(
+        {ErrorClass.TIMEOUT, ErrorClass.RATE_LIMITED, ErrorClass.SERVER_ERROR, ErrorClass.CONNECTION}
+    )
+
+    @field_validator("on_errors")
+    @classmethod
+    def _never_on_bad_request(cls, v: frozenset[ErrorClass]) -> frozenset[ErrorClass]:
+        if ErrorClass.BAD_REQUEST in v:
+            raise ValueError("a request the provider rejected as malformed never falls back")
+        return v
+
+
+class EvalGate(Strict):
+    suite: str  # path under policies/evals/suites/
+    threshold: float = Field(ge=0, le=1)
+
+
+class FlowPolicy(Strict):
+    """A flow as written in a team file. Every field is optional: unset ones are inherited."""
+
+    description: str | None = None
+    prompt: str | None = None  # "<prompt-id>@<version>"
+    allowed_prompt_versions: frozenset[int] | None = None
+    input_schema: dict[str, Any] | None = None  # JSON Schema of the prompt variables
+    output_schema: dict[str, Any] | None = None  # JSON Schema every answer must satisfy
+    allow_free_messages: bool | None = None
+    risk_tier: RiskTier | None = None
+    data_class: str | None = None
+    deadline_ms: int | None = Field(default=None, gt=0)
+    max_tokens: int | None = Field(default=None, gt=0)
+    model: str | None = None  # the primary
+    allowed_models: frozenset[str] | None = None
+    fallback: tuple[FallbackCandidate, ...] | None = None
+    eval: EvalGate | None = None
+    allowed_providers: frozenset[str] | None = None
+    budget: BudgetLimits | None = None
+    rate_limit: RateLimit | None = None
+    retention_days: int | None = Field(default=None, gt=0)
+
+
+class TeamPolicy(Strict):
+    """A team file: the team's overrides (`defaults` for its flows) and its flows."""
+
+    team: str
+    description: str = ""
+    default_flow: str | None = None
+    budget: BudgetLimits | None = None
+    rate_limit: RateLimit | None = None
+    allowed_providers: frozenset[str] | None = None
+    retention_days: int | None = Field(default=None, gt=0)
+    defaults: FlowPolicy = FlowPolicy()
+    flows: dict[str, FlowPolicy] = {}
+
+
+class Bound(Strict):
+    """How far a team may move a field away from the org's value."""
+
+    locked: bool = False  # may not be set below the org at all
+    max: float | None = None  # numeric ceiling (budgets, retention)
+    min_class: str | None = None  # data class floor, by rank
+    subset_of: frozenset[str] | None = None  # sets may only shrink
+
+
+class OrgPolicy(Strict):
+    org: str
+    budget: BudgetLimits = BudgetLimits()  # the org-wide cap
+    rate_limit: RateLimit = RateLimit()
+    defaults: FlowPolicy  # every flow starts from these
+    guardrails: dict[str, Bound] = {}  # dotted field path -> bound, checked on teams and flows
+
+
+class EffectiveFlow(Strict):
+    """The merged policy of one flow: what the gateway enforces. Every field is resolved."""
+
+    team: str
+    flow: str
+    description: str = ""
+    prompt: str
+    allowed_prompt_versions: frozenset[int] = frozenset()
+    input_schema: dict[str, Any] = {"type": "object"}
+    output_schema: dict[str, Any] | None = None
+    allow_free_messages: bool = True
+    risk_tier: RiskTier
+    data_class: str
+    deadline_ms: int
+    max_tokens: int
+    model: str
+    allowed_models: frozenset[str] = frozenset()
+    fallback: tuple[FallbackCandidate, ...] = ()
+    eval: EvalGate | None = None
+    allowed_providers: frozenset[str]
+    budget: BudgetLimits = BudgetLimits()
+    rate_limit: RateLimit = RateLimit()
+    retention_days: int
+
+    @property
+    def prompt_id(self) -> str:
+        return self.prompt.split("@", 1)[0]
+
+    @property
+    def prompt_version(self) -> int:
+        return int(self.prompt.split("@", 1)[1])

@@ -1,0 +1,33 @@
+"""The validated policy set of one deployment: every file, parsed, with its content hashes."""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from switchyard.policy.models import DataPolicies, OrgPolicy, ProviderCatalog, TeamPolicy
+from switchyard.policy.prompts import PromptTemplate
+
+
+@dataclass(frozen=True)
+class PolicySet:
+    """Every policy file of one deployment, validated and cross-checked."""
+
+    root: Path
+    org: OrgPolicy
+    teams: dict[str, TeamPolicy]
+    providers: ProviderCatalog
+    data: DataPolicies
+    prompts: dict[str, PromptTemplate]
+    scheduler: dict[str, Any]  # validated by switchyard.scheduler's own schema
+    file_hashes: dict[str, str] = field(default_factory=dict)  # relative path -> sha256
+
+    def team_file(self, team: str) -> str:
+        return f"teams/{team}.yaml"
+
+    @property
+    def fingerprint(self) -> str:
+        joined = "\n".join(f"{k}:{v}" for k, v in sorted(self.file_hashes.items()))
+        return hashlib.sha256(joined.encode()).hexdigest()
