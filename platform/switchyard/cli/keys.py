@@ -47,6 +47,7 @@ def _guarded(fn: Any) -> Any:
         except (NotAuthenticated, Forbidden, UnknownKeyError) as exc:
             return fail(str(exc), 3 if isinstance(exc, NotAuthenticated | Forbidden) else 2)
         return code
+
     return wrapper
 
 
@@ -83,8 +84,10 @@ def run_list(args: argparse.Namespace) -> int:
     if args.json:
         print_json([{**r.__dict__, "role": r.role.value} for r in records])
         return 0
-    print_table(["key id", "team", "role", "active", "note"],
-                [(r.key_id, r.team, r.role.value, "yes" if r.active else "revoked", r.note) for r in records])
+    print_table(
+        ["key id", "team", "role", "active", "note"],
+        [(r.key_id, r.team, r.role.value, "yes" if r.active else "revoked", r.note) for r in records],
+    )
     return 0
 
 

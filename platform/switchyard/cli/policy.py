@@ -42,14 +42,21 @@ def run_check(args: argparse.Namespace) -> int:
             for v in exc.violations:
                 print(f"  {v}")
         return 1
-    summary = {"ok": True, "root": str(root), "teams": len(ps.teams),
-               "flows": sum(len(t.flows) for t in ps.teams.values()),
-               "prompts": len(ps.prompts), "fingerprint": ps.fingerprint}
+    summary = {
+        "ok": True,
+        "root": str(root),
+        "teams": len(ps.teams),
+        "flows": sum(len(t.flows) for t in ps.teams.values()),
+        "prompts": len(ps.prompts),
+        "fingerprint": ps.fingerprint,
+    }
     if args.json:
         print_json(summary)
     else:
-        print(f"{root}: ok ({summary['teams']} teams, {summary['flows']} flows, "
-              f"{summary['prompts']} prompts; fingerprint {ps.fingerprint[:12]})")
+        print(
+            f"{root}: ok ({summary['teams']} teams, {summary['flows']} flows, "
+            f"{summary['prompts']} prompts; fingerprint {ps.fingerprint[:12]})"
+        )
     return 0
 
 

@@ -114,8 +114,7 @@ def _check_prompts(ps: PolicySet) -> list[PolicyViolation]:
                     PolicyViolation(
                         file,
                         f"versions.{n}.sha256",
-                        f"version {version.version} is not published; to publish it, record "
-                        f"sha256: {actual}",
+                        f"version {version.version} is not published; to publish it, record sha256: {actual}",
                     )
                 )
             elif version.sha256 != actual:

@@ -19,6 +19,7 @@ from switchyard.policy.errors import PolicyError, PolicyViolation
 from switchyard.policy.models import DataPolicies, OrgPolicy, ProviderCatalog, TeamPolicy
 from switchyard.policy.policy_set import PolicySet
 from switchyard.policy.prompts import PromptTemplate
+from switchyard.scheduler.core.config import PolicyFileError, parse_policy
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -83,7 +84,12 @@ def load_policy_set(root: str | Path) -> PolicySet:
     org = c.parse(root / "org.yaml", OrgPolicy)
     providers = c.parse(root / "providers.yaml", ProviderCatalog)
     data = c.parse(root / "data_policies.yaml", DataPolicies)
-    scheduler = c.read_yaml(root / "scheduler.yaml") or {}
+    scheduler = c.read_yaml(root / "scheduler.yaml")
+    if scheduler is not None:
+        try:
+            parse_policy(scheduler, "scheduler.yaml")
+        except PolicyFileError as exc:
+            c.add("scheduler.yaml", "", str(exc).removeprefix("scheduler.yaml: "))
     teams: dict[str, TeamPolicy] = {}
     for path in sorted((root / "teams").glob("*.yaml")):
         team = c.parse(path, TeamPolicy)
@@ -109,7 +115,7 @@ def load_policy_set(root: str | Path) -> PolicySet:
         providers=providers,
         data=data,
         prompts=prompts,
-        scheduler=scheduler,
+        scheduler=scheduler or {},
         file_hashes=hash_files(root),
     )
     violations = check_policy_set(policy_set)

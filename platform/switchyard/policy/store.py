@@ -25,14 +25,14 @@ log = logging.getLogger(__name__)
 def git_commit(root: Path) -> str | None:
     """The commit the policy directory is at, with `+dirty` if it has local edits."""
     try:
-        head = subprocess.run(
-            ["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5
-        )
+        head = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5)
         if head.returncode != 0:
             return None
         dirty = subprocess.run(
             ["git", "-C", str(root), "status", "--porcelain", "--", "."],
-            capture_output=True, text=True, timeout=5,
+            capture_output=True,
+            text=True,
+            timeout=5,
         )
     except (OSError, subprocess.TimeoutExpired) as exc:
         log.warning("cannot read the git commit of %s: %s", root, exc)

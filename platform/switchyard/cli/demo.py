@@ -1,0 +1,27 @@
+"""`switchyard demo`: the scripted end-to-end story on a fresh local cluster; ends by itself."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from switchyard.cli._output import fail, print_json
+
+
+def register(subparsers: Any) -> None:
+    p = subparsers.add_parser("demo", help="run the end-to-end demo on a fresh local cluster")
+    p.add_argument("--keep", action="store_true", help="leave the platform running at the end")
+    p.add_argument("--json", action="store_true", help="print one JSON object at the end")
+    p.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from switchyard.demo import run_demo
+
+    try:
+        report = run_demo(keep=args.keep, say=(lambda _msg: None) if args.json else print)
+    except RuntimeError as exc:
+        return fail(f"the demo failed: {exc}", 1)
+    if args.json:
+        print_json({"steps": report.steps, **report.summary})
+    return 0

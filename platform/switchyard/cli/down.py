@@ -1,0 +1,79 @@
+"""`switchyard down`: stop exactly what `switchyard up` started. Never `ray stop`."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+from switchyard.cli._output import fail, print_json
+from switchyard.cluster.record import clear_record, read_record
+from switchyard.state import state_dir
+
+STOP_TIMEOUT_S = 90.0
+
+
+def register(subparsers: Any) -> None:
+    p = subparsers.add_parser("down", help="stop what `switchyard up` started")
+    p.add_argument("--state-dir", help="state directory (default: $SWITCHYARD_STATE_DIR or .switchyard)")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    state = state_dir(args.state_dir)
+    code = stop_platform(state)
+    if code == 0:
+        if args.json:
+            print_json({"stopped": True, "state_dir": str(state)})
+        else:
+            print(f"switchyard is down (state dir {state})")
+    return code
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def stop_platform(state: Path) -> int:
+    record = read_record(state)
+    if record is None:
+        return fail(f"nothing to stop: no platform is recorded in {state}")
+    if record.owns_cluster:
+        pid = record.supervisor_pid
+        assert pid is not None, "a platform that owns its cluster records its supervisor"
+        if _alive(pid):
+            os.kill(pid, signal.SIGTERM)  # the supervisor undeploys and shuts its Ray down
+            deadline = time.monotonic() + STOP_TIMEOUT_S
+            while _alive(pid) and time.monotonic() < deadline:
+                time.sleep(0.5)
+            if _alive(pid):
+                os.kill(pid, signal.SIGKILL)
+                clear_record(state)
+                return fail(
+                    f"the supervisor {pid} did not stop in {STOP_TIMEOUT_S:.0f}s and was killed; "
+                    f"Ray processes under {record.ray_temp_dir} may remain",
+                    1,
+                )
+        clear_record(state)
+    else:
+        from switchyard.cluster.head import PLATFORM_ENV
+
+        os.environ.update(PLATFORM_ENV)
+        import ray
+
+        from switchyard.cluster.deploy import undeploy
+        from switchyard.cluster.record import NAMESPACE
+
+        ray.init(address=record.ray_address, namespace=NAMESPACE)
+        undeploy(shutdown_serve=False)
+        ray.shutdown()
+        clear_record(state)
+    return 0

@@ -1,0 +1,90 @@
+"""`switchyard status`: the whole platform on one screen."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from typing import Any
+
+from switchyard.cli._output import fail, print_json, print_table
+from switchyard.cluster.record import read_record
+from switchyard.state import state_dir
+
+
+def register(subparsers: Any) -> None:
+    p = subparsers.add_parser("status", help="nodes, GPU division, Serve apps, queues, policy state")
+    p.add_argument("--state-dir", help="state directory (default: $SWITCHYARD_STATE_DIR or .switchyard)")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    state = state_dir(args.state_dir)
+    record = read_record(state)
+    if record is None:
+        return fail(f"no platform is up for state dir {state} (start one with `switchyard up`)")
+    from switchyard.cluster.head import PLATFORM_ENV
+
+    os.environ.update(PLATFORM_ENV)
+    import ray
+
+    from switchyard.cluster.record import NAMESPACE
+    from switchyard.cluster.status import collect
+
+    ray.init(address=record.ray_address, namespace=NAMESPACE, logging_level="WARNING", log_to_driver=False)
+    try:
+        info = collect(record)
+    finally:
+        ray.shutdown()
+    if args.json:
+        print_json(info)
+    else:
+        render(info)
+    return 0
+
+
+def render(info: dict[str, Any]) -> None:
+    g = info["gpus"]
+    print(f"gateway {info['gateway_url']}   dashboard {info['dashboard_url']}   ray {info['ray_address']}")
+    print(f"\nGPUs: {g['total']:.0f} total = {g['serve']:.0f} serve + {g['train']:.0f} train + {g['free']:.0f} free\n")
+    print_table(
+        ["node", "group", "gpus", "cpus"],
+        [(n["node_id"], n["node_group"], n["gpus"], n["cpus"]) for n in info["nodes"]],
+    )
+    print("\nServe applications")
+    rows = [
+        (app, d, dep["status"], dep["replicas"])
+        for app, a in info["serve"].items()
+        for d, dep in a["deployments"].items()
+    ]
+    print_table(["app", "deployment", "status", "replicas"], rows)
+    sched = info["scheduler"]
+    print("\nScheduler")
+    if "error" in sched:
+        print(f"  {sched['error']}")
+    else:
+        print_table(
+            ["team", "guaranteed", "used", "borrowed", "queued", "oldest wait s"],
+            [
+                (
+                    t["team"],
+                    t["guaranteed_gpus"],
+                    t["used_gpus"],
+                    t["borrowed_gpus"],
+                    t["queued"],
+                    round(t["oldest_wait_s"], 1),
+                )
+                for t in sched["teams"]
+            ],
+        )
+        print(f"  leases: {len(sched['leases'])}   pending: {len(sched['pending'])}")
+    gw = info["gateway"]
+    print("\nGateway / policy")
+    if gw.get("ok"):
+        pol = gw.get("policy", {})
+        print(
+            f"  policy {str(pol.get('fingerprint', ''))[:12]}  teams {len(pol.get('teams', []))}  "
+            f"last error: {pol.get('last_error') or 'none'}"
+        )
+    else:
+        print(f"  {gw.get('error')}")

@@ -1,0 +1,176 @@
+"""`switchyard up`: bring the platform up on one Ray cluster (a new local head, or ADDR)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from switchyard.cli._auth import ensure_admin_key
+from switchyard.cli._output import fail, print_json
+from switchyard.cluster.record import PlatformRecord, read_record
+from switchyard.paths import policies_dir
+from switchyard.policy.errors import PolicyError
+from switchyard.policy.keys import KeyStore
+from switchyard.policy.loader import load_policy_set
+from switchyard.policy.models import Role
+from switchyard.state import state_dir
+
+DEMO_TEAM = "demo"
+START_TIMEOUT_S = 240.0
+
+
+def register(subparsers: Any) -> None:
+    p = subparsers.add_parser("up", help="start the platform: Ray, the scheduler and the gateway")
+    p.add_argument("--address", help="attach to this Ray cluster instead of starting a local head")
+    p.add_argument("--gpus", type=int, default=8, help="logical GPUs of a local head (default 8)")
+    p.add_argument(
+        "--cpus",
+        type=int,
+        default=max(8, os.cpu_count() or 1),
+        help="logical CPUs of a local head (default: max(8, cores))",
+    )
+    p.add_argument("--gateway-port", type=int, default=8000, help="Serve HTTP port when attaching")
+    p.add_argument("--demo", action="store_true", help="demo policies and a fresh key for the demo team")
+    p.add_argument("--detach", action="store_true", help="return once up, leaving it running")
+    p.add_argument("--policies", help="policy directory (default: the repo's policies/)")
+    p.add_argument("--state-dir", help="state directory (default: $SWITCHYARD_STATE_DIR or .switchyard)")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    state = state_dir(args.state_dir)
+    policies = policies_dir(args.policies)
+    try:
+        policy_set = load_policy_set(policies)
+    except PolicyError as exc:
+        return fail(f"refusing to start with invalid policies:\n{exc}", 1)
+    if read_record(state) is not None:
+        return fail(
+            f"a platform is already up for state dir {state} (see `switchyard status`; stop it with `switchyard down`)"
+        )
+    if args.demo and DEMO_TEAM not in policy_set.teams:
+        return fail(f"--demo needs the team {DEMO_TEAM!r} in {policies}/teams/")
+    admin_key = ensure_admin_key(state)
+    demo_key = None
+    if args.demo:
+        demo_key, _ = KeyStore.in_state_dir(state).create(DEMO_TEAM, Role.MEMBER, note="switchyard up --demo")
+    record = _attach(args, state, policies) if args.address else _start_local(args, state, policies)
+    if isinstance(record, int):
+        return record
+    _report(args, record, state, admin_key, demo_key)
+    if args.detach:
+        return 0
+    return _wait_then_down(args, record, state)
+
+
+def _start_local(args: argparse.Namespace, state: Path, policies: Path) -> PlatformRecord | int:
+    logs = state / "logs"
+    logs.mkdir(exist_ok=True)
+    log_file = (logs / "head.log").open("ab")
+    cmd = [
+        sys.executable,
+        "-m",
+        "switchyard.cluster.head",
+        "--state-dir",
+        str(state),
+        "--policies",
+        str(policies),
+        "--gpus",
+        str(args.gpus),
+        "--cpus",
+        str(args.cpus),
+    ] + (["--demo"] if args.demo else [])
+    proc = subprocess.Popen(
+        cmd, stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True
+    )  # survives this shell; `down` signals it
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while time.monotonic() < deadline:
+        record = read_record(state)
+        if record is not None and record.supervisor_pid == proc.pid:
+            return record
+        if proc.poll() is not None:
+            tail = (logs / "head.log").read_text(errors="replace")[-3000:]
+            return fail(f"the platform head exited with code {proc.returncode}; last log lines:\n{tail}", 1)
+        time.sleep(0.5)
+    proc.send_signal(signal.SIGTERM)
+    return fail(f"the platform did not come up within {START_TIMEOUT_S:.0f}s; see {logs / 'head.log'}", 1)
+
+
+def _attach(args: argparse.Namespace, state: Path, policies: Path) -> PlatformRecord:
+    from switchyard.cluster.head import PLATFORM_ENV
+
+    os.environ.update(PLATFORM_ENV)
+    import ray
+
+    from switchyard.cluster.deploy import deploy_gateway, start_scheduler
+    from switchyard.cluster.record import NAMESPACE, write_record
+
+    ray.init(address=args.address, namespace=NAMESPACE)
+    ray.get(start_scheduler(policies, state).ping.remote(), timeout=60)
+    gateway_url = deploy_gateway(policies, state, args.gateway_port)
+    record = PlatformRecord(
+        ray_address=args.address,
+        dashboard_url=ray.get_runtime_context().dashboard_url
+        if hasattr(ray.get_runtime_context(), "dashboard_url")
+        else None,
+        gateway_url=gateway_url,
+        owns_cluster=False,
+        policies_dir=str(policies),
+        state_dir=str(state),
+        gpus=int(ray.cluster_resources().get("GPU", 0)),
+        demo=args.demo,
+        started_at=time.time(),
+    )
+    write_record(state, record)
+    return record
+
+
+def _report(
+    args: argparse.Namespace, record: PlatformRecord, state: Path, admin_key: str | None, demo_key: str | None
+) -> None:
+    out = {
+        "gateway_url": record.gateway_url,
+        "dashboard_url": record.dashboard_url,
+        "ray_address": record.ray_address,
+        "state_dir": str(state),
+        "owns_cluster": record.owns_cluster,
+        "stop": f"switchyard down --state-dir {state}",
+    }
+    if demo_key:
+        out["demo_api_key"] = demo_key
+    if admin_key:
+        out["admin_key_file"] = str(state / "admin.key")
+    if args.json:
+        print_json(out)
+        return
+    print("switchyard is up")
+    print(f"  gateway    {record.gateway_url}  (OpenAI-compatible: {record.gateway_url}/v1)")
+    print(f"  dashboard  {record.dashboard_url}")
+    print(f"  ray        {record.ray_address}")
+    if demo_key:
+        print(f"  demo key   {demo_key}  (team 'demo'; shown once)")
+    if admin_key:
+        print(f"  admin key  written to {state / 'admin.key'} (mode 0600)")
+    print(f"  stop with  switchyard down --state-dir {state}")
+
+
+def _wait_then_down(args: argparse.Namespace, record: PlatformRecord, state: Path) -> int:
+    from switchyard.cli.down import stop_platform
+
+    print("running in the foreground; Ctrl-C stops it")
+    try:
+        while read_record(state) is not None:
+            time.sleep(1)
+    except KeyboardInterrupt:
+        pass
+    code = stop_platform(state)
+    if code == 0:
+        print(f"switchyard is down (state dir {state})")
+    return code

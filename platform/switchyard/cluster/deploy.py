@@ -1,0 +1,62 @@
+"""Put the platform's long-lived parts on a Ray cluster, and take exactly those off again.
+
+The gateway is deployed by import path, as `serve deploy` does with a config file: the
+platform package never imports the apps built on it (an import-linter contract), and an
+operator can point the path at another build of the gateway.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+from pathlib import Path
+from typing import Any
+
+import ray
+from ray import serve
+
+from switchyard.cluster.record import GATEWAY_APP, NAMESPACE, SCHEDULER_ACTOR
+from switchyard.cluster.scheduler_actor import SchedulerActor
+
+log = logging.getLogger(__name__)
+
+GATEWAY_IMPORT_PATH = "serve_apps.gateway:build_app"
+
+
+def _import_builder(path: str) -> Any:
+    module, _, attr = path.partition(":")
+    return getattr(importlib.import_module(module), attr)
+
+
+def start_scheduler(policies_dir: Path, state_dir: Path) -> Any:
+    """The one scheduler: a named, detached actor; an existing one is reused, never duplicated."""
+    return SchedulerActor.options(  # type: ignore[attr-defined]
+        name=SCHEDULER_ACTOR,
+        namespace=NAMESPACE,
+        lifetime="detached",
+        get_if_exists=True,
+        num_cpus=0,  # it decides; it does not compute
+        max_restarts=-1,  # restarted by Ray; it recovers its queues from SQLite
+        max_task_retries=3,
+    ).remote(str(policies_dir), str(state_dir))
+
+
+def deploy_gateway(policies_dir: Path, state_dir: Path, port: int, import_path: str = GATEWAY_IMPORT_PATH) -> str:
+    serve.start(http_options={"host": "127.0.0.1", "port": port})
+    app = _import_builder(import_path)({"policies_dir": str(policies_dir), "state_dir": str(state_dir)})
+    serve.run(app, name=GATEWAY_APP, route_prefix="/", blocking=False)
+    return f"http://127.0.0.1:{port}"
+
+
+def undeploy(shutdown_serve: bool) -> None:
+    """Remove the gateway app and the scheduler actor; Serve itself only if we started it."""
+    try:
+        serve.delete(GATEWAY_APP)
+    except Exception as exc:  # noqa: BLE001 - Serve raises several types; we report and go on
+        log.warning("could not delete the Serve app %r: %s", GATEWAY_APP, exc)
+    if shutdown_serve:
+        serve.shutdown()
+    try:
+        ray.kill(ray.get_actor(SCHEDULER_ACTOR, namespace=NAMESPACE), no_restart=True)
+    except ValueError:
+        log.info("no scheduler actor to stop")

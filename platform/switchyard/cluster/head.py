@@ -1,0 +1,112 @@
+"""The supervisor of a local platform: owns one Ray head, the scheduler and the gateway.
+
+`switchyard up` (without --address) runs this module as a background process. The cluster
+lives exactly as long as this process: on SIGTERM it removes the gateway and the scheduler,
+shuts Ray down (which stops the processes Ray started for it, and only those), and deletes
+its record. That is how `switchyard down` stops what `up` started without `ray stop`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import logging
+import os
+import signal
+import socket
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+from switchyard.cluster.record import NAMESPACE, PlatformRecord, clear_record, write_record
+
+log = logging.getLogger("switchyard.head")
+
+PLATFORM_ENV = {
+    "RAY_AUTH_MODE": "token",  # Ray 2.60's default, stated explicitly: the platform runs with it on
+    "RAY_SERVE_ENABLE_HA_PROXY": "1",  # ~10x the default proxy's throughput here
+}
+HEAD_NODE_GROUP = "local"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def short_temp_dir(state_dir: Path) -> Path:
+    """Ray's Unix socket paths must stay under ~107 bytes, so the temp dir is short and unique
+    per state directory (two platforms on one machine never share one)."""
+    digest = hashlib.sha256(str(state_dir).encode()).hexdigest()[:8]
+    return Path(tempfile.gettempdir()) / f"sy-{digest}"
+
+
+def run_head(state_dir: Path, policies_dir: Path, gpus: int, cpus: int, demo: bool) -> None:
+    os.environ.update(PLATFORM_ENV)
+    import ray  # after the environment: Ray reads it at import and init
+
+    from switchyard.cluster.deploy import deploy_gateway, start_scheduler, undeploy
+
+    temp_dir = short_temp_dir(state_dir)
+    context = ray.init(
+        address="local",
+        num_gpus=gpus,
+        num_cpus=cpus,
+        labels={"switchyard/node-group": HEAD_NODE_GROUP},
+        include_dashboard=True,
+        dashboard_host="127.0.0.1",
+        dashboard_port=free_port(),
+        namespace=NAMESPACE,
+        _temp_dir=str(temp_dir),
+    )
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    try:
+        scheduler = start_scheduler(policies_dir, state_dir)
+        ray.get(scheduler.ping.remote(), timeout=60)
+        gateway_url = deploy_gateway(policies_dir, state_dir, free_port())
+        dashboard = context.dashboard_url
+        write_record(
+            state_dir,
+            PlatformRecord(
+                ray_address=context.address_info["gcs_address"],
+                dashboard_url=f"http://{dashboard}" if dashboard else None,
+                gateway_url=gateway_url,
+                owns_cluster=True,
+                supervisor_pid=os.getpid(),
+                ray_temp_dir=str(temp_dir),
+                policies_dir=str(policies_dir),
+                state_dir=str(state_dir),
+                gpus=gpus,
+                demo=demo,
+                started_at=time.time(),
+            ),
+        )
+        log.info("platform up; waiting for SIGTERM")
+        stop.wait()
+    finally:
+        log.info("stopping: removing the gateway and scheduler, shutting Ray down")
+        try:
+            undeploy(shutdown_serve=True)
+        finally:
+            ray.shutdown()
+            clear_record(state_dir)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--state-dir", required=True)
+    parser.add_argument("--policies", required=True)
+    parser.add_argument("--gpus", type=int, required=True)
+    parser.add_argument("--cpus", type=int, required=True)
+    parser.add_argument("--demo", action="store_true")
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    run_head(Path(args.state_dir), Path(args.policies), args.gpus, args.cpus, args.demo)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,49 @@
+"""What `switchyard up` started, written to `<state>/up.json` so `down` stops exactly that."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from pydantic import BaseModel
+
+RECORD_FILE = "up.json"
+NAMESPACE = "switchyard"  # the Ray namespace of the platform's named actors
+SCHEDULER_ACTOR = "switchyard-scheduler"
+GATEWAY_APP = "gateway"
+
+
+class PlatformRecord(BaseModel):
+    ray_address: str  # GCS address other drivers attach to
+    dashboard_url: str | None
+    gateway_url: str
+    owns_cluster: bool  # True: `up` started the Ray head (its supervisor PID is below)
+    supervisor_pid: int | None = None
+    ray_temp_dir: str | None = None
+    policies_dir: str
+    state_dir: str
+    gpus: int
+    demo: bool = False
+    started_at: float
+
+
+def record_path(state: Path) -> Path:
+    return state / RECORD_FILE
+
+
+def read_record(state: Path) -> PlatformRecord | None:
+    path = record_path(state)
+    if not path.exists():
+        return None
+    return PlatformRecord.model_validate_json(path.read_text())
+
+
+def write_record(state: Path, record: PlatformRecord) -> None:
+    tmp = record_path(state).with_suffix(".tmp")
+    tmp.write_text(json.dumps(record.model_dump(), indent=2))
+    os.replace(tmp, record_path(state))  # atomic: a reader never sees half a record
+
+
+def clear_record(state: Path) -> None:
+    record_path(state).unlink(missing_ok=True)

@@ -1,0 +1,98 @@
+"""One picture of the running platform: nodes and GPUs, who holds them, Serve, queues, policy.
+
+Read from Ray's own APIs (nodes, the state API's actors, Serve's status) and from the
+scheduler actor, so `switchyard status` and the Ray dashboard always agree.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import urllib.request
+from typing import Any
+
+import ray
+from ray import serve
+from ray.util.state import list_actors
+
+from switchyard.cluster.record import NAMESPACE, SCHEDULER_ACTOR, PlatformRecord
+
+log = logging.getLogger(__name__)
+
+
+def gpu_division(ray_address: str) -> dict[str, float]:
+    """GPUs held by Serve replicas, by training (and any other GPU actor), and free."""
+    total = ray.cluster_resources().get("GPU", 0.0)
+    free = ray.available_resources().get("GPU", 0.0)
+    serve_gpus = 0.0
+    for actor in list_actors(address=ray_address, filters=[("state", "=", "ALIVE")], detail=True, limit=10_000):
+        gpus = float((actor.required_resources or {}).get("GPU", 0.0))
+        if gpus and actor.class_name.startswith("ServeReplica"):
+            serve_gpus += gpus
+    return {"total": total, "serve": serve_gpus, "train": max(0.0, total - free - serve_gpus), "free": free}
+
+
+def nodes() -> list[dict[str, Any]]:
+    out = []
+    for n in ray.nodes():
+        if not n.get("Alive"):
+            continue
+        res = n.get("Resources", {})
+        out.append(
+            {
+                "node_id": n["NodeID"][:12],
+                "address": n.get("NodeManagerAddress"),
+                "gpus": res.get("GPU", 0.0),
+                "cpus": res.get("CPU", 0.0),
+                "node_group": (n.get("Labels") or {}).get("switchyard/node-group", "default"),
+            }
+        )
+    return out
+
+
+def serve_apps() -> dict[str, Any]:
+    apps: dict[str, Any] = {}
+    for name, app in serve.status().applications.items():
+        apps[name] = {
+            "status": str(app.status.value if hasattr(app.status, "value") else app.status),
+            "deployments": {
+                d_name: {
+                    "status": str(getattr(d.status, "value", d.status)),
+                    "replicas": {str(getattr(k, "value", k)): v for k, v in d.replica_states.items()},
+                }
+                for d_name, d in app.deployments.items()
+            },
+        }
+    return apps
+
+
+def scheduler_status() -> dict[str, Any]:
+    try:
+        actor = ray.get_actor(SCHEDULER_ACTOR, namespace=NAMESPACE)
+    except ValueError:
+        return {"error": "the scheduler actor is not running"}
+    result: dict[str, Any] = ray.get(actor.status.remote(), timeout=30)
+    return result
+
+
+def gateway_health(url: str) -> dict[str, Any]:
+    try:
+        with urllib.request.urlopen(f"{url}/healthz", timeout=5) as resp:
+            body: dict[str, Any] = json.loads(resp.read())
+            return body
+    except OSError as exc:
+        return {"ok": False, "error": f"gateway not reachable at {url}: {exc}"}
+
+
+def collect(record: PlatformRecord) -> dict[str, Any]:
+    """Everything `switchyard status` shows. The caller has connected to the cluster."""
+    return {
+        "ray_address": record.ray_address,
+        "dashboard_url": record.dashboard_url,
+        "gateway_url": record.gateway_url,
+        "nodes": nodes(),
+        "gpus": gpu_division(record.ray_address),
+        "serve": serve_apps(),
+        "scheduler": scheduler_status(),
+        "gateway": gateway_health(record.gateway_url),
+    }

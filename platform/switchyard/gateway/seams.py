@@ -1,0 +1,172 @@
+"""The gateway core's seams: the interfaces it calls for money, data protection and records.
+
+The request pipeline (`switchyard.gateway`) knows these protocols only. Implementations live
+in their own packages (`switchyard.budgets`, `switchyard.audit`) and are chosen when the
+gateway is built, so the core runs in-process in tests and benchmarks and unchanged in Serve.
+Everything that crosses a seam is a frozen value object defined here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal, Protocol
+
+from switchyard.policy.models import EffectiveFlow, ErrorClass
+
+# ---------------------------------------------------------------- what a request is
+
+
+@dataclass(frozen=True)
+class RequestContext:
+    """Everything known about a request before any provider is called."""
+
+    request_id: str
+    received_at: float  # unix seconds
+    team: str
+    key_id: str
+    user: str | None  # the end user the team names (OpenAI's `user` field), if any
+    flow: EffectiveFlow
+    requested_model: str  # "auto" or a model name the flow allows
+    prompt_ref: str  # "id@version#hash12"
+    idempotency_key: str | None
+    deadline_at: float  # unix seconds; the flow's deadline, possibly shortened by the client
+    stream: bool
+
+
+@dataclass(frozen=True)
+class Usage:
+    prompt_tokens: int
+    completion_tokens: int
+    cached_prompt_tokens: int = 0
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """One call to one provider, successful or not."""
+
+    provider: str
+    model: str  # catalog name
+    model_version: str  # the provider's id
+    started_at: float
+    latency_ms: float
+    error_class: ErrorClass | None = None
+    error: str | None = None  # never contains request content or credentials
+    fallback_reason: str | None = None  # why the *next* attempt happened, if one did
+
+
+# ---------------------------------------------------------------- budgets
+
+
+@dataclass(frozen=True)
+class CostEstimate:
+    model: str
+    input_tokens: int
+    max_output_tokens: int
+    usd: float
+
+
+@dataclass(frozen=True)
+class Reservation:
+    """Money held on every applicable budget at once, before any provider is called."""
+
+    reservation_id: str
+    usd: float
+    budgets: tuple[str, ...]  # the budget keys held, e.g. ("org:acme:month:2026-11", ...)
+
+
+class OverBudget(Exception):
+    """A hard limit would be exceeded. Maps to HTTP 402; names the budget, not the request."""
+
+    def __init__(self, budget: str, spent_usd: float, limit_usd: float, resets_at: str) -> None:
+        self.budget, self.spent_usd, self.limit_usd, self.resets_at = budget, spent_usd, limit_usd, resets_at
+        super().__init__(
+            f"budget {budget} is exhausted: spent ${spent_usd:.4f} of ${limit_usd:.2f}; resets at {resets_at}"
+        )
+
+
+class RateLimited(Exception):
+    """A request or token rate limit was hit. Maps to HTTP 429 with Retry-After."""
+
+    def __init__(self, limit: str, retry_after_s: float) -> None:
+        self.limit, self.retry_after_s = limit, retry_after_s
+        super().__init__(f"rate limit {limit} reached; retry after {retry_after_s:.1f}s")
+
+
+class BudgetGate(Protocol):
+    """Reserve before calling a provider, settle to the actual cost after, release on failure."""
+
+    async def estimate(self, ctx: RequestContext, model: str, messages: list[dict[str, str]], max_tokens: int) -> CostEstimate: ...
+
+    async def reserve(self, ctx: RequestContext, estimate: CostEstimate) -> Reservation:
+        """All or nothing over every applicable budget; raises OverBudget or RateLimited."""
+        ...
+
+    async def settle(self, reservation: Reservation, actual_usd: float, usage: Usage) -> None: ...
+
+    async def release(self, reservation: Reservation) -> None: ...
+
+
+# ---------------------------------------------------------------- redaction
+
+
+@dataclass(frozen=True)
+class RedactionSummary:
+    mode: Literal["none", "reversible", "irreversible"]
+    entity_counts: dict[str, int] = field(default_factory=dict)  # e.g. {"EMAIL_ADDRESS": 2}
+
+
+@dataclass(frozen=True)
+class Redacted:
+    messages: list[dict[str, str]]
+    summary: RedactionSummary
+    restore: dict[str, str] = field(default_factory=dict)  # placeholder -> original (reversible only)
+
+
+class Redactor(Protocol):
+    def redact(self, messages: list[dict[str, str]], data_class: str) -> Redacted:
+        """Redact per the data class's `send` rule. Must not download anything."""
+        ...
+
+    def restorer(self, redacted: Redacted) -> StreamRestorer:
+        """Restores placeholders in the answer, chunk by chunk (placeholders may straddle chunks)."""
+        ...
+
+
+class StreamRestorer(Protocol):
+    def feed(self, chunk: str) -> str: ...
+
+    def flush(self) -> str: ...
+
+
+# ---------------------------------------------------------------- audit
+
+
+@dataclass(frozen=True)
+class Exchange:
+    """What happened to one request, handed to the audit sink once the outcome is known."""
+
+    ctx: RequestContext
+    status_code: int
+    input_messages: list[dict[str, str]]  # as rendered, before redaction
+    output_text: str | None
+    attempts: tuple[Attempt, ...]
+    provider: str | None  # the provider that answered, if any
+    model_version: str | None
+    usage: Usage | None
+    cost_usd: float
+    latency_ms: float
+    budget_decision: str  # "reserved", "over_budget:<budget>", "rate_limited:<limit>", "not_reached"
+    redaction: RedactionSummary
+    contract_result: Literal["valid", "invalid", "not_declared", "not_reached"]
+    error_code: str | None = None
+
+
+class AuditUnavailable(Exception):
+    """The durable store cannot take a record; high-risk flows fail closed (HTTP 503)."""
+
+
+class AuditSink(Protocol):
+    async def record(self, exchange: Exchange, durable: bool) -> None:
+        """`durable=True` returns only once the record is on stable storage (high-risk flows);
+        otherwise it may be queued, within the sink's stated loss bound."""
+        ...

@@ -1,0 +1,95 @@
+"""The scheduler's service interface: what jobs, the gateway and the CLI may ask of it.
+
+The live scheduler (a named Ray actor, `switchyard.cluster.scheduler_actor`) implements
+`SchedulerService`; these pydantic models are what crosses the actor boundary, validated on
+the way in so a malformed request fails at the caller with a message naming the field.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any, Protocol
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from switchyard.scheduler.core.model import GangRequest, PlacementStrategy, WorkloadClass
+
+
+class WorkloadSubmission(BaseModel):
+    """A request for a gang of GPUs: every bundle on one node, all bundles or none."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    workload_id: str = Field(default_factory=lambda: f"wl-{uuid.uuid4().hex[:10]}")
+    team: str
+    workload_class: WorkloadClass = WorkloadClass.TRAINING
+    priority_class: str = "training"
+    bundles: tuple[int, ...] = Field(min_length=1)  # GPUs per bundle
+    strategy: PlacementStrategy = PlacementStrategy.PACK
+    same_node_group: bool = False
+    node_group: str | None = None
+    checkpoint_interval_s: float | None = Field(default=None, gt=0)
+    description: str = ""
+
+    def gang(self) -> GangRequest:
+        return GangRequest(
+            workload_id=self.workload_id,
+            team=self.team,
+            workload_class=self.workload_class,
+            priority_class=self.priority_class,
+            bundles=self.bundles,
+            strategy=self.strategy,
+            same_node_group=self.same_node_group,
+            node_group=self.node_group,
+            checkpoint_interval_s=self.checkpoint_interval_s,
+        )
+
+
+class Placement(BaseModel):
+    node_id: str
+    node_group: str
+    gpus: int
+
+
+class LeaseGrant(BaseModel):
+    """GPUs granted to a workload: one placement per bundle, in bundle order."""
+
+    lease_id: str
+    workload_id: str
+    team: str
+    placements: tuple[Placement, ...]
+    granted_at: float
+    borrowing: bool
+
+
+class Notice(BaseModel):
+    """Checkpoint and release by `stop_deadline`, or be stopped then."""
+
+    workload_id: str
+    lease_id: str
+    reason: str
+    stop_deadline: float
+
+
+class SchedulerService(Protocol):
+    def submit(self, submission: WorkloadSubmission) -> str:
+        """Queue a workload; returns its id. Admission happens on the scheduler's next tick."""
+        ...
+
+    def lease(self, workload_id: str) -> LeaseGrant | None:
+        """The workload's lease once admitted; None while it waits."""
+        ...
+
+    def release(self, lease_id: str, finished: bool) -> bool:
+        """Give the GPUs back: finished, or preempted-and-checkpointed (then it requeues)."""
+        ...
+
+    def preemption_notice(self, workload_id: str) -> Notice | None:
+        """A pending preemption notice for this workload, if any."""
+        ...
+
+    def report_checkpoint(self, workload_id: str) -> None: ...
+
+    def cancel(self, workload_id: str) -> None: ...
+
+    def status(self) -> dict[str, Any]: ...

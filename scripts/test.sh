@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# The test command (`make test`, and what CI runs): static checks, then the whole suite,
+# with every service the tests need (a local Postgres) started here, not by hand.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+
+echo "== static checks: ruff, import contracts, mypy"
+.venv/bin/ruff check platform serve_apps train_jobs tests bench
+.venv/bin/lint-imports --config pyproject.toml
+.venv/bin/mypy
+[ "${1:-}" = "--lint-only" ] && exit 0
+
+echo "== services: local Postgres for the ledger tests"
+eval "$(bash scripts/postgres.sh start)"
+trap 'bash scripts/postgres.sh stop >/dev/null 2>&1 || true' EXIT
+
+echo "== tests"
+# Ray workers inherit this; a test never attaches to a cluster it did not start.
+export RAY_ADDRESS=
+.venv/bin/python -m pytest -p no:cacheprovider "$@"

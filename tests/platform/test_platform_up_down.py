@@ -1,0 +1,100 @@
+"""`switchyard up` / `status` / `down` on real Ray: a local head of its own, and attached to the
+session's cluster. `down` must stop exactly what `up` started."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytestmark = pytest.mark.ray
+
+
+def switchyard(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    proc = subprocess.run(
+        [sys.executable, "-m", "switchyard.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=400,
+        env={**os.environ, "RAY_ADDRESS": ""},
+    )
+    if check and proc.returncode != 0:
+        raise AssertionError(f"switchyard {' '.join(args)} -> {proc.returncode}\n{proc.stdout}\n{proc.stderr}")
+    return proc
+
+
+def as_json(proc: subprocess.CompletedProcess[str]) -> Any:
+    return json.loads(proc.stdout)
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def test_local_platform_up_status_down(tmp_path: Path) -> None:
+    state = str(tmp_path / "state")
+    up = as_json(switchyard("up", "--demo", "--detach", "--gpus", "8", "--state-dir", state, "--json"))
+    assert up["demo_api_key"].startswith("sy_") and up["gateway_url"].startswith("http://127.0.0.1:")
+    record = json.loads((Path(state) / "up.json").read_text())
+    supervisor = record["supervisor_pid"]
+    try:
+        # A second `up` on the same state dir refuses instead of starting a second cluster.
+        again = switchyard("up", "--detach", "--state-dir", state, check=False)
+        assert again.returncode != 0 and "already up" in again.stderr
+
+        status = as_json(switchyard("status", "--state-dir", state, "--json"))
+        assert status["gpus"]["total"] == 8
+        assert status["gpus"]["serve"] + status["gpus"]["train"] + status["gpus"]["free"] == 8
+        assert status["serve"]["gateway"]["status"] == "RUNNING"
+        assert "error" not in status["scheduler"] and status["scheduler"]["total_gpus"] == 8
+        assert status["gateway"]["ok"] is True and status["gateway"]["policy"]["last_error"] is None
+
+        # The demo key is a real key: its hash is in the state dir, the key itself is not.
+        assert up["demo_api_key"].split("_", 2)[2].encode() not in (Path(state) / "keys.db").read_bytes()
+    finally:
+        switchyard("down", "--state-dir", state)
+    assert not (Path(state) / "up.json").exists()
+    assert not pid_alive(supervisor)
+    leftovers = subprocess.run(["pgrep", "-f", record["ray_temp_dir"]], capture_output=True, text=True).stdout.split()
+    assert leftovers == [], f"processes of the stopped cluster remain: {leftovers}"
+    assert "nothing to stop" in switchyard("down", "--state-dir", state, check=False).stderr
+
+
+def test_attach_to_existing_cluster(ray_cluster: dict[str, str], tmp_path: Path) -> None:
+    import ray
+
+    from switchyard.cluster.head import free_port
+
+    state = str(tmp_path / "state")
+    up = as_json(
+        switchyard(
+            "up",
+            "--address",
+            ray_cluster["gcs_address"],
+            "--gateway-port",
+            str(free_port()),
+            "--detach",
+            "--state-dir",
+            state,
+            "--json",
+        )
+    )
+    assert up["owns_cluster"] is False
+    try:
+        assert ray.get_actor("switchyard-scheduler", namespace="switchyard") is not None
+        status = as_json(switchyard("status", "--state-dir", state, "--json"))
+        assert "gateway" in status["serve"] and status["gpus"]["total"] == 8
+    finally:
+        switchyard("down", "--state-dir", state)
+    with pytest.raises(ValueError):
+        ray.get_actor("switchyard-scheduler", namespace="switchyard")
+    assert ray.is_initialized()  # down left the cluster itself alone

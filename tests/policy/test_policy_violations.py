@@ -1,0 +1,99 @@
+"""Every kind of policy violation is reported with the file, the field and the reason."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from switchyard.cli import main
+from switchyard.policy.errors import PolicyError
+from switchyard.policy.loader import load_policy_set
+
+
+def violations(root: Path) -> list[str]:
+    with pytest.raises(PolicyError) as info:
+        load_policy_set(root)
+    return [str(v) for v in info.value.violations]
+
+
+def edit(path: Path, old: str, new: str) -> None:
+    text = path.read_text()
+    assert old in text, f"test setup: {old!r} not in {path}"
+    path.write_text(text.replace(old, new, 1))
+
+
+def test_team_budget_above_org_cap(policies_copy: Path) -> None:
+    edit(policies_copy / "teams/search.yaml", "month_usd: 6000", "month_usd: 9000")
+    found = violations(policies_copy)
+    assert found == [
+        "teams/search.yaml: budget.month_usd: the team sets 9000.0, above the org cap of 8000.0 "
+        "(org.yaml guardrails: max)"
+    ]
+
+
+def test_flow_budget_above_org_cap_names_the_flow(policies_copy: Path) -> None:
+    edit(policies_copy / "teams/ads.yaml", "  assistant:\n", "  assistant:\n    budget: {day_usd: 900}\n")
+    assert any(
+        v.startswith("teams/ads.yaml: flows.assistant.budget.day_usd: the team sets 900")
+        for v in violations(policies_copy)
+    )
+
+
+def test_data_class_below_floor(policies_copy: Path) -> None:
+    edit(policies_copy / "teams/sales.yaml", "data_class: internal", "data_class: public")
+    found = violations(policies_copy)
+    assert any("teams/sales.yaml: defaults.data_class" in v and "below the org floor 'internal'" in v for v in found)
+
+
+def test_provider_outside_org_set(policies_copy: Path) -> None:
+    edit(
+        policies_copy / "teams/legal.yaml",
+        "allowed_providers: [azure-openai, local]",
+        "allowed_providers: [azure-openai, local, mystery-llm]",
+    )
+    found = violations(policies_copy)
+    assert any("teams/legal.yaml: allowed_providers" in v and "mystery-llm" in v for v in found), found
+
+
+def test_locked_field(policies_copy: Path) -> None:
+    edit(policies_copy / "org.yaml", "guardrails:\n", "guardrails:\n  risk_tier: {locked: true}\n")
+    found = violations(policies_copy)
+    assert (
+        "teams/payments.yaml: flows.dispute-review.risk_tier: is locked by org.yaml guardrails; the team sets 'high'"
+        in {v.replace("<RiskTier.HIGH: 'high'>", "'high'") for v in found}
+    )
+
+
+def test_dangling_references(policies_copy: Path) -> None:
+    edit(policies_copy / "teams/mobile.yaml", "prompt: summarise@1", "prompt: summarise@7")
+    edit(policies_copy / "teams/marketing.yaml", "model: claude-haiku\n", "model: claude-opus-99\n")
+    edit(policies_copy / "teams/analytics.yaml", "default_flow: assistant", "default_flow: dashboards")
+    found = violations(policies_copy)
+    assert any("teams/mobile.yaml: flows.summarise.prompt: prompt 'summarise' has no version 7" in v for v in found)
+    assert any("teams/marketing.yaml: flows.assistant.model: unknown model 'claude-opus-99'" in v for v in found)
+    assert any("teams/analytics.yaml: default_flow: names flow 'dashboards'" in v for v in found)
+
+
+def test_editing_a_published_prompt_version(policies_copy: Path) -> None:
+    edit(policies_copy / "prompts/summarise.yaml", "at most", "at least")
+    found = violations(policies_copy)
+    assert len(found) == 1 and found[0].startswith("prompts/summarise.yaml: versions.0: version 1 was edited")
+
+
+def test_syntax_typo_and_name_mismatch(policies_copy: Path) -> None:
+    edit(policies_copy / "teams/people.yaml", "default_flow: assistant", "default_flow: assistant\nbudgte: {}")
+    (policies_copy / "teams/broken.yaml").write_text("team: broken\nflows: [\n")
+    edit(policies_copy / "teams/sales.yaml", "team: sales", "team: salez")
+    found = violations(policies_copy)
+    assert any(v.startswith("teams/people.yaml: budgte: Extra inputs are not permitted") for v in found), found
+    assert any(v.startswith("teams/broken.yaml: line") and "not valid YAML" in v for v in found), found
+    assert any("teams/sales.yaml: team: team 'salez' must match the file name 'sales'" in v for v in found), found
+
+
+def test_cli_check_lists_violations_and_exits_nonzero(policies_copy: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["policy", "check", str(policies_copy)]) == 0
+    edit(policies_copy / "teams/search.yaml", "month_usd: 6000", "month_usd: 9000")
+    assert main(["policy", "check", str(policies_copy)]) == 1
+    out = capsys.readouterr().out
+    assert "1 violation(s)" in out and "teams/search.yaml: budget.month_usd" in out
