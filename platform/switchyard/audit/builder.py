@@ -1,0 +1,166 @@
+"""Turns an `Exchange` into an audit record and its stored bodies, per the flow's data class.
+
+This is where the data policy decides what is kept: full text, redacted text, a keyed hash,
+or nothing; encrypted under the subject's key where the class says so.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from switchyard.audit.data_policy import DataPolicySource, as_getter
+from switchyard.audit.record import (
+    AttemptRecord,
+    RedactionRecord,
+    RequestRecord,
+    StoredBody,
+    Tokens,
+)
+from switchyard.audit.redaction import TextScrubber
+from switchyard.audit.subject_keys import (
+    SubjectKeyring,
+    keyed_digest,
+    plain_digest,
+    seal,
+    subject_of,
+)
+from switchyard.gateway.seams import Exchange
+from switchyard.policy.models import BodyStorage, DataClass
+
+DAY_S = 86_400
+
+
+@dataclass(frozen=True)
+class BodyBlob:
+    """The bytes stored for one body (already redacted and/or encrypted as the policy says)."""
+
+    part: str  # "input" | "output"
+    data: bytes
+
+
+@dataclass(frozen=True)
+class PendingEntry:
+    record: RequestRecord
+    bodies: tuple[BodyBlob, ...]
+
+
+class RecordBuilder:
+    def __init__(self, policies: DataPolicySource, scrubber: TextScrubber, keyring: SubjectKeyring) -> None:
+        self._policies = as_getter(policies)
+        self._scrubber = scrubber
+        self.keyring = keyring
+
+    def data_class(self, name: str) -> DataClass:
+        cls = self._policies().classes.get(name)
+        if cls is None:
+            raise KeyError(f"data class {name!r} is not defined in data_policies.yaml")
+        return cls
+
+    def build(self, exchange: Exchange) -> PendingEntry:
+        ctx = exchange.ctx
+        cls = self.data_class(ctx.flow.data_class)
+        subject = subject_of(ctx.team, ctx.user)
+        counts: dict[str, int] = {}
+        input_text = json.dumps(exchange.input_messages, ensure_ascii=False, sort_keys=True)
+        if cls.store_input is BodyStorage.REDACTED:
+            input_text = json.dumps(
+                [self._scrub_message(m, counts) for m in exchange.input_messages],
+                ensure_ascii=False,
+                sort_keys=True,
+            )
+        output_text = exchange.output_text
+        if output_text is not None and cls.store_output is BodyStorage.REDACTED:
+            output_text = self._scrub(output_text, counts)
+        bodies: list[BodyBlob] = []
+        key = functools.cache(lambda: self.keyring.key_for(subject))  # one key read per record
+        stored_in = self._store(ctx.request_id, "input", input_text, cls.store_input, cls, key, bodies)
+        stored_out = self._store(ctx.request_id, "output", output_text, cls.store_output, cls, key, bodies)
+        retention_days = min(cls.retention_days, ctx.flow.retention_days)
+        record = RequestRecord(
+            request_id=ctx.request_id,
+            time=ctx.received_at,
+            team=ctx.team,
+            user=ctx.user,
+            subject=subject,
+            flow=ctx.flow.flow,
+            risk_tier=ctx.flow.risk_tier,
+            data_class=ctx.flow.data_class,
+            prompt_ref=ctx.prompt_ref,
+            requested_model=ctx.requested_model,
+            provider=exchange.provider,
+            model_version=exchange.model_version,
+            attempts=tuple(
+                AttemptRecord(
+                    provider=a.provider,
+                    model=a.model,
+                    model_version=a.model_version,
+                    started_at=a.started_at,
+                    latency_ms=a.latency_ms,
+                    error_class=a.error_class,
+                    error=a.error,
+                    fallback_reason=a.fallback_reason,
+                )
+                for a in exchange.attempts
+            ),
+            tokens=None
+            if exchange.usage is None
+            else Tokens(
+                prompt=exchange.usage.prompt_tokens,
+                completion=exchange.usage.completion_tokens,
+                cached_prompt=exchange.usage.cached_prompt_tokens,
+            ),
+            cost_usd=exchange.cost_usd,
+            latency_ms=exchange.latency_ms,
+            status_code=exchange.status_code,
+            error_code=exchange.error_code,
+            budget_decision=exchange.budget_decision,
+            redaction=RedactionRecord(
+                mode=exchange.redaction.mode,
+                entity_counts=dict(exchange.redaction.entity_counts),
+                stored_entity_counts=counts,
+            ),
+            input=stored_in,
+            output=stored_out,
+            body_expires_at=ctx.received_at + retention_days * DAY_S,
+            idempotency_key=ctx.idempotency_key,
+            contract_result=exchange.contract_result,
+        )
+        return PendingEntry(record, tuple(bodies))
+
+    def _scrub(self, text: str, counts: dict[str, int]) -> str:
+        scrubbed, found = self._scrubber.scrub_text(text)
+        for entity, n in found.items():
+            counts[entity] = counts.get(entity, 0) + n
+        return scrubbed
+
+    def _scrub_message(self, message: dict[str, str], counts: dict[str, int]) -> dict[str, str]:
+        if "content" not in message:
+            return message
+        return {**message, "content": self._scrub(message["content"], counts)}
+
+    def _store(
+        self,
+        request_id: str,
+        part: str,
+        text: str | None,
+        storage: BodyStorage,
+        cls: DataClass,
+        key_of_subject: Callable[[], tuple[str, bytes]],
+        bodies: list[BodyBlob],
+    ) -> StoredBody:
+        if text is None or storage is BodyStorage.NONE:
+            return StoredBody(storage=BodyStorage.NONE)
+        if storage is BodyStorage.HASH:
+            key_id, key = key_of_subject()
+            return StoredBody(storage=storage, digest=keyed_digest(key, text), key_id=key_id)
+        if cls.encrypt_bodies:
+            key_id, key = key_of_subject()
+            data = seal(key, text, f"{request_id}/{part}")
+            bodies.append(BodyBlob(part, data))
+            return StoredBody(storage=storage, digest=plain_digest(data), encrypted=True, key_id=key_id)
+        data = text.encode()
+        bodies.append(BodyBlob(part, data))
+        return StoredBody(storage=storage, digest=plain_digest(data))

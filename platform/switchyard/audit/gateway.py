@@ -1,0 +1,60 @@
+"""The factories the gateway app calls to get this package's collaborators.
+
+`serve_apps/gateway.py` looks up `gateway_audit_sink(policy_store, state_dir)` and
+`gateway_redactor(policy_store, state_dir)` here. `gateway_audit_parts` builds both around one
+Presidio scrubber, so the sink reuses the redactor's analysis of the input (a few ms per
+request) and can report its backlog (`on_backlog`, e.g. `SpoolBacklogGauge(replica).set`).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from pathlib import Path
+
+from switchyard.audit.builder import RecordBuilder
+from switchyard.audit.redaction import PresidioRedactor, TextScrubber
+from switchyard.audit.sink import StoreAuditSink
+from switchyard.audit.spool import AuditSpool, recover_orphans
+from switchyard.audit.store import AuditStore
+from switchyard.audit.subject_keys import SubjectKeyring
+from switchyard.policy.store import PolicyStore
+
+log = logging.getLogger(__name__)
+
+
+def gateway_audit_sink(
+    policy_store: PolicyStore,
+    state_dir: str | Path,
+    scrubber: TextScrubber | None = None,
+    on_backlog: Callable[[int], None] | None = None,
+) -> StoreAuditSink:
+    """The durable/spooled SQLite sink under `<state_dir>/audit/`. Spools that a killed replica
+    left behind are drained here, before the replica takes traffic."""
+    audit = Path(state_dir) / "audit"
+    store = AuditStore(audit / "audit.db")
+    spool_dir = audit / "spool"
+    if spool_dir.is_dir():
+        report = recover_orphans(spool_dir, store)
+        if report.files:
+            log.info("drained %d records left by dead gateway replicas", report.new_entries)
+    builder = RecordBuilder(
+        lambda: policy_store.current.data, scrubber or TextScrubber(), SubjectKeyring(audit / "keys.db")
+    )
+    return StoreAuditSink(builder, store, AuditSpool(spool_dir, store, on_backlog=on_backlog))
+
+
+def gateway_redactor(
+    policy_store: PolicyStore, state_dir: str | Path, scrubber: TextScrubber | None = None
+) -> PresidioRedactor:
+    return PresidioRedactor(lambda: policy_store.current.data, scrubber or TextScrubber())
+
+
+def gateway_audit_parts(
+    policy_store: PolicyStore, state_dir: str | Path, on_backlog: Callable[[int], None] | None = None
+) -> tuple[StoreAuditSink, PresidioRedactor]:
+    scrubber = TextScrubber()
+    return (
+        gateway_audit_sink(policy_store, state_dir, scrubber, on_backlog),
+        gateway_redactor(policy_store, state_dir, scrubber),
+    )

@@ -1,0 +1,129 @@
+"""The audit record: one per request, versioned, and the record of each read of bodies.
+
+Records are the chained payload: their canonical JSON is what the hash chain covers.
+Bodies are not in the record (only their digests), so retention and erasure can remove
+bodies while every record and every link still verifies.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from switchyard.policy.models import BodyStorage, ErrorClass, RiskTier, Role
+
+SCHEMA_VERSION = 1
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class AttemptRecord(_Frozen):
+    provider: str
+    model: str
+    model_version: str
+    started_at: float
+    latency_ms: float
+    error_class: ErrorClass | None = None
+    error: str | None = None
+    fallback_reason: str | None = None
+
+
+class Tokens(_Frozen):
+    prompt: int = 0
+    completion: int = 0
+    cached_prompt: int = 0
+
+
+class RedactionRecord(_Frozen):
+    mode: Literal["none", "reversible", "irreversible"]  # what was sent to the provider
+    entity_counts: dict[str, int] = {}  # found in what was sent
+    stored_entity_counts: dict[str, int] = {}  # removed from the stored bodies
+
+
+class StoredBody(_Frozen):
+    """What the store keeps of one body; `digest` lets verify detect an edited body."""
+
+    storage: BodyStorage
+    digest: str | None = None  # "sha256:<hex>" of the stored bytes, or "hmac-sha256:<hex>" (hash mode)
+    encrypted: bool = False
+    key_id: str | None = None  # the subject key that encrypts it (erasure deletes the key)
+
+
+class RequestRecord(_Frozen):
+    schema_version: Literal[1] = 1
+    kind: Literal["request"] = "request"
+    request_id: str
+    time: float  # unix seconds the request was received
+    team: str
+    user: str | None
+    subject: str  # whose key encrypts the bodies: "<team>/<user>" or "<team>/" for the team
+    flow: str
+    risk_tier: RiskTier
+    data_class: str
+    prompt_ref: str  # id@version#hash12
+    requested_model: str
+    provider: str | None
+    model_version: str | None
+    attempts: tuple[AttemptRecord, ...]
+    tokens: Tokens | None
+    cost_usd: float
+    latency_ms: float
+    status_code: int
+    error_code: str | None
+    budget_decision: str
+    redaction: RedactionRecord
+    input: StoredBody
+    output: StoredBody
+    body_expires_at: float  # after this the bodies are removed; the record stays
+    idempotency_key: str | None
+    contract_result: Literal["valid", "invalid", "not_declared", "not_reached"]
+
+
+class AccessRecord(_Frozen):
+    """Reading bodies is itself audited: one record per query that returned bodies."""
+
+    schema_version: Literal[1] = 1
+    kind: Literal["access"] = "access"
+    request_id: str  # "access-<uuid>": unique like a request's id
+    time: float
+    reader_key_id: str
+    reader_role: Role
+    reader_team: str
+    team: str | None  # the team queried; None for all teams
+    flow: str | None
+    bodies_of: tuple[str, ...] = Field(default=())  # request ids whose bodies were returned
+
+
+class ErasureRecord(_Frozen):
+    """A subject's key was deleted: its bodies are unreadable from this point in the chain."""
+
+    schema_version: Literal[1] = 1
+    kind: Literal["erasure"] = "erasure"
+    request_id: str  # "erasure-<uuid>"
+    time: float
+    team: str
+    flow: None = None
+    subject: str
+    erased_by: str  # the key id that asked
+    key_existed: bool
+
+
+AuditEntry = RequestRecord | AccessRecord | ErasureRecord
+
+
+def canonical_json(entry: AuditEntry) -> str:
+    """The bytes the chain hashes: sorted keys, no whitespace, so they never depend on order."""
+    return json.dumps(entry.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+
+
+def parse_entry(payload: str) -> AuditEntry:
+    data = json.loads(payload)
+    if data.get("kind") == "access":
+        return AccessRecord.model_validate(data)
+    if data.get("kind") == "erasure":
+        return ErasureRecord.model_validate(data)
+    return RequestRecord.model_validate(data)

@@ -1,0 +1,89 @@
+"""`AuditSink` for the gateway: build the record per data policy, then store or spool it."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sqlite3
+from collections.abc import Callable
+from pathlib import Path
+
+from switchyard.audit.builder import RecordBuilder
+from switchyard.audit.data_policy import DataPolicySource
+from switchyard.audit.redaction import TextScrubber
+from switchyard.audit.spool import AuditSpool
+from switchyard.audit.store import AuditStore
+from switchyard.audit.subject_keys import SubjectKeyring
+from switchyard.gateway.seams import AuditUnavailable, Exchange
+from switchyard.policy.models import RiskTier
+
+log = logging.getLogger(__name__)
+
+
+class StoreAuditSink:
+    """Implements `switchyard.gateway.seams.AuditSink`.
+
+    High-risk flows are always written durably, whatever the caller asks: the durability rule
+    belongs to the data, not to the call site.
+    """
+
+    def __init__(self, builder: RecordBuilder, store: AuditStore, spool: AuditSpool | None) -> None:
+        self.builder = builder
+        self.store = store
+        self.spool = spool
+        self._starting = asyncio.Lock()
+
+    async def _started_spool(self) -> AuditSpool:
+        """The spool, started on first use: a sink may be built where no event loop runs yet
+        (a Serve replica's constructor)."""
+        assert self.spool is not None
+        if not self.spool.started:
+            async with self._starting:
+                if not self.spool.started:
+                    await self.spool.start()
+        return self.spool
+
+    async def record(self, exchange: Exchange, durable: bool) -> None:
+        # Redaction is CPU work (~ms): off the event loop.
+        pending = await asyncio.to_thread(self.builder.build, exchange)
+        if durable or self.spool is None or exchange.ctx.flow.risk_tier is RiskTier.HIGH:
+            try:
+                await asyncio.to_thread(self.store.append, [pending])
+            except sqlite3.Error as exc:
+                log.error(
+                    "audit store %s rejected request %s: %s",
+                    self.store.path,
+                    exchange.ctx.request_id,
+                    exc,
+                )
+                raise AuditUnavailable(f"the audit store is unavailable ({type(exc).__name__})") from exc
+            return
+        await (await self._started_spool()).put(pending)
+
+    async def close(self) -> None:
+        """Drain the spool into the store and release it (a gateway replica's shutdown)."""
+        if self.spool is not None and self.spool.started:
+            await self.spool.stop()
+        self.store.close()
+
+
+async def open_sink(
+    state: Path,
+    policies: DataPolicySource,
+    scrubber: TextScrubber | None = None,
+    spooled: bool = True,
+    drain_interval_s: float = 0.2,
+    on_backlog: Callable[[int], None] | None = None,
+) -> StoreAuditSink:
+    """The standard wiring under a state directory: `<state>/audit/{audit.db,keys.db,spool/}`.
+
+    Starting the spool drains what dead writers left behind first.
+    """
+    store = AuditStore.in_state_dir(state)
+    keyring = SubjectKeyring(state / "audit" / "keys.db")
+    builder = RecordBuilder(policies, scrubber or TextScrubber(), keyring)
+    spool = None
+    if spooled:
+        spool = AuditSpool(state / "audit" / "spool", store, drain_interval_s=drain_interval_s, on_backlog=on_backlog)
+        await spool.start()
+    return StoreAuditSink(builder, store, spool)

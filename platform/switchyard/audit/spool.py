@@ -1,0 +1,284 @@
+"""The asynchronous path for low- and medium-risk flows: a per-writer spool file, drained.
+
+`put` appends one line to the writer's spool file with a single `write(2)` and returns; a
+background task moves batches into the SQLite store every `drain_interval_s` and deletes
+the drained file. Loss bound (see docs/audit.md):
+
+- a process crash (SIGKILL, OOM) loses nothing acknowledged: the lines are in the kernel's
+  page cache; the next `AuditSpool.start()` on the host (any replica) or
+  `switchyard audit drain` finds the dead writer's files (its lock is free) and drains them;
+- a host crash loses at most what was acknowledged but not yet committed: the records of the
+  last `drain_interval_s` (plus one drain's duration), never more than `max_backlog` records.
+
+When the backlog reaches `max_backlog` (the store is down or slow), `put` waits up to
+`full_wait_s` and then raises `AuditUnavailable`: a record is refused loudly, never dropped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import fcntl
+import json
+import logging
+import os
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from switchyard.audit.builder import BodyBlob, PendingEntry
+from switchyard.audit.record import RequestRecord, canonical_json
+from switchyard.audit.store import AuditStore
+from switchyard.audit.subject_keys import b64, unb64
+from switchyard.gateway.seams import AuditUnavailable
+
+log = logging.getLogger(__name__)
+
+BATCH = 500  # entries per store transaction while draining
+
+
+def encode_line(pending: PendingEntry) -> bytes:
+    line = {
+        "record": json.loads(canonical_json(pending.record)),
+        "bodies": [{"part": b.part, "data": b64(b.data)} for b in pending.bodies],
+    }
+    return (json.dumps(line, separators=(",", ":")) + "\n").encode()
+
+
+def decode_line(line: bytes) -> PendingEntry:
+    data = json.loads(line)
+    bodies = tuple(BodyBlob(b["part"], unb64(b["data"])) for b in data["bodies"])
+    return PendingEntry(RequestRecord.model_validate(data["record"]), bodies)
+
+
+@dataclass(frozen=True)
+class DrainReport:
+    files: int
+    lines: int
+    new_entries: int  # lines already in the store (a drain interrupted after commit) are not new
+    torn_lines: int  # a partial last line: its `put` never returned, so no response depended on it
+
+
+def drain_file(path: Path, store: AuditStore) -> DrainReport:
+    """Move one spool file into the store, then delete it. Safe to repeat (entries are unique)."""
+    lines = path.read_bytes().split(b"\n")
+    batch: list[PendingEntry] = []
+    new = torn = count = 0
+    for number, raw in enumerate(lines, start=1):
+        if not raw:
+            continue
+        try:
+            batch.append(decode_line(raw))
+        except (ValueError, KeyError):
+            # Logged by position only: the line may hold a body and must not reach the logs.
+            log.warning(
+                "spool %s line %d is torn (%d bytes); its writer never acknowledged it",
+                path,
+                number,
+                len(raw),
+            )
+            torn += 1
+            continue
+        count += 1
+        if len(batch) >= BATCH:
+            new += store.append(batch)
+            batch = []
+    if batch:
+        new += store.append(batch)
+    path.unlink()
+    return DrainReport(1, count, new, torn)
+
+
+def recover_orphans(directory: Path, store: AuditStore) -> DrainReport:
+    """Drain every spool whose writer is gone (its lock is not held, or its lock file is gone).
+    Who drains after a crash: whichever process calls this first, i.e. the next sink to start
+    on the host, or `switchyard audit drain`. Recoveries are serialised by `.recovery`."""
+    reports: list[DrainReport] = []
+    guard = os.open(directory / ".recovery", os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(guard, fcntl.LOCK_EX)
+        live: set[str] = set()
+        for lock_path in sorted(directory.glob("*.lock")):
+            fd = os.open(lock_path, os.O_RDWR)
+            try:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    live.add(lock_path.stem)
+                    continue
+                reports.extend(_drain_writer(directory, lock_path.stem, store))
+                lock_path.unlink()
+            finally:
+                os.close(fd)
+        # A writer's lock file exists before its first spool file (see `AuditSpool.start`), so
+        # a spool without one belongs to a dead writer whose recovery was interrupted.
+        for spool in sorted(directory.glob("*.spool")):
+            writer = spool.name.rsplit(".", 2)[0]
+            if writer not in live and not (directory / f"{writer}.lock").exists():
+                reports.extend(_drain_writer(directory, writer, store))
+    finally:
+        os.close(guard)
+    total = DrainReport(
+        len(reports),
+        sum(r.lines for r in reports),
+        sum(r.new_entries for r in reports),
+        sum(r.torn_lines for r in reports),
+    )
+    if total.files:
+        log.info(
+            "recovered %d spool files of dead writers: %d records (%d new, %d torn)",
+            total.files,
+            total.lines,
+            total.new_entries,
+            total.torn_lines,
+        )
+    return total
+
+
+def _drain_writer(directory: Path, writer: str, store: AuditStore) -> list[DrainReport]:
+    return [drain_file(spool, store) for spool in sorted(directory.glob(f"{writer}.*.spool"), key=_spool_number)]
+
+
+def pending_lines(directory: Path) -> int:
+    """Records spooled but not yet in the store, over every writer on the host."""
+    return sum(p.read_bytes().count(b"\n") for p in directory.glob("*.spool"))
+
+
+def _spool_number(path: Path) -> int:
+    return int(path.name.rsplit(".", 2)[1])
+
+
+class AuditSpool:
+    def __init__(
+        self,
+        directory: Path,
+        store: AuditStore,
+        drain_interval_s: float = 0.2,
+        max_backlog: int = 10_000,
+        full_wait_s: float = 2.0,
+        on_backlog: Callable[[int], None] | None = None,
+    ) -> None:
+        self.directory = directory
+        self.store = store
+        self.drain_interval_s = drain_interval_s
+        self.max_backlog = max_backlog
+        self.full_wait_s = full_wait_s
+        self._on_backlog = on_backlog
+        self.writer_id = f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        self._number = 0
+        self._fd: int | None = None
+        self._lock_fd: int | None = None
+        self._backlog = 0  # lines written to spool files not yet committed to the store
+        self._drained = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+
+    @property
+    def backlog(self) -> int:
+        return self._backlog
+
+    @property
+    def started(self) -> bool:
+        return self._fd is not None
+
+    async def start(self) -> DrainReport:
+        self.directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+        report = await asyncio.to_thread(recover_orphans, self.directory, self.store)
+        # Locked under a private name, then renamed: a recoverer can never see the lock file
+        # unlocked and take this live writer for a dead one.
+        private = self.directory / f".{self.writer_id}.lock.new"
+        self._lock_fd = os.open(private, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+        fcntl.flock(self._lock_fd, fcntl.LOCK_EX)
+        private.rename(self.directory / f"{self.writer_id}.lock")
+        self._open_next()
+        self._task = asyncio.create_task(self._drain_forever(), name=f"audit-spool-{self.writer_id}")
+        return report
+
+    def _path(self, number: int) -> Path:
+        return self.directory / f"{self.writer_id}.{number}.spool"
+
+    def _open_next(self) -> None:
+        self._number += 1
+        self._fd = os.open(self._path(self._number), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+
+    async def put(self, pending: PendingEntry) -> None:
+        if self._fd is None:
+            raise RuntimeError("AuditSpool.put before start()")
+        deadline = time.monotonic() + self.full_wait_s
+        while self._backlog >= self.max_backlog:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise AuditUnavailable(
+                    f"audit spool backlog is full ({self._backlog} records not yet stored); refusing the record"
+                )
+            self._drained.clear()
+            try:
+                await asyncio.wait_for(self._drained.wait(), timeout=left)
+            except TimeoutError:
+                continue
+        line = encode_line(pending)
+        try:
+            written = os.write(self._fd, line)
+        except OSError as exc:
+            raise AuditUnavailable(f"cannot write the audit spool {self._path(self._number)}: {exc.strerror}") from exc
+        if written != len(line):
+            raise AuditUnavailable(f"short write to the audit spool {self._path(self._number)}")
+        self._set_backlog(self._backlog + 1)
+
+    def _set_backlog(self, value: int) -> None:
+        self._backlog = value
+        if self._on_backlog is not None:
+            self._on_backlog(value)
+
+    async def drain_once(self) -> DrainReport:
+        """Rotate to a new file and move the old one into the store."""
+        if self._fd is None:
+            return DrainReport(0, 0, 0, 0)
+        old = self._path(self._number)
+        os.close(self._fd)
+        self._open_next()
+        try:
+            report = await asyncio.to_thread(drain_file, old, self.store)
+        except Exception:
+            # The file stays; the next drain (or a recovery) retries it. Logged, never dropped.
+            log.exception("audit spool drain of %s failed; will retry", old)
+            raise
+        self._set_backlog(max(0, self._backlog - report.lines))
+        self._drained.set()
+        return report
+
+    async def _drain_forever(self) -> None:
+        while True:
+            await asyncio.sleep(self.drain_interval_s)
+            try:
+                await self._drain_leftovers()
+                await self.drain_once()
+            except Exception as exc:  # noqa: BLE001 - the loop must survive a store outage
+                log.error("audit spool drain failed (%s); backlog %d", type(exc).__name__, self._backlog)
+
+    async def _drain_leftovers(self) -> None:
+        """Files of this writer that a failed drain left behind, oldest first."""
+        for path in sorted(self.directory.glob(f"{self.writer_id}.*.spool"), key=_spool_number):
+            if _spool_number(path) == self._number:
+                break
+            report = await asyncio.to_thread(drain_file, path, self.store)
+            self._set_backlog(max(0, self._backlog - report.lines))
+
+    async def stop(self) -> None:
+        """Drain everything and release the writer's lock."""
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                log.debug("audit spool drain task stopped")
+        await self._drain_leftovers()
+        await self.drain_once()
+        if self._fd is not None:
+            os.close(self._fd)
+            self._path(self._number).unlink(missing_ok=True)
+            self._fd = None
+        if self._lock_fd is not None:
+            (self.directory / f"{self.writer_id}.lock").unlink(missing_ok=True)
+            os.close(self._lock_fd)
+            self._lock_fd = None

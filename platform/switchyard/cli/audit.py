@@ -1,0 +1,197 @@
+"""`switchyard audit verify|query|erase|drain|purge|export`: the audit log from the shell."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from switchyard.audit.data_policy import DataPolicyError, load_data_policies
+from switchyard.audit.erasure import erase_subject
+from switchyard.audit.export import S3Target, export_sealed
+from switchyard.audit.query import AuditQuery, AuditReader, parse_since
+from switchyard.audit.spool import pending_lines, recover_orphans
+from switchyard.audit.store import AuditStore
+from switchyard.audit.subject_keys import SubjectKeyring
+from switchyard.cli._auth import NotAuthenticated, add_auth_args, require
+from switchyard.cli._output import fail, print_json, print_table
+from switchyard.paths import policies_dir
+from switchyard.policy.roles import Action, Forbidden
+from switchyard.state import state_dir
+
+Handler = Callable[[argparse.Namespace], int]
+
+
+def register(subparsers: Any) -> None:
+    parser = subparsers.add_parser("audit", help="verify, query and erase the audit log")
+    sub = parser.add_subparsers(dest="audit_command", required=True)
+    verify = sub.add_parser("verify", help="check the hash chain and body digests; say where it breaks")
+    verify.set_defaults(handler=_guarded(run_verify))
+    query = sub.add_parser("query", help="list a team's audit records")
+    query.add_argument("--team", help="the team (omit for all teams: auditors only)")
+    query.add_argument("--flow")
+    query.add_argument("--since", help="unix seconds, ISO 8601, or an age: 30m, 24h, 7d")
+    query.add_argument("--bodies", action="store_true", help="include bodies (audited; per data class)")
+    query.add_argument("--limit", type=int, default=1000)
+    query.set_defaults(handler=_guarded(run_query))
+    erase = sub.add_parser("erase", help="delete a subject's body key (bodies become unreadable)")
+    erase.add_argument("--team", required=True)
+    erase.add_argument("--subject", required=True, help="the end user the team named in requests")
+    erase.set_defaults(handler=_guarded(run_erase))
+    drain = sub.add_parser("drain", help="move spools left by dead gateway replicas into the store")
+    drain.set_defaults(handler=_guarded(run_drain))
+    purge = sub.add_parser("purge", help="remove bodies past their class's retention (for cron)")
+    purge.set_defaults(handler=_guarded(run_purge))
+    export = sub.add_parser("export", help="seal full segments and upload them to S3 (object lock)")
+    export.add_argument("--bucket", required=True)
+    export.add_argument("--prefix", default="audit/")
+    export.add_argument("--segment-size", type=int, default=10_000, help="entries per segment")
+    export.add_argument("--retention-days", type=int, default=365, help="object-lock retain-until")
+    export.add_argument("--endpoint-url", help="S3-compatible endpoint (default: AWS)")
+    export.add_argument("--all", action="store_true", help="also seal the last, partial segment")
+    export.set_defaults(handler=_guarded(run_export))
+    for p in sub.choices.values():
+        add_auth_args(p)
+        p.add_argument("--policies", help="policy directory (default: $SWITCHYARD_POLICIES or the repo's)")
+        p.add_argument("--json", action="store_true")
+
+
+def _guarded(fn: Handler) -> Handler:
+    def wrapper(args: argparse.Namespace) -> int:
+        try:
+            return fn(args)
+        except (NotAuthenticated, Forbidden) as exc:
+            return fail(str(exc), 3)
+        except (DataPolicyError, ValueError) as exc:
+            return fail(str(exc))
+
+    return wrapper
+
+
+def _state(args: argparse.Namespace) -> Path:
+    return state_dir(args.state_dir)
+
+
+def _store(args: argparse.Namespace) -> AuditStore:
+    return AuditStore.in_state_dir(_state(args))
+
+
+def _keyring(args: argparse.Namespace) -> SubjectKeyring:
+    return SubjectKeyring(_state(args) / "audit" / "keys.db")
+
+
+def run_verify(args: argparse.Namespace) -> int:
+    require(args, Action.READ_AUDIT, None)
+    store = _store(args)
+    findings = store.verify()
+    seq, head = store.head()
+    if args.json:
+        print_json(
+            {
+                "ok": not findings,
+                "entries": seq,
+                "head": head,
+                "findings": [{"seq": f.seq, "problem": f.problem, "detail": f.detail} for f in findings],
+            }
+        )
+    elif findings:
+        for f in findings:
+            print(f"BROKEN {f}")
+    else:
+        print(f"ok: {seq} entries, chain head {head[:16]}")
+    return 1 if findings else 0
+
+
+def run_query(args: argparse.Namespace) -> int:
+    who = require(args, Action.READ_AUDIT, args.team)
+    since = None if args.since is None else parse_since(args.since)
+    policies = load_data_policies(policies_dir(args.policies))
+    reader = AuditReader(_store(args), _keyring(args), policies)
+    found = reader.query(who, AuditQuery(args.team, args.flow, since, args.bodies, args.limit))
+    if args.json:
+        print_json(found)
+        return 0
+    print_table(
+        ["seq", "time", "kind", "team", "flow", "status", "provider", "cost $", "class", "redaction"],
+        [_row(v) for v in found],
+    )
+    return 0
+
+
+def _row(v: dict[str, Any]) -> list[Any]:
+    when = datetime.fromtimestamp(v["time"], UTC).strftime("%Y-%m-%d %H:%M:%S")
+    if v["kind"] != "request":
+        return [v["seq"], when, v["kind"], v.get("team") or "*", v.get("flow") or "", "", "", "", "", ""]
+    counts = ",".join(f"{k}:{n}" for k, n in sorted(v["redaction"]["entity_counts"].items()))
+    return [
+        v["seq"],
+        when,
+        "request",
+        v["team"],
+        v["flow"],
+        v["status_code"],
+        v["provider"] or "-",
+        f"{v['cost_usd']:.6f}",
+        v["data_class"],
+        f"{v['redaction']['mode']} {counts}".strip(),
+    ]
+
+
+def run_erase(args: argparse.Namespace) -> int:
+    # Erasure destroys data for good: platform admins only (Action.OPERATE), on any team.
+    who = require(args, Action.OPERATE, args.team)
+    record = erase_subject(_store(args), _keyring(args), args.team, args.subject, erased_by=who.key_id)
+    if args.json:
+        print_json(record.model_dump(mode="json"))
+    elif record.key_existed:
+        print(f"erased subject {record.subject!r}: its stored bodies can no longer be read")
+    else:
+        print(f"subject {record.subject!r} had no key (nothing stored, or already erased); recorded anyway")
+    return 0
+
+
+def run_drain(args: argparse.Namespace) -> int:
+    require(args, Action.OPERATE, None)
+    directory = _state(args) / "audit" / "spool"
+    report = recover_orphans(directory, _store(args)) if directory.exists() else None
+    left = pending_lines(directory) if directory.exists() else 0
+    result = {
+        "files": report.files if report else 0,
+        "records": report.lines if report else 0,
+        "new": report.new_entries if report else 0,
+        "torn": report.torn_lines if report else 0,
+        "still_spooled_by_live_writers": left,
+    }
+    if args.json:
+        print_json(result)
+    else:
+        print(", ".join(f"{k}: {v}" for k, v in result.items()))
+    return 0
+
+
+def run_purge(args: argparse.Namespace) -> int:
+    require(args, Action.OPERATE, None)
+    removed = _store(args).purge_expired_bodies()
+    if args.json:
+        print_json({"bodies_removed": removed})
+    else:
+        print(f"removed {removed} expired bodies")
+    return 0
+
+
+def run_export(args: argparse.Namespace) -> int:
+    require(args, Action.OPERATE, None)
+    import boto3  # only this command needs it; keeps `switchyard --help` fast
+
+    store = _store(args)
+    sealed = store.seal_segments(args.segment_size, include_partial=args.all)
+    client = boto3.client("s3", endpoint_url=args.endpoint_url)
+    target = S3Target(args.bucket, args.prefix, args.retention_days)
+    keys = export_sealed(store, client, target)
+    if args.json:
+        print_json({"sealed": len(sealed), "exported": keys})
+    else:
+        print(f"sealed {len(sealed)} segments; exported {len(keys)}: " + ", ".join(keys))
+    return 0

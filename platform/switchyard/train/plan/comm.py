@@ -1,0 +1,161 @@
+"""Communication per GPU per step, with ring collective costs.
+
+For a buffer of M bytes over n ranks, a ring moves per rank: all-reduce 2·(n-1)/n·M,
+all-gather (n-1)/n·M, reduce-scatter (n-1)/n·M (Patarasuk and Yuan 2009; NCCL's bus
+bandwidth is defined so that time = these bytes / bus bandwidth). Latency terms are ignored:
+at these sizes bandwidth dominates.
+
+Which collectives run, per step of m micro-batches:
+- ddp, fsdp-no-shard: one all-reduce of the fp32 gradients (ddp once per step under
+  no_sync; FSDP every micro-batch, its default without `set_requires_gradient_sync(False)`).
+- zero1: reduce-scatter the gradients and all-gather the updated parameters, once a step.
+- zero2: as zero1, but gradients are reduce-scattered every micro-batch.
+- zero3, fsdp-full: all-gather the parameters in forward and again in backward, and
+  reduce-scatter the gradients, every micro-batch: 3 transfers of Ψ against zero1's 2, so
+  ZeRO-3 costs 1.5x ZeRO-1 (Rajbhandari et al. 2020, section 7).
+- fsdp-grad-op: one all-gather (parameters stay gathered into backward) + reduce-scatter.
+- fsdp-hybrid: fsdp-full inside a shard group of G ranks, plus an all-reduce of each
+  rank's 1/G gradient shard across the N/G groups.
+DeepSpeed communicates in the compute dtype; the trainer's FSDP and DDP reduce in fp32.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+from switchyard.train.plan.hardware import GB, ClusterSpec
+from switchyard.train.plan.job import Precision, TrainingJob
+from switchyard.train.plan.terms import Term, count
+from switchyard.train.strategy import Offload, Strategy
+
+
+class Collective(StrEnum):
+    ALL_REDUCE = "all-reduce"
+    ALL_GATHER = "all-gather"
+    REDUCE_SCATTER = "reduce-scatter"
+
+    def ring_factor(self, ranks: int) -> float:
+        """Bytes each rank sends per byte of the full buffer."""
+        share = (ranks - 1) / ranks
+        return 2 * share if self is Collective.ALL_REDUCE else share
+
+
+@dataclass(frozen=True)
+class Transfer:
+    """One kind of collective in a step: what it moves, over whom, how often."""
+
+    purpose: str
+    collective: Collective
+    buffer_bytes: float
+    """Full (unsharded) size M of the buffer."""
+    ranks: int
+    per_step: int
+    gbps: float
+
+    @property
+    def bytes_per_gpu(self) -> float:
+        return self.per_step * self.collective.ring_factor(self.ranks) * self.buffer_bytes
+
+    @property
+    def seconds(self) -> float:
+        return self.bytes_per_gpu / (self.gbps * GB)
+
+    @property
+    def formula(self) -> str:
+        factor = "2·(n-1)/n" if self.collective is Collective.ALL_REDUCE else "(n-1)/n"
+        return (
+            f"{self.purpose}: {self.per_step}x {self.collective} {factor}·M, n={self.ranks}, "
+            f"M={count(self.buffer_bytes)} B at {self.gbps:g} GB/s"
+        )
+
+
+def transfers(params: int, cluster: ClusterSpec, job: TrainingJob, group: int) -> list[Transfer]:
+    n, m, strategy = cluster.gpus, job.grad_accum, job.strategy
+    e = job.precision.compute_bytes
+    fp32_grads = params * 4.0
+    ds = params * float(e)  # DeepSpeed's buffers are in the compute dtype
+    bw = cluster.ring_gbps(n)
+    if n == 1:
+        return []
+    if strategy is Strategy.DDP:
+        return [Transfer("gradients", Collective.ALL_REDUCE, fp32_grads, n, 1, bw)]
+    if strategy is Strategy.FSDP_NO_SHARD:
+        return [Transfer("gradients", Collective.ALL_REDUCE, fp32_grads, n, m, bw)]
+    if strategy in (Strategy.ZERO1, Strategy.ZERO2):
+        reduce_steps = 1 if strategy is Strategy.ZERO1 else m
+        return [
+            Transfer("gradients", Collective.REDUCE_SCATTER, ds, n, reduce_steps, bw),
+            Transfer("updated parameters", Collective.ALL_GATHER, ds, n, 1, bw),
+        ]
+    grads = ds if strategy is Strategy.ZERO3 else fp32_grads
+    gathers = 1 if strategy is Strategy.FSDP_GRAD_OP else 2
+    shard_bw = cluster.ring_gbps(group)
+    out = [
+        Transfer("parameters (fwd+bwd)" if gathers == 2 else "parameters (fwd)",
+                 Collective.ALL_GATHER, params * float(e), group, gathers * m, shard_bw),
+        Transfer("gradients", Collective.REDUCE_SCATTER, grads, group, m, shard_bw),
+    ]
+    if strategy is Strategy.FSDP_HYBRID and n > group:
+        replicas = n // group
+        cross_bw = cluster.inter_node_gbps if n > cluster.gpus_per_node else bw
+        out.append(Transfer("gradient shards across groups", Collective.ALL_REDUCE,
+                            fp32_grads / group, replicas, m, cross_bw))
+    return out
+
+
+def offload_traffic(params: int, cluster: ClusterSpec, job: TrainingJob, group: int) -> Term:
+    """Host-device bytes per GPU per step that offload adds (over PCIe, not overlapped)."""
+    if job.offload is Offload.NONE:
+        return Term(0.0, "no offload")
+    e, m = job.precision.compute_bytes, job.grad_accum
+    shard = params / group
+    if job.strategy in (Strategy.ZERO1, Strategy.ZERO2):
+        value = 2 * e * shard
+        return Term(value, f"gradient partition down + parameter partition up 2·{e}·Ψ/N "
+                           f"= 2·{e}·{count(params)}/{group}")
+    gathers = 1 if job.strategy is Strategy.FSDP_GRAD_OP else 2
+    p_b = e if job.strategy.is_deepspeed else 4
+    g_b = e if job.strategy.is_deepspeed else 4
+    value = m * (gathers * p_b + g_b) * shard
+    return Term(value, f"m·({gathers}·{p_b} parameter shard up + {g_b} gradient shard down)·Ψ/N"
+                       f" = {m}·{gathers * p_b + g_b}·{count(params)}/{group}")
+
+
+@dataclass(frozen=True)
+class Communication:
+    transfers: list[Transfer]
+    offload: Term
+    pcie_gbps: float
+
+    @property
+    def bytes_per_gpu(self) -> float:
+        return sum(t.bytes_per_gpu for t in self.transfers)
+
+    @property
+    def seconds(self) -> float:
+        return sum(t.seconds for t in self.transfers)
+
+    @property
+    def offload_seconds(self) -> float:
+        return self.offload.value / (self.pcie_gbps * GB)
+
+    def formula(self) -> str:
+        return " + ".join(t.formula for t in self.transfers) or "single GPU: no collectives"
+
+
+def communication(params: int, cluster: ClusterSpec, job: TrainingJob, group: int) -> Communication:
+    return Communication(
+        transfers(params, cluster, job, group),
+        offload_traffic(params, cluster, job, group),
+        cluster.pcie_gbps,
+    )
+
+
+def zero3_over_zero1(params: int, cluster: ClusterSpec, precision: Precision) -> float:
+    """ZeRO-3's communication volume as a multiple of ZeRO-1's for the same job (1.5)."""
+    vols = []
+    for strategy in (Strategy.ZERO3, Strategy.ZERO1):
+        job = TrainingJob(strategy=strategy, precision=precision)
+        vols.append(sum(t.bytes_per_gpu for t in transfers(params, cluster, job, cluster.gpus)))
+    return vols[0] / vols[1]

@@ -1,0 +1,71 @@
+"""The cluster a job would run on: GPUs, their memory and speed, and the links between them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from switchyard.train.plan.errors import PlanError
+
+GIB = 1024**3
+GB = 1e9
+
+
+@dataclass(frozen=True)
+class ClusterSpec:
+    """Defaults describe H100 80GB SXM nodes with 8 GPUs, NVLink and one 400 Gb/s NIC per GPU.
+
+    Bandwidths are what a ring collective achieves per GPU (NCCL's "bus bandwidth"), not the
+    link's peak; pass your own measured numbers (`nccl-tests`) where you have them.
+    """
+
+    gpus: int = 8
+    """Data-parallel ranks (N)."""
+    gpus_per_node: int = 8
+    gpu_memory_gib: float = 80.0
+    intra_node_gbps: float = 360.0
+    """NVLink bus bandwidth per GPU in GB/s (about 75% of H100's 450 GB/s one way)."""
+    inter_node_gbps: float = 45.0
+    """Network bus bandwidth per GPU in GB/s (400 Gb/s = 50 GB/s, about 90% achieved)."""
+    pcie_gbps: float = 25.0
+    """Host-device copy bandwidth per GPU in GB/s, used for offload traffic."""
+    peak_tflops: float = 989.0
+    """Dense bf16/fp16 tensor-core peak per GPU (H100 SXM)."""
+    fp32_peak_tflops: float = 67.0
+    """Dense fp32 peak per GPU without TF32 (PyTorch's default for matmuls)."""
+    mfu: float = 0.4
+    """Fraction of peak the training step achieves (model FLOPs utilisation)."""
+    runtime_overhead_gib: float = 1.0
+    """Fixed per-GPU memory outside tensors: CUDA context, cuBLAS and NCCL workspaces."""
+    fragmentation: float = 0.05
+    """Allocator fragmentation, as a fraction of the memory that changes during a step
+    (activations and transient buffers)."""
+
+    def __post_init__(self) -> None:
+        for name in ("gpus", "gpus_per_node"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise PlanError(f"cluster.{name} must be a positive integer, got {value!r}")
+        for name in ("gpu_memory_gib", "intra_node_gbps", "inter_node_gbps", "pcie_gbps",
+                     "peak_tflops", "fp32_peak_tflops"):
+            if getattr(self, name) <= 0:
+                raise PlanError(f"cluster.{name} must be > 0, got {getattr(self, name)!r}")
+        if not 0 < self.mfu <= 1:
+            raise PlanError(f"cluster.mfu must be in (0, 1], got {self.mfu!r}")
+        if self.runtime_overhead_gib < 0 or not 0 <= self.fragmentation < 1:
+            raise PlanError(
+                "cluster.runtime_overhead_gib must be >= 0 and cluster.fragmentation in [0, 1), "
+                f"got {self.runtime_overhead_gib!r} and {self.fragmentation!r}"
+            )
+
+    @property
+    def gpu_memory_bytes(self) -> float:
+        return self.gpu_memory_gib * GIB
+
+    @property
+    def nodes(self) -> int:
+        return -(-self.gpus // self.gpus_per_node)
+
+    def ring_gbps(self, group_size: int) -> float:
+        """Bus bandwidth of a ring over `group_size` consecutive ranks: NVLink inside a node,
+        the network as soon as the ring leaves it (its slowest hop sets the pace)."""
+        return self.intra_node_gbps if group_size <= self.gpus_per_node else self.inter_node_gbps

@@ -1,0 +1,256 @@
+"""Through the gateway's HTTP app (in-process, two instances as two replicas sharing one state
+dir): the Presidio redactor and the SQLite audit sink in place of the interim collaborators.
+
+Checks, under concurrent load: the provider never sees the raw values of a `personal` flow,
+the client gets them back (also in a stream, where a placeholder straddles chunks), every
+answered request has exactly one record, the chain verifies, the audited cost equals what
+the budget gate settled, and no raw value is in any audit file.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+from collections.abc import Awaitable
+from pathlib import Path
+
+import httpx
+from _audit_helpers import CARD, EMAIL, PHONE
+
+from switchyard.audit.gateway import gateway_audit_parts
+from switchyard.audit.record import RequestRecord
+from switchyard.audit.redaction import PresidioRedactor
+from switchyard.audit.sink import StoreAuditSink
+from switchyard.audit.store import AuditStore
+from switchyard.gateway.auth import KeySnapshot
+from switchyard.gateway.circuit import CircuitBoard
+from switchyard.gateway.http import create_app
+from switchyard.gateway.idempotency import InMemoryIdempotencyStore
+from switchyard.gateway.interim import InMemoryBudgetGate
+from switchyard.gateway.metrics import InMemoryMetrics
+from switchyard.gateway.pipeline import ChatPipeline, GatewayParts
+from switchyard.gateway.pool import ProviderPool
+from switchyard.gateway.providers.base import Completion, ProviderCall
+from switchyard.gateway.providers.inprocess import InProcessProvider
+from switchyard.gateway.seams import Usage
+from switchyard.paths import repo_root
+from switchyard.policy.keys import KeyStore
+from switchyard.policy.models import Role
+from switchyard.policy.policy_set import PolicySet
+from switchyard.policy.store import PolicyStore
+
+HERE = Path(__file__).parent
+CUSTOMER = f"My card {CARD} was charged twice; mail me at {EMAIL} or call {PHONE}."
+
+
+def _policies(tmp: Path, state: Path) -> PolicyStore:
+    state.mkdir(parents=True, exist_ok=True)
+    root = tmp / "policies"
+    shutil.copytree(repo_root() / "policies", root)
+    if not (root / "scheduler.yaml").exists():
+        (root / "scheduler.yaml").write_text("")  # another area's file; empty means defaults
+    return PolicyStore(root, state)
+
+
+def _provider(name: str, seen: list[str]) -> InProcessProvider:
+    async def answer(call: ProviderCall) -> Completion:
+        text = json.dumps(call.messages)
+        seen.append(text)
+        if "<EMAIL_ADDRESS_1>" in text:  # the redacted support flow: refer to the placeholder
+            reply = "We refunded you and wrote to <EMAIL_ADDRESS_1> today."
+        else:
+            reply = json.dumps({"escalate": True, "reason": "card charged twice"})
+        await asyncio.sleep(0.001)
+        return Completion(reply, Usage(len(text) // 4, 12), "stop", call.model_version)
+
+    # 8-character chunks: the 17-character placeholder always straddles a chunk boundary.
+    return InProcessProvider(name, answer, stream_chunk_chars=8)
+
+
+def _replica(
+    ps: PolicySet, keys: KeyStore, sink: StoreAuditSink, redactor: PresidioRedactor, seen: list[str]
+) -> tuple[httpx.AsyncClient, InMemoryBudgetGate]:
+    gate = InMemoryBudgetGate(ps)
+    metrics = InMemoryMetrics()
+    parts = GatewayParts(
+        policies=lambda: ps,
+        keys=KeySnapshot(keys.verifier(), keys.mtime()),
+        providers=ProviderPool(overrides={n: _provider(n, seen) for n in ("openai", "anthropic", "bedrock")}),
+        budget=gate,
+        redactor=redactor,
+        audit=sink,
+        metrics=metrics,
+        idempotency=InMemoryIdempotencyStore(),
+        circuits=CircuitBoard(on_change=metrics.circuit_changed),
+    )
+    pipeline = ChatPipeline(parts)
+    return httpx.AsyncClient(
+        transport=httpx.ASGITransport(app=create_app(lambda: pipeline)), base_url="http://gw"
+    ), gate
+
+
+def test_the_factories_need_no_event_loop(tmp_path: Path) -> None:
+    """Serve builds a replica's collaborators in its constructor, outside any event loop."""
+    state = tmp_path / "state"
+    sink, redactor = gateway_audit_parts(_policies(tmp_path, state), state)
+    assert sink.spool is not None and not sink.spool.started
+    assert redactor.redact([{"role": "user", "content": EMAIL}], "personal").restore == {"<EMAIL_ADDRESS_1>": EMAIL}
+
+
+async def test_gateway_with_redaction_and_audit(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    policy_store = _policies(tmp_path, state)
+    ps = policy_store.current
+    keys = KeyStore.in_state_dir(state)
+    support = {"authorization": f"Bearer {keys.create('support', Role.MEMBER)[0]}"}
+    payments = {"authorization": f"Bearer {keys.create('payments', Role.MEMBER)[0]}"}
+    seen: list[str] = []
+    backlog: list[int] = []
+    built = [gateway_audit_parts(policy_store, state, on_backlog=backlog.append) for _ in range(2)]
+    sinks = [sink for sink, _ in built]
+    replicas = [_replica(ps, keys, sink, redactor, seen) for sink, redactor in built]
+
+    support_body = {
+        "model": "auto",
+        "user": "cust-17",
+        "messages": [{"role": "user", "content": CUSTOMER}],
+        "variables": {"product": "Acme Card"},
+    }
+    payments_body = {"model": "auto", "messages": [], "variables": {"dispute_id": "D-1", "summary": CUSTOMER}}
+
+    def post(i: int) -> Awaitable[httpx.Response]:
+        body, headers = (payments_body, payments) if i % 3 == 0 else (support_body, support)
+        return replicas[i % 2][0].post("/v1/chat/completions", json=body, headers=headers)
+
+    responses = await asyncio.gather(*(post(i) for i in range(30)))
+    stream = await replicas[0][0].post("/v1/chat/completions", json={**support_body, "stream": True}, headers=support)
+    for sink in sinks:
+        await sink.close()
+
+    assert backlog and backlog[-1] == 0  # the spooled (medium-risk) records were all drained
+    assert [r.status_code for r in responses] == [200] * 30, [r.text for r in responses if r.status_code != 200]
+    answers = [r.json()["choices"][0]["message"]["content"] for r in responses]
+    assert sum(f"wrote to {EMAIL} today" in a for a in answers) == 20  # restored for the client
+    streamed = "".join(
+        json.loads(line[6:])["choices"][0]["delta"].get("content") or ""
+        for line in stream.text.splitlines()
+        if line.startswith("data: {")
+    )
+    assert f"wrote to {EMAIL} today" in streamed
+    support_calls = [s for s in seen if "<EMAIL_ADDRESS_1>" in s]
+    assert len(support_calls) == 21 and not any(v in s for s in support_calls for v in (EMAIL, CARD, PHONE))
+
+    store = AuditStore.in_state_dir(state)
+    records = [e.entry for e in store.find(limit=10_000)]
+    ids = [r.request_id for r in records]
+    answered = [r.headers["x-switchyard-request-id"] for r in responses] + [stream.headers["x-switchyard-request-id"]]
+    assert sorted(ids) == sorted(answered)  # exactly one record per answered request
+    assert store.verify() == []
+    requests = [r for r in records if isinstance(r, RequestRecord)]
+    by_flow = {r.flow: r for r in requests}
+    assert by_flow["reply"].redaction.mode == "reversible" and by_flow["reply"].user == "cust-17"
+    assert by_flow["reply"].redaction.entity_counts["EMAIL_ADDRESS"] == 1
+    assert by_flow["dispute-review"].risk_tier == "high" and by_flow["dispute-review"].contract_result == "valid"
+    settled = sum(usd for _, gate in replicas for _, usd, _ in gate.settled)
+    assert abs(sum(r.cost_usd for r in requests) - settled) < 1e-12
+    store.close()
+    for path in (state / "audit").rglob("*"):
+        if path.is_file():
+            blob = path.read_bytes()
+            assert not any(v.encode() in blob for v in (EMAIL, CARD, PHONE)), path
+    for client, _ in replicas:
+        await client.aclose()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _start_replica(policies: Path, state: Path) -> tuple[subprocess.Popen[bytes], str]:
+    port = _free_port()
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(repo_root() / "platform"), str(HERE)])}
+    proc = subprocess.Popen(
+        [sys.executable, str(HERE / "_audit_gateway_replica.py"), str(policies), str(state), str(port)], env=env
+    )
+    return proc, f"http://127.0.0.1:{port}"
+
+
+async def _wait_ready(base: str, headers: dict[str, str], proc: subprocess.Popen[bytes]) -> None:
+    async with httpx.AsyncClient(base_url=base) as client:
+        for _ in range(300):
+            assert proc.poll() is None, "the replica exited"
+            try:
+                if (await client.get("/v1/models", headers=headers)).status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass  # not listening yet
+            await asyncio.sleep(0.1)
+    raise AssertionError(f"replica at {base} never became ready")
+
+
+async def test_killing_a_gateway_replica_under_load(tmp_path: Path) -> None:
+    """SIGKILL a gateway replica (its own process) mid-load; start another on the same state.
+    Every high-risk request that got a response has exactly one record, no request has two,
+    the medium-risk ones that got a response lose nothing (a process crash is within the
+    spool's bound of zero), and the chain verifies."""
+    state = tmp_path / "state"
+    policy_store = _policies(tmp_path, state)
+    keys = KeyStore.in_state_dir(state)
+    support = {"authorization": f"Bearer {keys.create('support', Role.MEMBER)[0]}"}
+    payments = {"authorization": f"Bearer {keys.create('payments', Role.MEMBER)[0]}"}
+    bodies = (
+        (
+            {"model": "auto", "messages": [{"role": "user", "content": CUSTOMER}], "variables": {"product": "X"}},
+            support,
+        ),
+        ({"model": "auto", "messages": [], "variables": {"dispute_id": "D-7", "summary": "charged twice"}}, payments),
+    )
+    proc, base = _start_replica(policy_store.root, state)
+    answered: dict[str, str] = {}  # request id -> flow, for every 200 the clients received
+    try:
+        await _wait_ready(base, support, proc)
+        async with httpx.AsyncClient(base_url=base, timeout=10) as client:
+
+            async def user(n: int) -> None:
+                for i in range(10_000):
+                    body, headers = bodies[(n + i) % 2]
+                    try:
+                        r = await client.post("/v1/chat/completions", json=body, headers=headers)
+                    except httpx.TransportError:
+                        return  # the replica is gone
+                    if r.status_code == 200:
+                        answered[r.headers["x-switchyard-request-id"]] = "high" if headers is payments else "medium"
+
+            load = [asyncio.create_task(user(n)) for n in range(8)]
+            while len(answered) < 120:
+                assert proc.poll() is None, "the replica exited under load"
+                await asyncio.sleep(0.05)
+            proc.send_signal(signal.SIGKILL)
+            await asyncio.gather(*load)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert (state / "audit" / "spool").is_dir()
+    # A new replica on the same host drains the dead one's spool before taking traffic.
+    proc, base = _start_replica(policy_store.root, state)
+    try:
+        await _wait_ready(base, support, proc)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait()
+    store = AuditStore.in_state_dir(state)
+    stored = [e.entry.request_id for e in store.find(limit=100_000)]
+    assert len(stored) == len(set(stored)), "a request has two records"
+    missing = {rid: tier for rid, tier in answered.items() if rid not in set(stored)}
+    assert missing == {}, f"{len(missing)} answered requests have no record"
+    assert sum(t == "high" for t in answered.values()) > 20
+    assert store.verify() == []
+    print(f"\ngateway kill: {len(answered)} answered, {len(stored)} records (in-flight at the kill may add records)")

@@ -1,0 +1,153 @@
+"""The async spool and the sink: durability by risk tier, the loss bound, crash recovery."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from _audit_helpers import make_exchange, make_flow
+
+from switchyard.audit.builder import RecordBuilder
+from switchyard.audit.redaction import TextScrubber
+from switchyard.audit.sink import StoreAuditSink
+from switchyard.audit.spool import AuditSpool, encode_line, pending_lines, recover_orphans
+from switchyard.audit.store import AuditStore
+from switchyard.audit.subject_keys import SubjectKeyring
+from switchyard.gateway.seams import AuditUnavailable
+from switchyard.policy.models import DataPolicies, RiskTier
+
+HERE = Path(__file__).parent
+
+
+@pytest.fixture
+def builder(tmp_path: Path, data_policies: DataPolicies, scrubber: TextScrubber) -> RecordBuilder:
+    return RecordBuilder(data_policies, scrubber, SubjectKeyring(tmp_path / "keys.db"))
+
+
+async def test_spooled_records_reach_the_store(tmp_path: Path, builder: RecordBuilder) -> None:
+    store = AuditStore(tmp_path / "audit.db")
+    backlog_seen: list[int] = []
+    spool = AuditSpool(tmp_path / "spool", store, drain_interval_s=3600, on_backlog=backlog_seen.append)
+    await spool.start()
+    sink = StoreAuditSink(builder, store, spool)
+    for _ in range(5):
+        await sink.record(make_exchange(), durable=False)
+    assert store.count() == 0 and spool.backlog == 5 and backlog_seen[-1] == 5
+    report = await spool.drain_once()
+    assert (report.lines, report.new_entries) == (5, 5)
+    assert store.count() == 5 and spool.backlog == 0 and backlog_seen[-1] == 0
+    await spool.stop()
+    assert [p.name for p in (tmp_path / "spool").iterdir()] == [".recovery"]  # no spool, no lock
+
+
+async def test_high_risk_is_durable_even_if_the_caller_says_otherwise(tmp_path: Path, builder: RecordBuilder) -> None:
+    store = AuditStore(tmp_path / "audit.db")
+    spool = AuditSpool(tmp_path / "spool", store, drain_interval_s=3600)
+    await spool.start()
+    sink = StoreAuditSink(builder, store, spool)
+    await sink.record(make_exchange(flow=make_flow(risk=RiskTier.HIGH)), durable=False)
+    assert store.count() == 1 and spool.backlog == 0
+    await spool.stop()
+
+
+async def test_store_outage_fails_high_risk_closed(
+    tmp_path: Path, builder: RecordBuilder, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = AuditStore(tmp_path / "audit.db")
+    sink = StoreAuditSink(builder, store, None)
+
+    def broken(*_: object) -> int:
+        raise sqlite3.OperationalError("disk I/O error")
+
+    monkeypatch.setattr(store, "append", broken)
+    with pytest.raises(AuditUnavailable, match="unavailable"):
+        await sink.record(make_exchange(flow=make_flow(risk=RiskTier.HIGH)), durable=True)
+
+
+async def test_a_full_spool_refuses_loudly_and_recovers(
+    tmp_path: Path, builder: RecordBuilder, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = AuditStore(tmp_path / "audit.db")
+    spool = AuditSpool(tmp_path / "spool", store, drain_interval_s=0.01, max_backlog=3, full_wait_s=0.2)
+    real_append = store.append
+
+    def broken(*_: object) -> int:
+        raise sqlite3.OperationalError("database is locked")
+
+    monkeypatch.setattr(store, "append", broken)
+    await spool.start()
+    sink = StoreAuditSink(builder, store, spool)
+    for _ in range(3):
+        await sink.record(make_exchange(), durable=False)
+    with pytest.raises(AuditUnavailable, match="backlog is full"):
+        await sink.record(make_exchange(), durable=False)
+    monkeypatch.setattr(store, "append", real_append)  # the store comes back
+    await sink.record(make_exchange(), durable=False)  # waits for room, then is accepted
+    await spool.stop()
+    assert store.count() == 4 and store.verify() == []
+
+
+async def test_recovery_leaves_live_writers_alone(tmp_path: Path, builder: RecordBuilder) -> None:
+    store = AuditStore(tmp_path / "audit.db")
+    spool = AuditSpool(tmp_path / "spool", store, drain_interval_s=3600)
+    await spool.start()
+    for _ in range(2):
+        await spool.put(builder.build(make_exchange()))
+    assert recover_orphans(tmp_path / "spool", store).files == 0 and store.count() == 0
+    assert spool._lock_fd is not None
+    os.close(spool._lock_fd)  # the writer "dies": its lock is released, its files stay
+    spool._lock_fd = None
+    report = recover_orphans(tmp_path / "spool", store)
+    assert (report.lines, report.new_entries) == (2, 2) and store.count() == 2
+    assert not list((tmp_path / "spool").glob("*.lock"))
+    if spool._task is not None:
+        spool._task.cancel()
+
+
+def test_a_spool_whose_lock_file_is_gone_is_drained(tmp_path: Path, builder: RecordBuilder) -> None:
+    store = AuditStore(tmp_path / "audit.db")
+    directory = tmp_path / "spool"
+    directory.mkdir()
+    lines = b"".join(encode_line(builder.build(make_exchange())) for _ in range(3))
+    (directory / "123-dead.1.spool").write_bytes(lines + b'{"record": {"trunc')  # torn tail
+    report = recover_orphans(directory, store)
+    assert (report.files, report.lines, report.torn_lines) == (1, 3, 1) and store.count() == 3
+
+
+def test_killed_writer_loses_nothing_acknowledged(tmp_path: Path) -> None:
+    """SIGKILL a writer mid-load; the next starter drains its spool. Every acknowledged record
+    is stored exactly once, high-risk ones were already in SQLite, and the chain verifies."""
+    state, ack = tmp_path / "state", tmp_path / "acks.txt"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE.parents[1] / "platform"), str(HERE)])}
+    proc = subprocess.Popen([sys.executable, str(HERE / "_audit_spool_writer.py"), str(state), str(ack)], env=env)
+    try:
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline and (not ack.exists() or ack.read_text().count("\n") < 200):
+            assert proc.poll() is None, "writer exited early"
+            time.sleep(0.1)
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    acked = [line.split() for line in ack.read_text().splitlines() if line.count(" ") == 2]
+    assert len(acked) >= 200
+    store = AuditStore(state / "audit" / "audit.db")
+    stored_before = {e.entry.request_id for e in store.find(limit=100_000)}
+    high = [rid for rid, tier, _ in acked if tier == "high"]
+    assert set(high) <= stored_before  # durable before the "response"
+    spool_dir = state / "audit" / "spool"
+    at_risk = pending_lines(spool_dir)  # what a host crash (not a process crash) could lose now
+    assert at_risk <= 10_000  # the spool's max_backlog
+    report = recover_orphans(spool_dir, store)
+    assert report.lines == at_risk and report.torn_lines <= 1
+    stored = [e.entry.request_id for e in store.find(limit=100_000)]
+    assert len(stored) == len(set(stored))  # none twice
+    assert {rid for rid, _, _ in acked} <= set(stored)  # none lost
+    assert store.verify() == []
+    assert list(spool_dir.glob("*.spool")) == []
+    print(f"\nkill test: {len(acked)} acknowledged, {at_risk} in the spool at the kill, recovered {report.new_entries}")

@@ -1,0 +1,70 @@
+"""Activation memory against Korthikanti et al. 2022, with the arithmetic by hand."""
+
+from __future__ import annotations
+
+import pytest
+
+from switchyard.train.plan import ClusterSpec, TrainingJob, model_preset, plan
+from switchyard.train.plan.activations import (
+    activations,
+    checkpointed_blocks,
+    layer_activations,
+    outside_blocks,
+)
+from switchyard.train.strategy import CheckpointMode
+
+GPT3 = model_preset("gpt3-175b")
+S, B, H, A = 2048, 1, 12288, 96
+SBH = S * B * H  # 25,165,824
+
+
+def test_gpt3_layer_is_the_papers_34sbh_plus_5as2b() -> None:
+    # sbh·(34 + 5·a·s/h) = 25,165,824·(34 + 5·96·2048/12288) = 25,165,824·(34 + 80)
+    #                    = 2,868,903,936 bytes per layer (16-bit, dropout, no flash)
+    layer = layer_activations(GPT3, S, B, e=2, flash=False)
+    assert layer.full == 2_868_903_936
+    assert layer.dense == 34 * SBH  # selective recompute keeps 34·sbh = 855,638,016
+    assert layer.scores == 5 * A * S * S * B  # 5·as²b = 2,013,265,920
+
+
+def test_checkpointing_modes_on_gpt3() -> None:
+    full_layer, L = 2_868_903_936, 96
+    def blocks(mode: CheckpointMode, k: int = 2) -> float:
+        return activations(GPT3, S, B, 2, False, mode, k).blocks.value
+    assert blocks(CheckpointMode.NONE) == L * full_layer  # 275,414,777,856
+    assert blocks(CheckpointMode.SELECTIVE) == L * 34 * SBH  # 82,141,249,536
+    # full: 2·sbh per block input + one block recomputed in backward
+    assert blocks(CheckpointMode.FULL) == L * 2 * SBH + full_layer  # 4,831,838,208 + 2,868,903,936
+    # every-k with k = 4: blocks[::4] = 24 checkpointed, 72 kept, + one recomputing
+    assert checkpointed_blocks(L, CheckpointMode.EVERY_K, 4) == 24
+    assert blocks(CheckpointMode.EVERY_K, 4) == 24 * 2 * SBH + 72 * full_layer + full_layer
+
+
+def test_flash_attention_drops_the_s_squared_term() -> None:
+    # flash keeps fp32 log-sum-exp rows, 4·a·s·b = 4·96·2048 = 786,432 bytes
+    layer = layer_activations(GPT3, S, B, e=2, flash=True)
+    assert layer.full == 34 * SBH + 786_432
+
+
+def test_llama3_8b_gqa_swiglu_layer() -> None:
+    # s = 8192, b = 1, h = 4096, kv = 8·128 = 1024, f = 14336, a = 32, bf16, flash, no dropout
+    # attention  2·(3h + 2kv) = 2·(12288 + 2048)   = 28,672 per token
+    # MLP        2·h + 4·2·f  = 8192 + 114,688     = 122,880
+    # norms      2·2·h                             = 16,384
+    # per token 167,936 · 8192 tokens = 1,375,731,712; + 4·32·8192 = 1,048,576 (LSE)
+    layer = layer_activations(model_preset("llama3-8b"), 8192, 1, e=2, flash=True)
+    assert layer.full == 1_376_780_288
+
+
+def test_logits_dominate_llama3_at_long_sequences() -> None:
+    # 8192 tokens · (2·2·4096 norm/head inputs + (2 + 4 + 4)·128256 logits)
+    # = 8192 · (16,384 + 1,282,560) = 10,640,949,248 bytes
+    assert outside_blocks(model_preset("llama3-8b"), 2, 8192).value == 10_640_949_248
+
+
+def test_activations_scale_with_micro_batch() -> None:
+    shape, cluster = model_preset("llama3-8b"), ClusterSpec()
+    one = plan(shape, cluster, TrainingJob(micro_batch=1)).activation_total
+    four = plan(shape, cluster, TrainingJob(micro_batch=4)).activation_total
+    assert one is not None and four is not None
+    assert four.value == pytest.approx(4 * one.value)

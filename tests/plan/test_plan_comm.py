@@ -1,0 +1,70 @@
+"""Communication per GPU per step with ring costs; ZeRO-3 against ZeRO-1.
+
+Ψ = 70,553,706,496, N = 64, bf16 (2 bytes): a ring all-gather or reduce-scatter of M bytes
+sends (N-1)/N·M per rank, an all-reduce 2·(N-1)/N·M.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from switchyard.train.plan import ClusterSpec, Precision, TrainingJob, plan
+from switchyard.train.plan.comm import zero3_over_zero1
+from switchyard.train.strategy import Strategy
+
+PSI = 70_553_706_496
+CLUSTER = ClusterSpec(gpus=64)
+
+
+def _comm(strategy: Strategy, cluster: ClusterSpec = CLUSTER, **job: object) -> tuple[float, float]:
+    p = plan(PSI, cluster, TrainingJob(strategy=strategy, **job))  # type: ignore[arg-type]
+    return p.comm.bytes_per_gpu, p.comm.seconds
+
+
+def test_zero1_is_a_reduce_scatter_and_an_all_gather() -> None:
+    # 2·(63/64)·2Ψ = 277,805,219,328 bytes; at 45 GB/s: 6.1734 s
+    volume, seconds = _comm(Strategy.ZERO1)
+    assert volume == pytest.approx(277_805_219_328, rel=1e-9)
+    assert seconds == pytest.approx(277_805_219_328 / 45e9, rel=1e-9)
+    assert _comm(Strategy.ZERO2)[0] == volume  # same volume: the paper's 2Ψ
+
+
+def test_zero3_adds_a_second_parameter_gather() -> None:
+    # all-gather fwd + all-gather bwd + reduce-scatter: 3·(63/64)·2Ψ = 416,707,828,992
+    volume, _ = _comm(Strategy.ZERO3)
+    assert volume == pytest.approx(416_707_828_992, rel=1e-9)
+    assert volume / _comm(Strategy.ZERO1)[0] == pytest.approx(1.5)
+    assert zero3_over_zero1(PSI, CLUSTER, Precision.BF16) == pytest.approx(1.5)
+
+
+def test_ddp_all_reduces_fp32_gradients() -> None:
+    # 2·(63/64)·4Ψ = 555,610,438,656 bytes (the trainer's DDP reduces fp32 gradients)
+    assert _comm(Strategy.DDP)[0] == pytest.approx(555_610_438_656, rel=1e-9)
+
+
+def test_fsdp_full_gathers_bf16_and_reduces_fp32() -> None:
+    # 2·(63/64)·2Ψ + (63/64)·4Ψ = (63/64)·8Ψ = 555,610,438,656
+    assert _comm(Strategy.FSDP_FULL)[0] == pytest.approx(555_610_438_656, rel=1e-9)
+    # SHARD_GRAD_OP gathers once: (63/64)·(2Ψ + 4Ψ) = 416,707,828,992
+    assert _comm(Strategy.FSDP_GRAD_OP)[0] == pytest.approx(416_707_828_992, rel=1e-9)
+
+
+def test_hybrid_splits_intra_and_inter_node_traffic() -> None:
+    # G = 8 inside a node at 360 GB/s: (7/8)·(2·2Ψ + 4Ψ) = 7Ψ = 493,875,945,472
+    # across 8 groups at 45 GB/s: all-reduce of the 4Ψ/8 shard, 2·(7/8)·Ψ/2 = 0.875Ψ
+    volume, seconds = _comm(Strategy.FSDP_HYBRID)
+    assert volume == pytest.approx(7.875 * PSI, rel=1e-9)
+    assert seconds == pytest.approx(7 * PSI / 360e9 + 0.875 * PSI / 45e9, rel=1e-9)
+
+
+def test_gradient_accumulation_repeats_gathers_not_zero1_reduction() -> None:
+    # 4 micro-batches: ZeRO-3 gathers and reduce-scatters each one; ZeRO-1 reduces once.
+    assert _comm(Strategy.ZERO3, grad_accum=4)[0] == pytest.approx(4 * _comm(Strategy.ZERO3)[0])
+    assert _comm(Strategy.ZERO1, grad_accum=4)[0] == _comm(Strategy.ZERO1)[0]
+
+
+def test_one_node_uses_nvlink_and_one_gpu_sends_nothing() -> None:
+    # 8 GPUs: (7/8)·4Ψ at 360 GB/s
+    _, seconds = _comm(Strategy.ZERO1, ClusterSpec(gpus=8))
+    assert seconds == pytest.approx(7 / 8 * 4 * PSI / 360e9, rel=1e-9)
+    assert _comm(Strategy.ZERO3, ClusterSpec(gpus=1)) == (0, 0)
