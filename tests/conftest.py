@@ -1,9 +1,9 @@
 """Fixtures shared by the whole suite.
 
 One Ray cluster per test session (`ray_cluster`): Ray takes ~10 s to start here, so every
-test that needs Ray shares it. It has 8 logical GPUs and the platform's environment (token
-auth on, HAProxy ingress), its own temp dir and ports, so it never collides with a cluster a
-developer is running.
+test that needs Ray shares it. It is a fake multi-node GPU cluster (`ray.cluster_utils.Cluster`,
+logical GPUs, node-group labels) with the platform's environment (token auth on, HAProxy
+ingress), its own temp dir and ports, so it never collides with a cluster a developer runs.
 """
 
 from __future__ import annotations
@@ -13,10 +13,18 @@ import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # Before any test module imports ray: Ray reads its auth mode once, at import.
+    from switchyard.cluster.head import PLATFORM_ENV
+
+    os.environ.update(PLATFORM_ENV)
 
 
 @pytest.fixture(scope="session")
@@ -32,28 +40,46 @@ def policies_copy(tmp_path: Path) -> Path:
     return dst
 
 
+GPU_NODE_GROUPS = ("a", "b")  # two 8-GPU nodes: enough for gang, group and preemption tests
+GPUS_PER_NODE = 8
+
+
 @pytest.fixture(scope="session")
-def ray_cluster() -> Iterator[dict[str, str]]:
-    from switchyard.cluster.head import PLATFORM_ENV, free_port
-
-    os.environ.update(PLATFORM_ENV)
+def ray_cluster() -> Iterator[dict[str, Any]]:
+    """A fake multi-node GPU cluster: a CPU head plus two 8-GPU nodes in node groups a and b."""
     import ray
+    from ray.cluster_utils import Cluster
 
-    temp_dir = tempfile.mkdtemp(prefix="syt-", dir="/tmp")
-    context = ray.init(
-        address="local",
-        num_cpus=8,
-        num_gpus=8,
-        labels={"switchyard/node-group": "local"},
-        include_dashboard=True,
-        dashboard_host="127.0.0.1",
-        dashboard_port=free_port(),
-        namespace="switchyard",
-        _temp_dir=temp_dir,
-        log_to_driver=False,
+    from switchyard.cluster.head import free_port
+
+    temp_dir = tempfile.mkdtemp(prefix="syt-", dir="/tmp")  # short: Ray's socket paths must fit 107 bytes
+    # Ray writes "the current cluster" file under $RAY_TMPDIR/ray; ours must not be the machine's.
+    os.environ["RAY_TMPDIR"] = temp_dir
+    cluster = Cluster(
+        initialize_head=True,
+        head_node_args={
+            "num_cpus": 4,
+            "num_gpus": 0,
+            "labels": {"switchyard/node-group": "head"},
+            "include_dashboard": True,
+            "dashboard_host": "127.0.0.1",
+            "dashboard_port": free_port(),
+        },
     )
+    nodes = {
+        group: cluster.add_node(num_cpus=4, num_gpus=GPUS_PER_NODE, labels={"switchyard/node-group": group})
+        for group in GPU_NODE_GROUPS
+    }
+    cluster.wait_for_nodes()
+    context = ray.init(address=cluster.address, namespace="switchyard", log_to_driver=False)
     try:
-        yield {"gcs_address": context.address_info["gcs_address"], "dashboard_url": f"http://{context.dashboard_url}"}
+        yield {
+            "cluster": cluster,
+            "gcs_address": cluster.address,
+            "dashboard_url": f"http://{context.dashboard_url}",
+            "nodes": {g: n.node_id for g, n in nodes.items()},
+        }
     finally:
         ray.shutdown()
+        cluster.shutdown()
         shutil.rmtree(temp_dir, ignore_errors=True)

@@ -69,7 +69,7 @@ def test_local_platform_up_status_down(tmp_path: Path) -> None:
     assert "nothing to stop" in switchyard("down", "--state-dir", state, check=False).stderr
 
 
-def test_attach_to_existing_cluster(ray_cluster: dict[str, str], tmp_path: Path) -> None:
+def test_attach_to_existing_cluster(ray_cluster: dict[str, Any], tmp_path: Path) -> None:
     import ray
 
     from switchyard.cluster.head import free_port
@@ -92,7 +92,9 @@ def test_attach_to_existing_cluster(ray_cluster: dict[str, str], tmp_path: Path)
     try:
         assert ray.get_actor("switchyard-scheduler", namespace="switchyard") is not None
         status = as_json(switchyard("status", "--state-dir", state, "--json"))
-        assert "gateway" in status["serve"] and status["gpus"]["total"] == 8
+        assert "gateway" in status["serve"] and status["gpus"]["total"] == 16
+        groups = {n["node_group"] for n in status["nodes"] if n["gpus"]}
+        assert groups == {"a", "b"}
     finally:
         switchyard("down", "--state-dir", state)
     with pytest.raises(ValueError):

@@ -140,8 +140,8 @@ def _row(v: dict[str, Any]) -> list[Any]:
 
 
 def run_erase(args: argparse.Namespace) -> int:
-    # Erasure destroys data for good: platform admins only (Action.OPERATE), on any team.
-    who = require(args, Action.OPERATE, args.team)
+    # Erasure destroys data for good: platform admins only, on any team.
+    who = require(args, Action.ERASE_SUBJECT, args.team)
     record = erase_subject(_store(args), _keyring(args), args.team, args.subject, erased_by=who.key_id)
     if args.json:
         print_json(record.model_dump(mode="json"))

@@ -112,14 +112,13 @@ def _attach(args: argparse.Namespace, state: Path, policies: Path) -> PlatformRe
     from switchyard.cluster.deploy import deploy_gateway, start_scheduler
     from switchyard.cluster.record import NAMESPACE, write_record
 
-    ray.init(address=args.address, namespace=NAMESPACE)
-    ray.get(start_scheduler(policies, state).ping.remote(), timeout=60)
+    context = ray.init(address=args.address, namespace=NAMESPACE)
+    dashboard_url = f"http://{context.dashboard_url}" if context.dashboard_url else None
+    ray.get(start_scheduler(policies, state, dashboard_url).ping.remote(), timeout=60)
     gateway_url = deploy_gateway(policies, state, args.gateway_port)
     record = PlatformRecord(
         ray_address=args.address,
-        dashboard_url=ray.get_runtime_context().dashboard_url
-        if hasattr(ray.get_runtime_context(), "dashboard_url")
-        else None,
+        dashboard_url=dashboard_url,
         gateway_url=gateway_url,
         owns_cluster=False,
         policies_dir=str(policies),

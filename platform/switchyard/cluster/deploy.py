@@ -28,7 +28,7 @@ def _import_builder(path: str) -> Any:
     return getattr(importlib.import_module(module), attr)
 
 
-def start_scheduler(policies_dir: Path, state_dir: Path) -> Any:
+def start_scheduler(policies_dir: Path, state_dir: Path, dashboard_url: str | None) -> Any:
     """The one scheduler: a named, detached actor; an existing one is reused, never duplicated."""
     return SchedulerActor.options(  # type: ignore[attr-defined]
         name=SCHEDULER_ACTOR,
@@ -38,7 +38,7 @@ def start_scheduler(policies_dir: Path, state_dir: Path) -> Any:
         num_cpus=0,  # it decides; it does not compute
         max_restarts=-1,  # restarted by Ray; it recovers its queues from SQLite
         max_task_retries=3,
-    ).remote(str(policies_dir), str(state_dir))
+    ).remote(str(policies_dir), str(state_dir), dashboard_url)
 
 
 def deploy_gateway(policies_dir: Path, state_dir: Path, port: int, import_path: str = GATEWAY_IMPORT_PATH) -> str:

@@ -44,12 +44,15 @@ def short_temp_dir(state_dir: Path) -> Path:
 
 
 def run_head(state_dir: Path, policies_dir: Path, gpus: int, cpus: int, demo: bool) -> None:
+    temp_dir = short_temp_dir(state_dir)
+    temp_dir.mkdir(exist_ok=True)
     os.environ.update(PLATFORM_ENV)
+    # Ray records "the current cluster" under $RAY_TMPDIR/ray, where a bare `ray.init()` would
+    # find and attach to it; keep that record inside our own directory.
+    os.environ["RAY_TMPDIR"] = str(temp_dir)
     import ray  # after the environment: Ray reads it at import and init
 
     from switchyard.cluster.deploy import deploy_gateway, start_scheduler, undeploy
-
-    temp_dir = short_temp_dir(state_dir)
     context = ray.init(
         address="local",
         num_gpus=gpus,
@@ -59,16 +62,16 @@ def run_head(state_dir: Path, policies_dir: Path, gpus: int, cpus: int, demo: bo
         dashboard_host="127.0.0.1",
         dashboard_port=free_port(),
         namespace=NAMESPACE,
-        _temp_dir=str(temp_dir),
+        _temp_dir=str(temp_dir / "ray"),
     )
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     try:
-        scheduler = start_scheduler(policies_dir, state_dir)
+        dashboard = context.dashboard_url
+        scheduler = start_scheduler(policies_dir, state_dir, f"http://{dashboard}" if dashboard else None)
         ray.get(scheduler.ping.remote(), timeout=60)
         gateway_url = deploy_gateway(policies_dir, state_dir, free_port())
-        dashboard = context.dashboard_url
         write_record(
             state_dir,
             PlatformRecord(

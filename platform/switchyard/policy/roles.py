@@ -14,7 +14,8 @@ class Action(StrEnum):
     READ_AUDIT = "read audit records"
     MANAGE_KEYS = "manage keys"
     MANAGE_POLICY = "manage policies"
-    OPERATE = "operate the platform"  # up, down, scheduler admin
+    OPERATE = "operate the platform"  # up, down, scheduler admin, audit export and purge
+    ERASE_SUBJECT = "erase a subject's stored bodies"  # irreversible: platform admins only
 
 
 class Forbidden(Exception):

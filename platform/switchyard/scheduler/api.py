@@ -30,6 +30,10 @@ class WorkloadSubmission(BaseModel):
     node_group: str | None = None
     checkpoint_interval_s: float | None = Field(default=None, gt=0)
     description: str = ""
+    # When set, the scheduler launches the workload itself through the Ray Jobs API on admission;
+    # otherwise the caller (a running job) polls `lease()` and starts when granted.
+    entrypoint: str | None = None
+    runtime_env: dict[str, Any] | None = None
 
     def gang(self) -> GangRequest:
         return GangRequest(

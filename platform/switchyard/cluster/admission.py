@@ -1,0 +1,87 @@
+"""How a job on the cluster gets its GPUs: through the scheduler, whoever started it.
+
+A job the scheduler launched finds its workload id in `SWITCHYARD_WORKLOAD_ID` and claims the
+lease already granted to it. A job a researcher started directly (`ray job submit -- python
+-m train_jobs.run CONFIG`) submits itself and waits in the same queue. Either way the job
+then pins its workers to the granted nodes with per-worker label selectors on Ray's node-id
+label, so Ray Train's own placement group can only form on the GPUs the scheduler chose.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import ray
+
+from switchyard.cluster.job_launcher import WORKLOAD_ENV
+from switchyard.cluster.record import NAMESPACE, SCHEDULER_ACTOR
+from switchyard.scheduler.api import LeaseGrant, WorkloadSubmission
+
+log = logging.getLogger(__name__)
+
+RAY_NODE_ID_KEY = "ray.io/node-id"  # the label Ray puts on every node (ray._raylet.RAY_NODE_ID_KEY)
+
+
+class NoScheduler(Exception):
+    """The cluster runs no switchyard scheduler (plain Ray): there is nothing to be admitted by."""
+
+
+@dataclass(frozen=True)
+class Admission:
+    grant: LeaseGrant
+    scheduler: Any  # the actor handle, to release the lease and report checkpoints
+
+    @property
+    def workload_id(self) -> str:
+        return self.grant.workload_id
+
+    def worker_label_selectors(self) -> list[dict[str, str]]:
+        """One selector per worker (one worker per granted GPU), in bundle order."""
+        return [{RAY_NODE_ID_KEY: p.node_id} for p in self.grant.placements for _ in range(p.gpus)]
+
+    def release(self, finished: bool) -> None:
+        ray.get(self.scheduler.release.remote(self.grant.lease_id, finished))
+
+    def report_checkpoint(self) -> None:
+        self.scheduler.report_checkpoint.remote(self.workload_id)  # fire and forget: advisory
+
+    def preempted(self) -> bool:
+        return ray.get(self.scheduler.preemption_notice.remote(self.workload_id)) is not None
+
+
+def scheduler_handle() -> Any:
+    try:
+        return ray.get_actor(SCHEDULER_ACTOR, namespace=NAMESPACE)
+    except ValueError:
+        raise NoScheduler(f"no {SCHEDULER_ACTOR!r} actor in namespace {NAMESPACE!r}") from None
+
+
+def admit(submission: WorkloadSubmission | None, poll_s: float = 1.0, timeout_s: float | None = None) -> Admission:
+    """Block until the scheduler grants this job its GPUs; claim the lease for this Ray job."""
+    scheduler = scheduler_handle()
+    ray_job = ray.get_runtime_context().get_job_id()
+    workload_id = os.environ.get(WORKLOAD_ENV)
+    if workload_id is None:
+        if submission is None:
+            raise ValueError("a job started outside the scheduler must describe what it asks for")
+        workload_id = ray.get(scheduler.submit.remote(submission))
+        log.info("submitted as workload %s; waiting for admission", workload_id)
+    started = time.monotonic()
+    while True:
+        grant = ray.get(scheduler.claim.remote(workload_id, ray_job))
+        if grant is not None:
+            log.info(
+                "admitted after %.1fs: lease %s on %s",
+                time.monotonic() - started,
+                grant.lease_id,
+                [(p.node_id[:8], p.gpus) for p in grant.placements],
+            )
+            return Admission(grant, scheduler)
+        if timeout_s is not None and time.monotonic() - started > timeout_s:
+            ray.get(scheduler.cancel.remote(workload_id))
+            raise TimeoutError(f"workload {workload_id} was not admitted within {timeout_s:.0f}s")
+        time.sleep(poll_s)

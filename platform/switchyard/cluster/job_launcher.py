@@ -1,0 +1,66 @@
+"""Launch admitted workloads as Ray jobs (so they show in the dashboard's Jobs tab), and stop them.
+
+The job learns which workload it is from `SWITCHYARD_WORKLOAD_ID`; at start it claims the
+lease the scheduler already granted (see `switchyard.cluster.admission`) and pins its
+workers to the granted nodes.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from ray.job_submission import JobStatus, JobSubmissionClient
+
+log = logging.getLogger(__name__)
+
+WORKLOAD_ENV = "SWITCHYARD_WORKLOAD_ID"
+LEASE_ENV = "SWITCHYARD_LEASE_ID"
+
+
+@dataclass(frozen=True)
+class LaunchedJob:
+    workload_id: str
+    submission_id: str
+
+
+class JobLauncher:
+    def __init__(self, dashboard_url: str) -> None:
+        self.dashboard_url = dashboard_url
+        self._client: JobSubmissionClient | None = None
+
+    @property
+    def client(self) -> JobSubmissionClient:
+        if self._client is None:  # created lazily: the dashboard may start after the actor
+            self._client = JobSubmissionClient(self.dashboard_url)
+        return self._client
+
+    def launch(
+        self, workload_id: str, lease_id: str, attempt: int, entrypoint: str, runtime_env: dict[str, Any] | None
+    ) -> LaunchedJob:
+        env = dict((runtime_env or {}).get("env_vars", {}))
+        env.update({WORKLOAD_ENV: workload_id, LEASE_ENV: lease_id})
+        submission_id = f"{workload_id}-{attempt}"
+        self.client.submit_job(
+            entrypoint=entrypoint,
+            submission_id=submission_id,
+            runtime_env={**(runtime_env or {}), "env_vars": env},
+            metadata={"switchyard_workload": workload_id, "switchyard_lease": lease_id},
+        )
+        log.info("launched workload %s as Ray job %s", workload_id, submission_id)
+        return LaunchedJob(workload_id, submission_id)
+
+    def stop(self, job: LaunchedJob) -> bool:
+        try:
+            return bool(self.client.stop_job(job.submission_id))
+        except RuntimeError as exc:  # the job is already gone: nothing to stop
+            log.info("stop %s: %s", job.submission_id, exc)
+            return False
+
+    def status(self, job: LaunchedJob) -> JobStatus | None:
+        try:
+            return self.client.get_job_status(job.submission_id)
+        except RuntimeError as exc:
+            log.warning("status of %s unavailable: %s", job.submission_id, exc)
+            return None

@@ -1,0 +1,52 @@
+"""The scheduler's metrics, exported through `ray.util.metrics` (Ray dashboard + Prometheus).
+
+Labelled so a team can see its own wait, as Kueue labels its admission wait time.
+"""
+
+from __future__ import annotations
+
+from ray.util.metrics import Counter, Gauge, Histogram
+
+WAIT_BUCKETS_S = [1, 5, 15, 30, 60, 120, 300, 600, 1800, 3600, 4 * 3600, 12 * 3600]
+
+
+def gang_bucket(gpus: int) -> str:
+    return "1" if gpus <= 1 else "2-4" if gpus <= 4 else "5-7" if gpus < 8 else "8+"
+
+
+class SchedulerMetrics:
+    def __init__(self) -> None:
+        self.queue_wait = Histogram(
+            "switchyard_scheduler_queue_wait_seconds",
+            description="Time from (re)queue to admission, including requeue after preemption.",
+            boundaries=WAIT_BUCKETS_S,
+            tag_keys=("team", "priority_class", "gang_size"),
+        )
+        self.gpus = Gauge("switchyard_scheduler_gpus", description="GPUs by pool.", tag_keys=("pool",))
+        self.leases = Gauge("switchyard_scheduler_leases", description="Leases by state.", tag_keys=("state",))
+        self.queued = Gauge(
+            "switchyard_scheduler_queued_workloads", description="Workloads waiting, by team.", tag_keys=("team",)
+        )
+        self.preemptions = Counter(
+            "switchyard_scheduler_preemptions_total",
+            description="Preemption notices sent.",
+            tag_keys=("team", "reason"),
+        )
+        self.lost_gpu_seconds = Counter(
+            "switchyard_scheduler_lost_gpu_seconds_total",
+            description="GPU-seconds of work since the victim's last checkpoint.",
+            tag_keys=("team",),
+        )
+        self.unleased_gpus = Gauge(
+            "switchyard_scheduler_unleased_gpus", description="GPUs held by workloads outside any lease."
+        )
+
+    def admitted(self, team: str, priority_class: str, gpus: int, waited_s: float) -> None:
+        self.queue_wait.observe(
+            waited_s, tags={"team": team, "priority_class": priority_class, "gang_size": gang_bucket(gpus)}
+        )
+
+    def preempted(self, team: str, reason: str, lost_gpu_s: float) -> None:
+        self.preemptions.inc(tags={"team": team, "reason": reason})
+        if lost_gpu_s > 0:
+            self.lost_gpu_seconds.inc(lost_gpu_s, tags={"team": team})

@@ -1,0 +1,62 @@
+"""A live scheduler actor per test, on the session's fake multi-node GPU cluster."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+TEST_POLICY = """
+version: 1
+policy:
+  preemption_grace_s: 30
+priority_classes:
+  - {name: production-inference, value: 1000, preemptible: false}
+  - {name: training, value: 100, preemptible: true, min_runtime_s: 0}
+  - {name: exploratory, value: 10, preemptible: true, min_runtime_s: 0}
+teams:
+  - name: prod
+    quotas: [{classes: [inference], guaranteed_gpus: 8}]
+  - name: research
+    quotas: [{classes: [training, exploratory, batch-fine-tune], guaranteed_gpus: 4}]
+  - name: vision
+    quotas: [{classes: [training, exploratory, batch-fine-tune], guaranteed_gpus: 4}]
+"""
+
+
+def wait_for(predicate: Callable[[], Any], timeout: float = 30.0, every: float = 0.2) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(every)
+    raise AssertionError(f"condition not met within {timeout}s")
+
+
+@pytest.fixture
+def scheduler_factory(ray_cluster: dict[str, Any], tmp_path: Path) -> Iterator[Callable[..., Any]]:
+    import ray
+
+    from switchyard.cluster.scheduler_actor import SchedulerActor
+
+    (tmp_path / "policies").mkdir()
+    (tmp_path / "policies" / "scheduler.yaml").write_text(TEST_POLICY)
+    made: list[Any] = []
+
+    def make(**kwargs: Any) -> Any:
+        actor = SchedulerActor.options(  # type: ignore[attr-defined]
+            name=f"test-scheduler-{uuid.uuid4().hex[:6]}", namespace="switchyard", num_cpus=0, max_restarts=-1
+        ).remote(str(tmp_path / "policies"), str(tmp_path / "state"), ray_cluster["dashboard_url"], **kwargs)
+        ray.get(actor.ping.remote())
+        wait_for(lambda: ray.get(actor.status.remote())["total_gpus"] == 16)
+        made.append(actor)
+        return actor
+
+    yield make
+    for actor in made:
+        ray.kill(actor, no_restart=True)

@@ -1,0 +1,115 @@
+"""The live scheduler on a fake multi-node GPU cluster: gangs, waiting, preemption, restart, rogue GPUs."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import ray
+
+from switchyard.scheduler.api import WorkloadSubmission
+from switchyard.scheduler.core import PlacementStrategy, WorkloadClass
+from tests.scheduler_live.conftest import wait_for
+
+pytestmark = pytest.mark.ray
+
+
+def gang(team: str, bundles: tuple[int, ...], **kw: Any) -> WorkloadSubmission:
+    return WorkloadSubmission(team=team, bundles=bundles, **kw)
+
+
+def granted(actor: Any, workload_id: str, timeout: float = 20.0) -> Any:
+    return wait_for(lambda: ray.get(actor.lease.remote(workload_id)), timeout)
+
+
+def test_eight_gpu_gang_lands_on_one_node_group(scheduler_factory: Callable[..., Any],
+                                                ray_cluster: dict[str, Any]) -> None:
+    actor = scheduler_factory()
+    sub = gang("research", (8,), strategy=PlacementStrategy.STRICT_PACK, same_node_group=True)
+    ray.get(actor.submit.remote(sub))
+    grant = granted(actor, sub.workload_id)
+    assert {p.node_group for p in grant.placements} <= {"a", "b"} and len({p.node_id for p in grant.placements}) == 1
+    assert grant.placements[0].node_id in ray_cluster["nodes"].values()
+    assert grant.borrowing is True  # research's guarantee is 4: the other 4 are borrowed
+
+
+def test_gang_that_cannot_fit_waits_without_holding_anything(scheduler_factory: Callable[..., Any]) -> None:
+    actor = scheduler_factory()
+    first = gang("research", (8,), strategy=PlacementStrategy.STRICT_PACK, priority_class="exploratory")
+    ray.get(actor.submit.remote(first))
+    lease = granted(actor, first.workload_id)
+    free_before = ray.available_resources().get("GPU", 0)
+    # Needs two whole nodes; one is taken, so it must wait all-or-nothing.
+    big = gang("vision", (8, 8), priority_class="exploratory")
+    ray.get(actor.submit.remote(big))
+    status = wait_for(lambda: (s := ray.get(actor.status.remote())) and big.workload_id in s["pending"] and s)
+    assert ray.get(actor.lease.remote(big.workload_id)) is None
+    assert ray.available_resources().get("GPU", 0) == free_before  # nothing held for the waiting gang
+    assert next(t for t in status["teams"] if t["team"] == "vision")["queued"] == 1
+    ray.get(actor.release.remote(lease.lease_id, True))
+    big_lease = granted(actor, big.workload_id)
+    assert len({p.node_id for p in big_lease.placements}) == 2
+
+
+def test_preemption_notice_requeue_and_resume(scheduler_factory: Callable[..., Any]) -> None:
+    from switchyard.train.ray_preemption import GcsPreemptionChannel
+
+    actor = scheduler_factory()
+    train = gang("research", (8, 8), priority_class="training")  # borrows 12 of the 16 GPUs
+    ray.get(actor.submit.remote(train))
+    lease = granted(actor, train.workload_id)
+    serve = gang("prod", (8,), workload_class=WorkloadClass.INFERENCE, priority_class="production-inference",
+                 strategy=PlacementStrategy.STRICT_PACK)
+    ray.get(actor.submit.remote(serve))
+    notice = wait_for(lambda: ray.get(actor.preemption_notice.remote(train.workload_id)))
+    assert notice.lease_id == lease.lease_id
+    sent = wait_for(lambda: GcsPreemptionChannel().poll(train.workload_id))  # the training channel got it
+    assert sent.job_id == train.workload_id
+    # The job checkpoints and gives its GPUs back unfinished: it is requeued, inference gets its GPUs.
+    ray.get(actor.report_checkpoint.remote(train.workload_id))
+    assert ray.get(actor.release.remote(lease.lease_id, False)) is True
+    granted(actor, serve.workload_id)
+    kinds = [e["kind"] for e in ray.get(actor.events.remote(train.workload_id))]
+    assert kinds[:4] == ["submitted", "admitted", "preemption_notice", "requeued"]
+    GcsPreemptionChannel().clear(train.workload_id)
+
+
+def test_restart_recovers_queues_and_leases(scheduler_factory: Callable[..., Any]) -> None:
+    actor = scheduler_factory()
+    running = gang("research", (4,), priority_class="exploratory")
+    ray.get(actor.submit.remote(running))
+    lease = granted(actor, running.workload_id)
+    waiting = gang("vision", (8, 8), priority_class="exploratory")
+    ray.get(actor.submit.remote(waiting))
+    wait_for(lambda: waiting.workload_id in ray.get(actor.status.remote())["pending"])
+    first_incarnation = ray.get(actor.ping.remote())
+    ray.kill(actor, no_restart=False)  # Ray restarts it; it must come back with its state
+    wait_for(lambda: _incarnation(actor) not in (None, first_incarnation), timeout=60)
+    assert ray.get(actor.lease.remote(running.workload_id)).lease_id == lease.lease_id
+    assert waiting.workload_id in ray.get(actor.status.remote())["pending"]
+
+
+def _incarnation(actor: Any) -> float | None:
+    try:
+        return float(ray.get(actor.ping.remote(), timeout=5))
+    except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError, ray.exceptions.GetTimeoutError):
+        return None
+
+
+def test_gpu_use_outside_any_lease_is_detected_and_stopped(scheduler_factory: Callable[..., Any]) -> None:
+    from ray.util.placement_group import placement_group, remove_placement_group
+
+    actor = scheduler_factory(stop_unleased_gpus=True)
+    rogue = placement_group([{"GPU": 1, "CPU": 0}] * 2, strategy="PACK")
+    ray.get(rogue.ready(), timeout=30)
+    try:
+        report = wait_for(lambda: (s := ray.get(actor.status.remote())["outside_leases"]) and s["unleased"] and s,
+                          timeout=30)
+        offender = report["unleased"][0]
+        assert offender["gpus"] == 2 and offender["job_id"] == ray.get_runtime_context().get_job_id()
+        # Enforcement is on: the rogue placement group is removed.
+        wait_for(lambda: ray.util.placement_group_table(rogue)["state"] == "REMOVED", timeout=30)
+    finally:
+        if ray.util.placement_group_table(rogue)["state"] != "REMOVED":
+            remove_placement_group(rogue)
