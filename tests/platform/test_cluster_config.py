@@ -48,3 +48,18 @@ def test_a_broken_cluster_yaml_is_rejected(repo: Path) -> None:
     config["available_node_types"]["train-a100"]["resources"]["GPU"] = "eight"
     with pytest.raises(jsonschema.ValidationError, match="eight"):
         validate_config(prepare_config(config))
+
+
+def test_kuberay_manifests_match_cluster_yaml(repo: Path) -> None:
+    cluster = yaml.safe_load((repo / "deploy/kuberay/raycluster.yaml").read_text())
+    service = yaml.safe_load((repo / "deploy/kuberay/rayservice.yaml").read_text())
+    assert cluster["kind"] == "RayCluster" and service["kind"] == "RayService"
+    groups = {g["groupName"]: g for g in cluster["spec"]["workerGroupSpecs"]}
+    launcher_types = load(repo)["available_node_types"]
+    assert set(groups) == set(launcher_types) - {"head"}
+    for name, group in groups.items():
+        gpus = group["template"]["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"]
+        assert int(gpus) == launcher_types[name]["resources"]["GPU"]
+        assert f"switchyard/node-group={name}" in group["rayStartParams"]["labels"]
+    app = yaml.safe_load(service["spec"]["serveConfigV2"])["applications"][0]
+    assert app["import_path"] == "serve_apps.gateway:build_app" and set(app["args"]) == {"policies_dir", "state_dir"}
