@@ -1,0 +1,53 @@
+"""The plain design: one shared-ledger round trip to admit a request and one to settle it.
+
+Kept as the baseline the benchmark compares against, and for deployments with one replica
+or a ledger in-process, where a round trip costs nothing.
+"""
+
+from __future__ import annotations
+
+from switchyard.budgets.admission import Admission, Admissions, over_budget, rate_limited
+from switchyard.budgets.ledger import HoldRefused, HoldRequest
+from switchyard.budgets.money import nanos_to_usd
+from switchyard.budgets.ratelimit import PermitsRefused
+from switchyard.budgets.service import LedgerClient
+from switchyard.gateway.seams import CostEstimate, RequestContext, Reservation, Usage
+
+# A request hold outlives the flow's deadline by this much before the ledger may expire it.
+HOLD_GRACE_S = 60.0
+
+
+class DirectBudgetGate:
+    """`BudgetGate` with a ledger round trip per reserve and per settle."""
+
+    def __init__(self, admissions: Admissions, client: LedgerClient, holder: str) -> None:
+        self.admissions = admissions
+        self.client = client
+        self.holder = holder
+        self._open: dict[str, Admission] = {}
+
+    async def estimate(
+        self, ctx: RequestContext, model: str, messages: list[dict[str, str]], max_tokens: int
+    ) -> CostEstimate:
+        return self.admissions.estimate(ctx, model, messages, max_tokens)
+
+    async def reserve(self, ctx: RequestContext, estimate: CostEstimate) -> Reservation:
+        a = self.admissions.admission(ctx, estimate)
+        ttl = max(ctx.deadline_at - self.admissions.clock(), 0.0) + HOLD_GRACE_S
+        hold = HoldRequest(a.reservation_id, self.holder, a.lines, a.amount_nanos, a.amount_nanos, ttl)
+        result = await self.client.admit(a.permits, hold)
+        if isinstance(result, PermitsRefused):
+            raise rate_limited(result)
+        if isinstance(result, HoldRefused):
+            raise over_budget(result)
+        self._open[a.reservation_id] = a
+        return Reservation(a.reservation_id, nanos_to_usd(a.amount_nanos), a.keys)
+
+    async def settle(self, reservation: Reservation, actual_usd: float, usage: Usage) -> None:
+        a = self._open[reservation.reservation_id]
+        await self.client.settle(a.reservation_id, [a.charge(actual_usd, usage)], close=True)
+        del self._open[reservation.reservation_id]  # only once recorded: a failed settle may be retried
+
+    async def release(self, reservation: Reservation) -> None:
+        self._open.pop(reservation.reservation_id, None)
+        await self.client.settle(reservation.reservation_id, [], close=True)

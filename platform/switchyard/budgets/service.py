@@ -1,0 +1,141 @@
+"""The shared ledger service: budget holds, charges and rate-limit buckets behind one API.
+
+`switchyard.cluster.ledger` hosts one `LedgerService` in a Ray named actor so every gateway
+replica shares it; tests and benchmarks use it in-process through `InProcessLedgerClient`.
+`admit` takes the rate-limit permits and the budget hold in one call, so the plain design
+costs one round trip to admit and one to settle.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from switchyard.budgets.ledger import (
+    BudgetLedger,
+    Charge,
+    HoldGranted,
+    HoldRefused,
+    HoldRequest,
+    LineStatus,
+    SoftAlert,
+    SpendRow,
+)
+from switchyard.budgets.ratelimit import PermitDemand, PermitsGranted, PermitsRefused, TokenBuckets
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Admitted:
+    permits: dict[str, int]
+    hold: HoldGranted | None
+
+
+Admission = Admitted | PermitsRefused | HoldRefused
+
+
+class LedgerService:
+    def __init__(
+        self,
+        ledger: BudgetLedger,
+        clock: Callable[[], float] = time.time,
+        expire_every_s: float = 1.0,
+    ) -> None:
+        self.ledger = ledger
+        self.buckets = TokenBuckets()
+        self._clock = clock
+        self._expire_every_s = expire_every_s
+        self._last_expiry = 0.0
+
+    def admit(self, permits: tuple[PermitDemand, ...], hold: HoldRequest | None) -> Admission:
+        """Rate-limit permits and a budget hold, all or nothing."""
+        self.expire_due()
+        now = self._clock()
+        taken = self.buckets.take(permits, now)
+        if isinstance(taken, PermitsRefused):
+            return taken
+        if hold is None:
+            return Admitted(taken.granted, None)
+        held = self.ledger.hold(hold)
+        if isinstance(held, HoldRefused):
+            self.give_back(taken.granted, {d.key: d.per_minute for d in permits})
+            return held
+        return Admitted(taken.granted, held)
+
+    def settle(
+        self, hold_id: str, charges: Sequence[Charge], close: bool, keep_nanos: int | None = None
+    ) -> list[SoftAlert]:
+        alerts = self.ledger.settle(hold_id, charges, close, keep_nanos)
+        for a in alerts:
+            log.warning("budget %s passed %.0f%% of its limit", a.key, a.threshold * 100)
+        return alerts
+
+    def give_back(self, returned: dict[str, int], limits: dict[str, int]) -> None:
+        self.buckets.give_back(returned, limits, self._clock())
+
+    def renew(self, holder: str, ttl_s: float) -> int:
+        self.expire_due()
+        return self.ledger.renew(holder, ttl_s)
+
+    def expire_due(self) -> list[str]:
+        now = self._clock()
+        if now - self._last_expiry < self._expire_every_s:
+            return []
+        self._last_expiry = now
+        return self.ledger.expire()
+
+    def lines(self, key_prefixes: Sequence[str] | None = None) -> list[LineStatus]:
+        return self.ledger.lines(key_prefixes)
+
+    def spend(self, team: str | None = None, since_day: str | None = None) -> list[SpendRow]:
+        return self.ledger.spend(team, since_day)
+
+
+class LedgerClient(Protocol):
+    """How a gate reaches the shared ledger: in-process, or a Ray actor handle."""
+
+    async def admit(self, permits: tuple[PermitDemand, ...], hold: HoldRequest | None) -> Admission: ...
+
+    async def settle(
+        self, hold_id: str, charges: Sequence[Charge], close: bool, keep_nanos: int | None = None
+    ) -> list[SoftAlert]: ...
+
+    async def give_back(self, returned: dict[str, int], limits: dict[str, int]) -> None: ...
+
+    async def renew(self, holder: str, ttl_s: float) -> int: ...
+
+
+class InProcessLedgerClient:
+    """Calls a `LedgerService` in this process (tests, benchmarks, a single-process gateway)."""
+
+    def __init__(self, service: LedgerService) -> None:
+        self.service = service
+
+    async def admit(self, permits: tuple[PermitDemand, ...], hold: HoldRequest | None) -> Admission:
+        return self.service.admit(permits, hold)
+
+    async def settle(
+        self, hold_id: str, charges: Sequence[Charge], close: bool, keep_nanos: int | None = None
+    ) -> list[SoftAlert]:
+        return self.service.settle(hold_id, charges, close, keep_nanos)
+
+    async def give_back(self, returned: dict[str, int], limits: dict[str, int]) -> None:
+        self.service.give_back(returned, limits)
+
+    async def renew(self, holder: str, ttl_s: float) -> int:
+        return self.service.renew(holder, ttl_s)
+
+
+__all__ = [
+    "Admission",
+    "Admitted",
+    "InProcessLedgerClient",
+    "LedgerClient",
+    "LedgerService",
+    "PermitsGranted",
+    "PermitsRefused",
+]

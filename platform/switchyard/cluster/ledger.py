@@ -1,0 +1,160 @@
+"""The budget ledger on the cluster: one named Ray actor that every gateway replica shares.
+
+The actor hosts a `LedgerService` over the durable store (SQLite WAL in the state directory,
+or Postgres). It restarts after a crash (`max_restarts=-1`) and reopens the same store, so no
+settled charge is lost; callers retry (`max_task_retries=-1`, plus `ActorLedgerClient`'s own
+retry while the actor is coming back), and every operation is idempotent by id, so a retried
+call is never counted twice. Holds of a replica that stops renewing them expire.
+Metrics (spend and remaining budget per budget line, labelled by team) go through
+`ray.util.metrics`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+import time
+import uuid
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import ray
+from ray.exceptions import ActorUnavailableError, RayActorError
+from ray.util.metrics import Gauge
+
+from switchyard.budgets.admission import Admissions
+from switchyard.budgets.db import ledger_url, open_database
+from switchyard.budgets.leased_gate import LeasedBudgetGate
+from switchyard.budgets.ledger import BudgetLedger, Charge, HoldRequest, LineStatus, SoftAlert, SpendRow
+from switchyard.budgets.money import nanos_to_usd
+from switchyard.budgets.ratelimit import PermitDemand
+from switchyard.budgets.service import Admission, LedgerService
+from switchyard.policy.store import PolicyStore
+
+log = logging.getLogger(__name__)
+
+LEDGER_ACTOR = "switchyard-ledger"
+METRICS_EVERY_S = 1.0  # publishing reads every line; once a second keeps it off the hot path
+
+
+def _team_of(key: str) -> str:
+    """`team:support:day:...` and `flow:support/reply:...` -> `support`; org lines -> ``."""
+    scope, _, rest = key.partition(":")
+    return "" if scope == "org" else rest.split(":", 1)[0].split("/", 1)[0]
+
+
+@ray.remote(max_restarts=-1, max_task_retries=-1)
+class LedgerActor:
+    def __init__(self, url: str, expire_every_s: float = 1.0) -> None:
+        self.service = LedgerService(BudgetLedger(open_database(url)), expire_every_s=expire_every_s)
+        tags = ("budget", "team")
+        self._spent = Gauge("switchyard_budget_spent_usd", "settled spend per budget line", tags)
+        self._remaining = Gauge(
+            "switchyard_budget_remaining_usd", "limit minus spent and reserved, per budget line", tags
+        )
+        self._published = 0.0
+        log.info("ledger actor up on %s", url.split("@")[-1])  # no credentials in logs
+
+    def admit(self, permits: tuple[PermitDemand, ...], hold: HoldRequest | None) -> Admission:
+        return self.service.admit(permits, hold)
+
+    def settle(
+        self, hold_id: str, charges: Sequence[Charge], close: bool, keep_nanos: int | None = None
+    ) -> list[SoftAlert]:
+        alerts = self.service.settle(hold_id, charges, close, keep_nanos)
+        self._publish()
+        return alerts
+
+    def give_back(self, returned: dict[str, int], limits: dict[str, int]) -> None:
+        self.service.give_back(returned, limits)
+
+    def renew(self, holder: str, ttl_s: float) -> int:
+        return self.service.renew(holder, ttl_s)
+
+    def expire(self) -> list[str]:
+        return self.service.ledger.expire()
+
+    def lines(self, key_prefixes: Sequence[str] | None = None) -> list[LineStatus]:
+        return self.service.lines(key_prefixes)
+
+    def spend(self, team: str | None = None, since_day: str | None = None) -> list[SpendRow]:
+        return self.service.spend(team, since_day)
+
+    def charged_nanos(self) -> int:
+        return self.service.ledger.charged_nanos()
+
+    def health(self) -> dict[str, int]:
+        """The process id (changes when Ray restarted the actor) and the open holds."""
+        return {"pid": os.getpid(), "open_holds": self.service.ledger.open_holds()}
+
+    def _publish(self, force: bool = False) -> None:
+        now = time.monotonic()
+        if not force and now - self._published < METRICS_EVERY_S:
+            return
+        self._published = now
+        for s in self.service.lines():
+            tags = {"budget": s.key, "team": _team_of(s.key)}
+            self._spent.set(nanos_to_usd(s.spent_nanos), tags)
+            self._remaining.set(nanos_to_usd(s.remaining_nanos), tags)
+
+
+def ledger_actor(url: str, name: str = LEDGER_ACTOR, detached: bool = True) -> Any:
+    """The shared ledger actor: created on first use, found by name afterwards."""
+    options: dict[str, Any] = {"name": name, "get_if_exists": True}
+    if detached:
+        options["lifetime"] = "detached"  # outlives the process that created it (the first replica)
+    return LedgerActor.options(**options).remote(url)  # type: ignore[attr-defined]
+
+
+class ActorLedgerClient:
+    """`LedgerClient` over the actor handle, waiting out an actor restart."""
+
+    def __init__(self, handle: Any, retry_for_s: float = 60.0) -> None:
+        self.handle = handle
+        self.retry_for_s = retry_for_s
+
+    async def _call(self, method: str, *args: Any) -> Any:
+        deadline = time.monotonic() + self.retry_for_s
+        delay = 0.05
+        while True:
+            try:
+                return await getattr(self.handle, method).remote(*args)
+            except (RayActorError, ActorUnavailableError) as exc:
+                # Safe to repeat: every ledger call is idempotent by hold and charge id.
+                if time.monotonic() > deadline:
+                    raise
+                log.warning("ledger actor unavailable (%s); retrying %s in %.2fs", exc, method, delay)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 1.0)
+
+    async def admit(self, permits: tuple[PermitDemand, ...], hold: HoldRequest | None) -> Admission:
+        result: Admission = await self._call("admit", permits, hold)
+        return result
+
+    async def settle(
+        self, hold_id: str, charges: Sequence[Charge], close: bool, keep_nanos: int | None = None
+    ) -> list[SoftAlert]:
+        alerts: list[SoftAlert] = await self._call("settle", hold_id, list(charges), close, keep_nanos)
+        return alerts
+
+    async def give_back(self, returned: dict[str, int], limits: dict[str, int]) -> None:
+        await self._call("give_back", returned, limits)
+
+    async def renew(self, holder: str, ttl_s: float) -> int:
+        renewed: int = await self._call("renew", holder, ttl_s)
+        return renewed
+
+
+def gateway_budget_gate(policies: PolicyStore, state_dir: str) -> LeasedBudgetGate:
+    """The budget gate of one gateway replica: leases from the shared ledger actor.
+
+    The ledger's store is `$SWITCHYARD_LEDGER_URL`, else `ledger.db` in the state directory.
+    Call `await gate.aclose()` when the replica stops, so its queued charges are sent and its
+    leases returned at once (otherwise they expire after `LeaseConfig.ttl_s`).
+    """
+    actor = ledger_actor(ledger_url(Path(state_dir)))
+    holder = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+    return LeasedBudgetGate(Admissions(lambda: policies.current), ActorLedgerClient(actor), holder)

@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# A throwaway local Postgres server for the ledger's tests.
+#
+#   eval "$(scripts/postgres.sh)"        # install if missing, start (or reuse), print the export
+#   scripts/postgres.sh stop             # stop it and delete its data
+#
+# Prints `export SWITCHYARD_TEST_POSTGRES_URL=postgresql://...` on stdout (everything else goes
+# to stderr, so `eval` sees only the export). Idempotent: a second call reuses the running server.
+# The cluster lives in $SWITCHYARD_PG_DIR (default /tmp/switchyard-pg), owned by the `postgres`
+# user because initdb refuses to run as root; it listens on 127.0.0.1:$SWITCHYARD_PG_PORT
+# (default 55432) with trust auth for local TCP only: a test server, never a deployment.
+set -euo pipefail
+
+PGDIR=${SWITCHYARD_PG_DIR:-/tmp/switchyard-pg}
+PORT=${SWITCHYARD_PG_PORT:-55432}
+DB=switchyard_test
+URL="postgresql://postgres@127.0.0.1:${PORT}/${DB}"
+
+say() { echo "postgres.sh: $*" >&2; }
+
+find_bin() {
+  local d
+  for d in /usr/lib/postgresql/*/bin; do
+    if [ -x "$d/pg_ctl" ]; then echo "$d"; return 0; fi
+  done
+  return 1
+}
+
+as_owner() {
+  # Run as the cluster's owner: `postgres` when we are root, else ourselves.
+  if [ "$(id -u)" = 0 ]; then runuser -u postgres -- "$@"; else "$@"; fi
+}
+
+install_server() {
+  [ "$(id -u)" = 0 ] || { say "the Postgres server is missing and installing it needs root"; exit 1; }
+  say "installing the postgresql server package (apt-get)"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get install -y -q postgresql >&2 || { apt-get update -q >&2 && apt-get install -y -q postgresql >&2; }
+}
+
+BIN=$(find_bin) || { install_server; BIN=$(find_bin); }
+
+if [ "${1:-start}" = stop ]; then
+  if [ -f "$PGDIR/data/PG_VERSION" ]; then
+    as_owner "$BIN/pg_ctl" -D "$PGDIR/data" -m fast stop >&2 || say "server was not running"
+  fi
+  rm -rf "$PGDIR"
+  say "stopped; removed $PGDIR"
+  exit 0
+fi
+
+if [ ! -f "$PGDIR/data/PG_VERSION" ]; then
+  mkdir -p "$PGDIR"
+  [ "$(id -u)" = 0 ] && chown postgres: "$PGDIR"
+  as_owner "$BIN/initdb" -D "$PGDIR/data" -U postgres --auth=trust -E UTF8 >/dev/null
+fi
+
+if ! as_owner "$BIN/pg_ctl" -D "$PGDIR/data" status >/dev/null 2>&1; then
+  as_owner "$BIN/pg_ctl" -D "$PGDIR/data" -l "$PGDIR/server.log" -w \
+    -o "-c listen_addresses=127.0.0.1 -p ${PORT} -k ${PGDIR} -c fsync=on" start >&2
+fi
+
+if ! as_owner "$BIN/psql" -h 127.0.0.1 -p "$PORT" -U postgres -tAc \
+    "SELECT 1 FROM pg_database WHERE datname = '${DB}'" postgres | grep -q 1; then
+  as_owner "$BIN/createdb" -h 127.0.0.1 -p "$PORT" -U postgres "$DB"
+fi
+
+echo "export SWITCHYARD_TEST_POSTGRES_URL=${URL}"
