@@ -1,45 +1,114 @@
-"""The gateway as a Ray Serve application (placeholder until the request pipeline lands).
+"""The gateway as a Ray Serve application: one FastAPI ingress deployment that runs the whole
+request pipeline in its replica (no handle hop except the call to an in-cluster model).
 
-`serve run serve_apps.gateway:build_app policies_dir=policies state_dir=.switchyard`
+    serve run serve_apps.gateway:build_app policies_dir=policies state_dir=.switchyard
+
+Optional args: `checkpoints_dir` (local model checkpoints), `num_replicas`,
+`app_name` (the Serve application name, for in-cluster providers; default `gateway`).
 """
 
 from __future__ import annotations
 
-from typing import Any
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 
-from fastapi import FastAPI
-from fastapi.responses import JSONResponse
+from fastapi import FastAPI, HTTPException, Request
 from ray import serve
+from ray.serve.handle import DeploymentHandle
 
-from switchyard.policy.store import PolicyStore
+from serve_apps.local_model import LocalModel
+from switchyard.audit.gateway import gateway_audit_parts, gateway_audit_router
+from switchyard.budgets.http import spend_router
+from switchyard.cluster.audit_metrics import SpoolBacklogGauge
+from switchyard.cluster.gateway_idempotency import ActorIdempotencyStore, shared_actor
+from switchyard.cluster.gateway_metrics import RayGatewayMetrics
+from switchyard.cluster.ledger import gateway_budget_gate, gateway_spend_source
+from switchyard.cluster.serve_handle import in_cluster_factory
+from switchyard.gateway.auth import KeySnapshot
+from switchyard.gateway.circuit import CircuitBoard
+from switchyard.gateway.http import create_app
+from switchyard.gateway.metrics import FanOutMetrics, InMemoryMetrics
+from switchyard.gateway.pipeline import ChatPipeline, GatewayParts
+from switchyard.gateway.pool import ProviderPool
+from switchyard.gateway.runtime import Refresher, Sources
+from switchyard.policy.keys import Principal
 
-app = FastAPI(title="switchyard gateway")
+log = logging.getLogger(__name__)
 
 
-@serve.deployment(name="gateway", num_replicas=1)
-@serve.ingress(app)
+def _bearer_principal(keys: KeySnapshot) -> Callable[[Request], Principal]:
+    """Who calls an admin endpoint: any valid key (roles are checked by the endpoint itself;
+    auditors may read audit and spend though they may not call the gateway)."""
+
+    def authenticate(request: Request) -> Principal:
+        scheme, _, key = request.headers.get("authorization", "").partition(" ")
+        who = keys.verifier.verify(key.strip()) if scheme.lower() == "bearer" else None
+        if who is None:
+            raise HTTPException(401, "Authorization: Bearer <key> is missing, unknown or revoked")
+        return who
+
+    return authenticate
+
+
+@serve.deployment(name="gateway", num_replicas=1, ray_actor_options={"num_cpus": 1}, max_ongoing_requests=256)
+@serve.ingress()
 class Gateway:
-    def __init__(self, policies_dir: str, state_dir: str) -> None:
-        self.policies = PolicyStore(policies_dir)
-
-    @app.get("/healthz")
-    def healthz(self) -> dict[str, Any]:
-        return {"ok": True, "policy": self.policies.status()}
-
-    @app.post("/v1/chat/completions")
-    def chat(self) -> JSONResponse:
-        return JSONResponse(
-            status_code=503,
-            content={
-                "error": {
-                    "type": "service_unavailable",
-                    "code": "pipeline_not_installed",
-                    "message": "the gateway request pipeline is not installed yet",
-                    "param": None,
-                }
-            },
+    def __init__(
+        self, policies_dir: str, state_dir: str, local_model: DeploymentHandle | None = None, app_name: str = "gateway"
+    ) -> None:
+        self.sources = Sources.open(policies_dir, state_dir)
+        replica = serve.get_replica_context().replica_id.unique_id
+        # Money and audit are never best-effort: the shared ledger and the durable audit store,
+        # or the replica does not start.
+        self.budget = budget = gateway_budget_gate(self.sources.policies, state_dir)
+        self.audit, redactor = gateway_audit_parts(self.sources.policies, state_dir, SpoolBacklogGauge(replica).set)
+        audit = self.audit
+        self.local_metrics = InMemoryMetrics()
+        metrics = FanOutMetrics(self.local_metrics, RayGatewayMetrics())
+        keys = self.sources.key_snapshot()
+        bound = {"local-model": local_model} if local_model is not None else {}
+        self.parts = GatewayParts(
+            policies=lambda: self.sources.policies.current,
+            keys=keys,
+            providers=ProviderPool(in_cluster=in_cluster_factory(app_name, bound)),
+            budget=budget,
+            redactor=redactor,
+            audit=audit,
+            metrics=metrics,
+            idempotency=ActorIdempotencyStore(shared_actor()),
+            circuits=CircuitBoard(on_change=lambda p, s: metrics.circuit_changed(p, s.value)),
         )
+        self.pipeline = ChatPipeline(self.parts)
+        self.refresher = Refresher(self.sources, keys)
+        self.routers = [
+            gateway_audit_router(self.sources.policies, state_dir, lambda key: keys.verifier.verify(key)),
+            spend_router(lambda: gateway_spend_source(state_dir), _bearer_principal(keys)),
+        ]
+        self._refresh_task: asyncio.Task[None] | None = None
+
+    def __serve_build_asgi_app__(self) -> FastAPI:
+        return create_app(lambda: self.pipeline, routers=self.routers, lifespan=self._lifespan)
+
+    @asynccontextmanager
+    async def _lifespan(self, app: FastAPI) -> AsyncIterator[None]:
+        self._refresh_task = asyncio.get_running_loop().create_task(self.refresher.run())
+        yield
+        self._refresh_task.cancel()
+        # Send queued charges and return budget slices now rather than letting them expire;
+        # commit what the audit spool has acknowledged.
+        await self.budget.aclose()
+        await self.audit.close()
+        await self.parts.providers.aclose()
+
+    def check_health(self) -> None:
+        if self._refresh_task is not None and self._refresh_task.done():
+            raise RuntimeError("the policy/key refresh loop stopped")
 
 
 def build_app(args: dict[str, str]) -> serve.Application:
-    return Gateway.bind(args["policies_dir"], args["state_dir"])  # type: ignore[attr-defined]
+    app_name = args.get("app_name", "gateway")
+    local = LocalModel.bind(args.get("checkpoints_dir"))  # type: ignore[attr-defined]
+    gateway = Gateway.options(num_replicas=int(args.get("num_replicas", "1")))  # type: ignore[attr-defined]
+    return gateway.bind(args["policies_dir"], args["state_dir"], local, app_name)

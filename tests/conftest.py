@@ -25,6 +25,10 @@ def pytest_configure(config: pytest.Config) -> None:
     from switchyard.cluster.head import PLATFORM_ENV
 
     os.environ.update(PLATFORM_ENV)
+    # Ray Train V2's controller checks faster with these: 16-21 s per fit() here instead of 20-29 s.
+    os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.25")
+    os.environ.setdefault("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER", "0")
+    os.environ.setdefault("RAY_TRAIN_ENABLE_STATE_ACTOR_RECONCILIATION", "0")
 
 
 @pytest.fixture(scope="session")
@@ -83,3 +87,15 @@ def ray_cluster() -> Iterator[dict[str, Any]]:
         ray.shutdown()
         cluster.shutdown()
         shutil.rmtree(temp_dir, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def serve_http(ray_cluster: dict[str, Any]) -> str:
+    """Serve on the session's cluster (HAProxy ingress), started once; apps come and go."""
+    from ray import serve
+    from ray.serve.context import _get_global_client
+
+    from switchyard.cluster.head import free_port
+
+    serve.start(http_options={"host": "127.0.0.1", "port": free_port()})
+    return f"http://127.0.0.1:{_get_global_client().http_config.port}"

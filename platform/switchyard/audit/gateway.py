@@ -12,12 +12,17 @@ import logging
 from collections.abc import Callable
 from pathlib import Path
 
+from fastapi import APIRouter
+
 from switchyard.audit.builder import RecordBuilder
+from switchyard.audit.http import audit_router
+from switchyard.audit.query import AuditReader
 from switchyard.audit.redaction import PresidioRedactor, TextScrubber
 from switchyard.audit.sink import StoreAuditSink
 from switchyard.audit.spool import AuditSpool, recover_orphans
 from switchyard.audit.store import AuditStore
 from switchyard.audit.subject_keys import SubjectKeyring
+from switchyard.policy.keys import Principal
 from switchyard.policy.store import PolicyStore
 
 log = logging.getLogger(__name__)
@@ -58,3 +63,13 @@ def gateway_audit_parts(
         gateway_audit_sink(policy_store, state_dir, scrubber, on_backlog),
         gateway_redactor(policy_store, state_dir, scrubber),
     )
+
+
+def gateway_audit_router(
+    policy_store: PolicyStore, state_dir: str | Path, verify_key: Callable[[str], Principal | None]
+) -> APIRouter:
+    """The audit admin endpoint over the same store and keyring the gateway's sink writes."""
+    audit = Path(state_dir) / "audit"
+    store = AuditStore(audit / "audit.db")
+    reader = AuditReader(store, SubjectKeyring(audit / "keys.db"), lambda: policy_store.current.data)
+    return audit_router(reader, store, verify_key)

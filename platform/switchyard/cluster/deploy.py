@@ -42,7 +42,12 @@ def start_scheduler(policies_dir: Path, state_dir: Path, dashboard_url: str | No
 
 
 def deploy_gateway(policies_dir: Path, state_dir: Path, port: int, import_path: str = GATEWAY_IMPORT_PATH) -> str:
+    """Deploy the gateway app; returns its URL. Serve keeps the HTTP port it was first started
+    with, so on a cluster where Serve already runs the app is reached at that port."""
     serve.start(http_options={"host": "127.0.0.1", "port": port})
+    from ray.serve.context import _get_global_client
+
+    port = _get_global_client().http_config.port
     app = _import_builder(import_path)({"policies_dir": str(policies_dir), "state_dir": str(state_dir)})
     serve.run(app, name=GATEWAY_APP, route_prefix="/", blocking=False)
     return f"http://127.0.0.1:{port}"

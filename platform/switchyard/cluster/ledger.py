@@ -12,6 +12,7 @@ Metrics (spend and remaining budget per budget line, labelled by team) go throug
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import os
 import socket
@@ -101,8 +102,11 @@ class LedgerActor:
             self._remaining.set(nanos_to_usd(s.remaining_nanos), tags)
 
 
-def ledger_actor(url: str, name: str = LEDGER_ACTOR, detached: bool = True) -> Any:
-    """The shared ledger actor: created on first use, found by name afterwards."""
+def ledger_actor(url: str, name: str | None = None, detached: bool = True) -> Any:
+    """The shared ledger actor: created on first use, found by name afterwards. The default name
+    is bound to the ledger's URL, so two platforms on one cluster never share a ledger by mistake."""
+    if name is None:
+        name = f"{LEDGER_ACTOR}-{hashlib.sha256(url.encode()).hexdigest()[:10]}"
     options: dict[str, Any] = {"name": name, "get_if_exists": True}
     if detached:
         options["lifetime"] = "detached"  # outlives the process that created it (the first replica)
@@ -158,3 +162,23 @@ def gateway_budget_gate(policies: PolicyStore, state_dir: str) -> LeasedBudgetGa
     actor = ledger_actor(ledger_url(Path(state_dir)))
     holder = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
     return LeasedBudgetGate(Admissions(lambda: policies.current), ActorLedgerClient(actor), holder)
+
+
+class ActorSpendSource:
+    """`SpendSource` (sync, for the spend admin endpoint's threadpool) over the ledger actor."""
+
+    def __init__(self, handle: Any, timeout_s: float = 30.0) -> None:
+        self.handle = handle
+        self.timeout_s = timeout_s
+
+    def lines(self, key_prefixes: list[str] | None = None) -> list[LineStatus]:
+        result: list[LineStatus] = ray.get(self.handle.lines.remote(key_prefixes), timeout=self.timeout_s)
+        return result
+
+    def spend(self, team: str | None = None, since_day: str | None = None) -> list[SpendRow]:
+        result: list[SpendRow] = ray.get(self.handle.spend.remote(team, since_day), timeout=self.timeout_s)
+        return result
+
+
+def gateway_spend_source(state_dir: str) -> ActorSpendSource:
+    return ActorSpendSource(ledger_actor(ledger_url(Path(state_dir))))

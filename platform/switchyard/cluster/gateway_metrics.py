@@ -1,0 +1,65 @@
+"""The gateway's counters as Ray metrics (`ray.util.metrics`), so the Ray dashboard and its
+Prometheus endpoint show fallbacks, open circuits and failures per provider and reason."""
+
+from __future__ import annotations
+
+from ray.util.metrics import Counter, Gauge, Histogram
+
+_CIRCUIT_VALUE = {"closed": 0.0, "half_open": 0.5, "open": 1.0}
+
+
+class RayGatewayMetrics:
+    def __init__(self) -> None:
+        self.requests = Counter(
+            "switchyard_gateway_requests",
+            "Requests by team, flow, status and answering provider.",
+            tag_keys=("team", "flow", "status", "provider"),
+        )
+        self.failures = Counter(
+            "switchyard_gateway_attempt_failures",
+            "Failed provider attempts by error class.",
+            tag_keys=("provider", "error_class"),
+        )
+        self.fallbacks = Counter(
+            "switchyard_gateway_fallbacks",
+            "Fallbacks taken, from which provider to which, and why.",
+            tag_keys=("from_provider", "to_provider", "reason"),
+        )
+        self.skips = Counter(
+            "switchyard_gateway_candidates_skipped",
+            "Candidates not tried (circuit open, compliance, eval).",
+            tag_keys=("provider", "reason"),
+        )
+        self.circuit_transitions = Counter(
+            "switchyard_gateway_circuit_transitions",
+            "Circuit state changes per provider.",
+            tag_keys=("provider", "state"),
+        )
+        self.circuit_state = Gauge(
+            "switchyard_gateway_circuit_state", "0 closed, 0.5 half-open, 1 open.", tag_keys=("provider",)
+        )
+        self.latency = Histogram(
+            "switchyard_gateway_stage_ms",
+            "Gateway stage latency in ms.",
+            boundaries=[0.1, 0.25, 0.5, 1, 2, 5, 10, 25, 50, 100, 250, 1000, 5000],
+            tag_keys=("stage",),
+        )
+
+    def request(self, team: str, flow: str, status: int, provider: str | None) -> None:
+        self.requests.inc(1.0, {"team": team, "flow": flow, "status": str(status), "provider": provider or "none"})
+
+    def attempt_failed(self, provider: str, error_class: str) -> None:
+        self.failures.inc(1.0, {"provider": provider, "error_class": error_class})
+
+    def fallback(self, from_provider: str, to_provider: str, reason: str) -> None:
+        self.fallbacks.inc(1.0, {"from_provider": from_provider, "to_provider": to_provider, "reason": reason})
+
+    def candidate_skipped(self, provider: str, reason: str) -> None:
+        self.skips.inc(1.0, {"provider": provider, "reason": reason})
+
+    def circuit_changed(self, provider: str, state: str) -> None:
+        self.circuit_transitions.inc(1.0, {"provider": provider, "state": state})
+        self.circuit_state.set(_CIRCUIT_VALUE.get(state, 1.0), {"provider": provider})
+
+    def stage_latency(self, stage: str, ms: float) -> None:
+        self.latency.observe(ms, {"stage": stage})

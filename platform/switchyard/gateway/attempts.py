@@ -1,0 +1,299 @@
+"""Running a route: attempts in order, with retries, circuit breakers, the deadline, and the
+output contract, until one candidate answers or the rules say stop.
+
+Bounds: each candidate is tried at most once plus `retries_per_candidate` retries plus one
+contract repair, and each model appears once in a route, so a chain always ends.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Generic, TypeVar
+
+from switchyard.gateway.circuit import CircuitBoard
+from switchyard.gateway.contracts import OutputContracts
+from switchyard.gateway.metrics import GatewayMetrics
+from switchyard.gateway.providers.base import ChatProvider, Completion, Delta, ProviderCall, ProviderError
+from switchyard.gateway.routing import Candidate, falls_back
+from switchyard.gateway.seams import Attempt, RequestContext
+from switchyard.policy.models import ErrorClass
+from switchyard.policy.policy_set import PolicySet
+
+T = TypeVar("T")
+RETRYABLE = frozenset({ErrorClass.RATE_LIMITED, ErrorClass.SERVER_ERROR, ErrorClass.CONNECTION})
+CIRCUIT_OPEN = "circuit_open"
+REPAIR_INSTRUCTION = "Your answer did not match the required JSON schema ({problem}). Reply again with JSON only."
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    retries_per_candidate: int = 1
+    base_backoff_s: float = 0.05
+    max_backoff_s: float = 2.0
+    min_attempt_s: float = 0.02  # do not start an attempt with less time left than this
+
+    def backoff(self, retry: int, retry_after_s: float | None, rng: random.Random) -> float:
+        # Full jitter (AWS architecture blog): spreads retries of many clients apart.
+        jittered = rng.uniform(0, min(self.max_backoff_s, self.base_backoff_s * 2**retry))
+        return max(jittered, retry_after_s or 0.0)
+
+
+@dataclass
+class Answer(Generic[T]):
+    value: T
+    candidate: Candidate
+    text_for_contract: str | None = None
+
+
+@dataclass
+class ChainLog:
+    """What the chain did, for the response headers, metrics and the audit record."""
+
+    attempts: list[Attempt] = field(default_factory=list)
+    hops: list[str] = field(default_factory=list)  # "model:reason" for every fallback taken
+
+    def header(self) -> str:
+        return ",".join(self.hops) if self.hops else "none"
+
+    def tried(self) -> str:
+        return (
+            ", ".join(f"{a.model} ({a.error_class.value if a.error_class else 'ok'})" for a in self.attempts)
+            or "nothing"
+        )
+
+
+class ChainFailed(Exception):
+    def __init__(self, error: ProviderError | None, deadline_hit: bool, contract_problem: str | None = None) -> None:
+        super().__init__(error.message if error else "deadline exceeded")
+        self.error = error
+        self.deadline_hit = deadline_hit
+        self.contract_problem = contract_problem
+
+
+Opener = Callable[[ChatProvider, ProviderCall], Awaitable[T]]
+
+
+class AttemptRunner:
+    def __init__(
+        self,
+        providers: Callable[[str], ChatProvider],
+        circuits: CircuitBoard,
+        metrics: GatewayMetrics,
+        contracts: OutputContracts,
+        retry: RetryPolicy,
+        clock: Callable[[], float] = time.time,
+        rng: random.Random | None = None,
+    ) -> None:
+        self.providers = providers
+        self.circuits = circuits
+        self.metrics = metrics
+        self.contracts = contracts
+        self.retry = retry
+        self.clock = clock
+        self.rng = rng or random.Random()
+
+    async def complete(
+        self,
+        ps: PolicySet,
+        ctx: RequestContext,
+        candidates: tuple[Candidate, ...],
+        messages: list[dict[str, str]],
+        max_tokens: int,
+        base: ProviderCall,
+        restore: Callable[[str], str],
+        log: ChainLog,
+    ) -> Answer[Completion]:
+        async def open_complete(provider: ChatProvider, call: ProviderCall) -> Completion:
+            return await provider.complete(call)
+
+        return await self._run(ps, ctx, candidates, messages, max_tokens, base, log, open_complete, restore)
+
+    async def stream(
+        self,
+        ps: PolicySet,
+        ctx: RequestContext,
+        candidates: tuple[Candidate, ...],
+        messages: list[dict[str, str]],
+        max_tokens: int,
+        base: ProviderCall,
+        log: ChainLog,
+    ) -> Answer[tuple[Delta, AsyncIterator[Delta]]]:
+        async def open_stream(provider: ChatProvider, call: ProviderCall) -> tuple[Delta, AsyncIterator[Delta]]:
+            it = aiter(provider.stream(call))
+            try:
+                first = await anext(it)
+            except StopAsyncIteration:
+                raise ProviderError(ErrorClass.SERVER_ERROR, f"{provider.name} sent an empty stream") from None
+            return first, it
+
+        return await self._run(ps, ctx, candidates, messages, max_tokens, base, log, open_stream, None)
+
+    async def _run(
+        self,
+        ps: PolicySet,
+        ctx: RequestContext,
+        candidates: tuple[Candidate, ...],
+        messages: list[dict[str, str]],
+        max_tokens: int,
+        base: ProviderCall,
+        log: ChainLog,
+        opener: Opener[T],
+        restore: Callable[[str], str] | None,
+    ) -> Answer[T]:
+        last: ProviderError | None = None
+        contract_problem: str | None = None
+        i = 0
+        while i < len(candidates):
+            cand = candidates[i]
+            outcome = await self._candidate(
+                ps,
+                ctx,
+                cand,
+                (i + 1 < len(candidates) and candidates[i + 1]) or None,
+                messages,
+                max_tokens,
+                base,
+                log,
+                opener,
+                restore,
+            )
+            if isinstance(outcome, Answer):
+                return outcome
+            last, reason, contract_problem = outcome
+            if self.clock() >= ctx.deadline_at:
+                raise ChainFailed(last, deadline_hit=True, contract_problem=contract_problem)
+            nxt = candidates[i + 1] if i + 1 < len(candidates) else None
+            if nxt is None or not falls_back(last.error_class, nxt):
+                break
+            log.hops.append(f"{cand.model}:{reason}")
+            self.metrics.fallback(cand.provider, nxt.provider, reason)
+            i += 1
+        raise ChainFailed(last, deadline_hit=False, contract_problem=contract_problem)
+
+    async def _candidate(
+        self,
+        ps: PolicySet,
+        ctx: RequestContext,
+        cand: Candidate,
+        nxt: Candidate | None,
+        messages: list[dict[str, str]],
+        max_tokens: int,
+        base: ProviderCall,
+        log: ChainLog,
+        opener: Opener[T],
+        restore: Callable[[str], str] | None,
+    ) -> Answer[T] | tuple[ProviderError, str, str | None]:
+        """Try one candidate (with its retries and one repair); the answer, or why it failed."""
+        breaker = self.circuits.breaker(cand.provider)
+        provider = self.providers(cand.provider)
+        timeout_cap = ps.providers.providers[cand.provider].timeout_s
+        retries = 0
+        repaired = False
+        contract_problem: str | None = None
+        while True:
+            remaining = ctx.deadline_at - self.clock()
+            if remaining < self.retry.min_attempt_s:
+                err = ProviderError(ErrorClass.TIMEOUT, "no time left in the deadline for another attempt")
+                return err, ErrorClass.TIMEOUT.value, contract_problem
+            if not breaker.allow():
+                self.metrics.candidate_skipped(cand.provider, CIRCUIT_OPEN)
+                err = ProviderError(ErrorClass.CONNECTION, f"the circuit for {cand.provider} is open")
+                log.attempts.append(
+                    Attempt(
+                        cand.provider,
+                        cand.model,
+                        cand.entry.model_version,
+                        self.clock(),
+                        0.0,
+                        ErrorClass.CONNECTION,
+                        err.message,
+                        CIRCUIT_OPEN,
+                    )
+                )
+                return err, CIRCUIT_OPEN, None
+            timeout = min(timeout_cap, remaining)
+            call = ProviderCall(
+                model=cand.model,
+                model_version=cand.entry.model_version,
+                messages=messages,
+                max_tokens=max_tokens,
+                timeout_s=timeout,
+                request_id=ctx.request_id,
+                temperature=base.temperature,
+                top_p=base.top_p,
+                stop=base.stop,
+                json_output=ctx.flow.output_schema is not None,
+            )
+            started = self.clock()
+            try:
+                async with asyncio.timeout(timeout):
+                    value = await opener(provider, call)
+            except TimeoutError:
+                error: ProviderError = ProviderError(
+                    ErrorClass.TIMEOUT, f"{cand.provider} did not answer within {timeout * 1000:.0f} ms"
+                )
+            except ProviderError as exc:
+                error = exc
+            else:
+                breaker.record(None)
+                latency = (self.clock() - started) * 1000
+                problem = None
+                if isinstance(value, Completion) and restore is not None:
+                    problem = self.contracts.problem(ctx.flow, restore(value.text))
+                if problem is None:
+                    log.attempts.append(Attempt(cand.provider, cand.model, cand.entry.model_version, started, latency))
+                    return Answer(value, cand)
+                contract_problem = problem
+                error = ProviderError(
+                    ErrorClass.INVALID_OUTPUT, f"{cand.model}'s answer broke the output contract {problem}"
+                )
+                log.attempts.append(
+                    Attempt(
+                        cand.provider,
+                        cand.model,
+                        cand.entry.model_version,
+                        started,
+                        latency,
+                        ErrorClass.INVALID_OUTPUT,
+                        error.message,
+                    )
+                )
+                self.metrics.attempt_failed(cand.provider, ErrorClass.INVALID_OUTPUT.value)
+                if not repaired and (nxt is None or ErrorClass.INVALID_OUTPUT not in nxt.on_errors):
+                    # The rule does not move on for invalid output: one repair attempt here.
+                    repaired = True
+                    assert isinstance(value, Completion)
+                    messages = [
+                        *messages,
+                        {"role": "assistant", "content": value.text},
+                        {
+                            "role": "user",
+                            "content": REPAIR_INSTRUCTION.format(problem=problem),
+                        },
+                    ]
+                    continue
+                return error, ErrorClass.INVALID_OUTPUT.value, contract_problem
+            breaker.record(error.error_class)
+            self.metrics.attempt_failed(cand.provider, error.error_class.value)
+            log.attempts.append(
+                Attempt(
+                    cand.provider,
+                    cand.model,
+                    cand.entry.model_version,
+                    started,
+                    (self.clock() - started) * 1000,
+                    error.error_class,
+                    error.message,
+                )
+            )
+            if error.error_class in RETRYABLE and retries < self.retry.retries_per_candidate:
+                pause = self.retry.backoff(retries, error.retry_after_s, self.rng)
+                if self.clock() + pause + self.retry.min_attempt_s < ctx.deadline_at:
+                    retries += 1
+                    await asyncio.sleep(pause)
+                    continue
+            return error, error.error_class.value, contract_problem

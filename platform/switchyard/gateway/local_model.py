@@ -1,0 +1,116 @@
+"""switchyard's own small model as a chat backend: the demo needs no API keys.
+
+Loads the newest complete checkpoint under a directory (a `step-*/` folder with a
+`manifest.json`, written by the trainer with torch.distributed.checkpoint), or, when there is
+none, a seeded initialisation the project makes itself. Never a hub download. torch is
+imported here only, so the rest of the gateway core stays light.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.api import CheckpointException
+
+from switchyard.models import GPT, ByteTokenizer, GPTConfig
+
+log = logging.getLogger(__name__)
+
+SEED = 20261130  # the seeded initialisation is the same on every machine
+
+
+@dataclass(frozen=True)
+class LoadedFrom:
+    source: str  # "checkpoint" or "seeded-init"
+    path: str | None
+    model_version: str
+
+
+def newest_checkpoint(root: Path) -> Path | None:
+    """The newest `step-*` folder whose manifest exists (a folder without one is unfinished)."""
+    if not root.is_dir():
+        return None
+    done = [d for d in root.rglob("step-*") if d.is_dir() and (d / "manifest.json").exists()]
+    return max(done, key=lambda d: d.name, default=None)
+
+
+class LocalChatModel:
+    """Chat over the byte-level GPT: a plain-text chat template, sampling, an EOT stop."""
+
+    def __init__(
+        self, checkpoints: str | Path | None = None, preset: str = "tiny", model_version: str = "switchyard-gpt-tiny"
+    ) -> None:
+        self.tokenizer = ByteTokenizer()
+        config = GPTConfig.preset(preset)
+        found = newest_checkpoint(Path(checkpoints)) if checkpoints else None
+        if found is not None:
+            config = self._config_from(found, config)
+        torch.manual_seed(SEED)
+        self.model = GPT(config).eval()
+        self.loaded = LoadedFrom("seeded-init", None, f"{model_version}@seed{SEED}")
+        if found is not None:
+            try:
+                state = {"model": self.model.state_dict()}
+                with warnings.catch_warnings():
+                    # One process reads the whole checkpoint on purpose; DCP warns about exactly that.
+                    warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+                    dcp.load(state, checkpoint_id=str(found), no_dist=True)
+                self.model.load_state_dict(state["model"])
+                self.loaded = LoadedFrom("checkpoint", str(found), f"{model_version}@{found.name}")
+            except (CheckpointException, RuntimeError, ValueError, KeyError, OSError) as exc:
+                log.error("checkpoint %s cannot be loaded, serving the seeded initialisation: %s", found, exc)
+        self._lock = threading.Lock()  # generate() is not re-entrant on one module copy
+        log.info("local model %s loaded from %s", self.loaded.model_version, self.loaded.source)
+
+    @staticmethod
+    def _config_from(found: Path, default: GPTConfig) -> GPTConfig:
+        manifest = json.loads((found / "manifest.json").read_text())
+        model = manifest.get("model_config") or manifest.get("model")
+        return GPTConfig.from_dict(model) if isinstance(model, dict) else default
+
+    def prompt_ids(self, messages: list[dict[str, str]], max_new_tokens: int) -> list[int]:
+        text = "".join(f"<|{m['role']}|>{m['content']}\n" for m in messages) + "<|assistant|>"
+        ids = self.tokenizer.encode(text)
+        keep = max(1, self.model.config.max_seq_len - max_new_tokens)
+        return ids[-keep:]  # the newest context wins when the conversation is too long
+
+    def chat(self, request: dict[str, Any]) -> dict[str, Any]:
+        """An OpenAI chat-completions request in, an OpenAI chat completion out."""
+        max_new = int(request.get("max_tokens") or 64)
+        max_new = max(1, min(max_new, self.model.config.max_seq_len - 1))
+        ids = self.prompt_ids(request["messages"], max_new)
+        asked = request.get("temperature")
+        temperature = 0.8 if asked is None else float(asked)
+        generator = torch.Generator().manual_seed(int(request.get("seed") or SEED))
+        with self._lock, torch.no_grad():
+            out = self.model.generate(
+                torch.tensor([ids]),
+                max_new,
+                temperature=temperature,
+                top_k=50,
+                stop_id=self.tokenizer.eot_id,
+                generator=generator,
+            )
+        new_ids = out[0, len(ids) :].tolist()
+        finish = "stop" if self.tokenizer.eot_id in new_ids else "length"
+        text = self.tokenizer.decode(new_ids)
+        return {
+            "id": f"chatcmpl-local-{request.get('request_id', '')}",
+            "object": "chat.completion",
+            "created": 0,
+            "model": self.loaded.model_version,
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": finish}],
+            "usage": {
+                "prompt_tokens": len(ids),
+                "completion_tokens": len(new_ids),
+                "total_tokens": len(ids) + len(new_ids),
+            },
+        }

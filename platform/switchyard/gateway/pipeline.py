@@ -1,0 +1,493 @@
+"""The request pipeline, in the order of DESIGN.md's request path:
+
+authenticate -> resolve flow -> render prompt -> redact -> reserve budget and rate limit ->
+route (primary, fallbacks, circuits, retries, idempotency, deadline) -> validate the output
+contract -> settle -> audit -> respond with headers saying who answered and why.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from switchyard.gateway.attempts import AttemptRunner, ChainFailed, ChainLog, RetryPolicy
+from switchyard.gateway.auth import KeySnapshot
+from switchyard.gateway.circuit import CircuitBoard
+from switchyard.gateway.contracts import OutputContracts
+from switchyard.gateway.costing import cost_usd
+from switchyard.gateway.errors import (
+    BadRequest,
+    DeadlineExceeded,
+    GatewayError,
+    IdempotencyConflict,
+    PaymentRequired,
+    ProviderFailure,
+    TooManyRequests,
+    Unavailable,
+)
+from switchyard.gateway.evalbook import EvalBook
+from switchyard.gateway.failures import chain_error
+from switchyard.gateway.idempotency import IdempotencyStore, StoredResponse, body_fingerprint
+from switchyard.gateway.metrics import GatewayMetrics
+from switchyard.gateway.planning import Plan, Planner
+from switchyard.gateway.pool import ProviderPool
+from switchyard.gateway.providers.base import Delta, ProviderCall, ProviderError
+from switchyard.gateway.seams import (
+    AuditSink,
+    AuditUnavailable,
+    BudgetGate,
+    CostEstimate,
+    Exchange,
+    OverBudget,
+    RateLimited,
+    Redacted,
+    Redactor,
+    Reservation,
+    Usage,
+)
+from switchyard.gateway.wire import chunk_body, completion_body, sse
+from switchyard.policy.models import ErrorClass, RiskTier
+from switchyard.policy.policy_set import PolicySet
+
+log = logging.getLogger(__name__)
+
+H_REQUEST_ID = "x-switchyard-request-id"
+H_PROVIDER = "x-switchyard-provider"
+H_MODEL = "x-switchyard-model"
+H_PROMPT = "x-switchyard-prompt-version"
+H_FALLBACK = "x-switchyard-fallback"
+H_REPLAY = "x-switchyard-idempotent-replay"
+
+
+@dataclass(frozen=True)
+class JSONResult:
+    status: int
+    body: dict[str, Any]
+    headers: dict[str, str]
+
+
+@dataclass(frozen=True)
+class StreamResult:
+    headers: dict[str, str]
+    body: AsyncIterator[bytes]
+    status: int = 200
+
+
+Result = JSONResult | StreamResult
+ContractResult = Literal["valid", "invalid", "not_declared", "not_reached"]
+
+
+@dataclass
+class GatewayParts:
+    """Everything the pipeline calls; chosen when the gateway is built (in-process or Serve)."""
+
+    policies: Callable[[], PolicySet]
+    keys: KeySnapshot
+    providers: ProviderPool
+    budget: BudgetGate
+    redactor: Redactor
+    audit: AuditSink
+    metrics: GatewayMetrics
+    idempotency: IdempotencyStore
+    circuits: CircuitBoard = field(default_factory=CircuitBoard)
+    retry: RetryPolicy = field(default_factory=RetryPolicy)
+    clock: Callable[[], float] = time.time
+    idempotency_poll_s: float = 0.02
+
+
+@dataclass
+class _Outcome:
+    """What the audit record and the metrics need once a request's fate is known."""
+
+    status: int
+    budget_decision: str = "not_reached"
+    contract: ContractResult = "not_reached"
+    output_text: str | None = None
+    provider: str | None = None
+    model_version: str | None = None
+    usage: Usage | None = None
+    cost: float = 0.0
+    error_code: str | None = None
+
+
+class ChatPipeline:
+    def __init__(self, parts: GatewayParts) -> None:
+        self.parts = parts
+        self.planner = Planner(parts.keys, EvalBook())
+        self.contracts = OutputContracts()
+        self.runner = AttemptRunner(
+            parts.providers.get, parts.circuits, parts.metrics, self.contracts, parts.retry, parts.clock
+        )
+        # Build the clients now: creating a boto3 client takes ~100 ms, not for a request to pay.
+        parts.providers.sync(parts.policies())
+
+    # ------------------------------------------------------------ entry point
+
+    async def handle(self, raw: bytes, headers: Mapping[str, str]) -> Result:
+        request_id = uuid.uuid4().hex
+        now = self.parts.clock()
+        hdr = {H_REQUEST_ID: request_id, H_PROVIDER: "none", H_MODEL: "none", H_PROMPT: "none", H_FALLBACK: "none"}
+        ps = self.parts.policies()
+        self.parts.providers.sync(ps)
+        try:
+            plan = self.planner.plan(ps, raw, headers, request_id, now)
+        except GatewayError as exc:
+            # Not audited: before a flow is resolved there is no flow policy to audit under.
+            self.parts.metrics.request("unknown", "unknown", exc.status, None)
+            return _error(exc, hdr)
+        hdr[H_PROMPT] = plan.ctx.prompt_ref
+        if plan.ctx.idempotency_key is not None:
+            return await self._idempotent(plan, raw, hdr)
+        return await self._execute(plan, hdr)
+
+    # ------------------------------------------------------------ idempotency
+
+    async def _idempotent(self, plan: Plan, raw: bytes, hdr: dict[str, str]) -> Result:
+        ctx = plan.ctx
+        key = ctx.idempotency_key or ""
+        if len(key) > 255:
+            return _error(
+                BadRequest(
+                    "invalid_idempotency_key", "Idempotency-Key is longer than 255 characters", param="Idempotency-Key"
+                ),
+                hdr,
+            )
+        if ctx.stream:
+            return _error(
+                BadRequest(
+                    "idempotent_stream_unsupported",
+                    "Idempotency-Key is supported on non-streaming requests only",
+                    param="stream",
+                ),
+                hdr,
+            )
+        store = self.parts.idempotency
+        digest = body_fingerprint(ctx.flow.flow, raw)
+        while True:
+            claim = await store.claim(ctx.team, key, digest)
+            if claim.outcome == "owner":
+                break
+            if claim.outcome == "replay" and claim.response is not None:
+                stored = claim.response
+                return JSONResult(
+                    stored.status,
+                    stored.body,
+                    {
+                        **stored.headers,
+                        H_REPLAY: "true",
+                        H_REQUEST_ID: ctx.request_id,
+                        "x-switchyard-original-request-id": stored.headers.get(H_REQUEST_ID, ""),
+                    },
+                )
+            if claim.outcome == "conflict":
+                return _error(
+                    IdempotencyConflict(
+                        "idempotency_key_reused",
+                        "this Idempotency-Key was used with a different request body",
+                        param="Idempotency-Key",
+                    ),
+                    hdr,
+                )
+            if self.parts.clock() >= ctx.deadline_at:
+                return _error(
+                    DeadlineExceeded(
+                        "deadline_exceeded",
+                        "a request with this Idempotency-Key is still in flight and the deadline passed",
+                    ),
+                    hdr,
+                )
+            await asyncio.sleep(self.parts.idempotency_poll_s)
+        try:
+            result = await self._execute(plan, hdr)
+        except BaseException:
+            await store.abandon(ctx.team, key)
+            raise
+        if isinstance(result, JSONResult) and result.status == 200:
+            await store.complete(ctx.team, key, StoredResponse(result.status, result.body, result.headers))
+        else:
+            await store.abandon(ctx.team, key)  # failures are not stored: a retry may succeed
+        return result
+
+    # ------------------------------------------------------------ one request
+
+    async def _execute(self, plan: Plan, hdr: dict[str, str]) -> Result:
+        ctx, flow, parts = plan.ctx, plan.ctx.flow, self.parts
+        try:
+            redacted = parts.redactor.redact(plan.messages, flow.data_class)
+        except Exception:  # fail closed: nothing leaves unredacted when the redactor breaks
+            log.exception("redaction failed for request %s (data class %s)", ctx.request_id, flow.data_class)
+            parts.metrics.request(ctx.team, flow.flow, 503, None)
+            return _error(
+                Unavailable("redaction_unavailable", f"data class {flow.data_class!r} cannot be redacted right now"),
+                hdr,
+            )
+        for skip in plan.route.skipped:
+            parts.metrics.candidate_skipped(plan.policy_set.providers.models[skip.model].provider, skip.reason)
+        primary = plan.route.candidates[0]
+        outcome = _Outcome(status=200)
+        try:
+            estimate = await parts.budget.estimate(ctx, primary.model, redacted.messages, plan.max_tokens)
+            reservation = await parts.budget.reserve(ctx, estimate)
+        except OverBudget as exc:
+            outcome = _Outcome(402, f"over_budget:{exc.budget}", error_code="over_budget")
+            return await self._fail(plan, redacted, outcome, PaymentRequired("over_budget", str(exc)), hdr, ChainLog())
+        except RateLimited as exc:
+            outcome = _Outcome(429, f"rate_limited:{exc.limit}", error_code="rate_limited")
+            limited = TooManyRequests(
+                "rate_limited", str(exc), headers={"retry-after": str(max(1, math.ceil(exc.retry_after_s)))}
+            )
+            return await self._fail(plan, redacted, outcome, limited, hdr, ChainLog())
+        outcome.budget_decision = "reserved"
+        chain = ChainLog()
+        base = ProviderCall(
+            primary.model,
+            primary.entry.model_version,
+            [],
+            plan.max_tokens,
+            0.0,
+            ctx.request_id,
+            plan.request.temperature,
+            plan.request.top_p,
+            plan.request.stop_sequences(),
+        )
+        if ctx.stream and flow.output_schema is None:
+            return await self._start_stream(plan, redacted, reservation, estimate, base, chain, hdr)
+
+        def restore(text: str) -> str:
+            restorer = parts.redactor.restorer(redacted)
+            return restorer.feed(text) + restorer.flush()
+
+        try:
+            answer = await self.runner.complete(
+                plan.policy_set, ctx, plan.route.candidates, redacted.messages, plan.max_tokens, base, restore, chain
+            )
+        except ChainFailed as failed:
+            await parts.budget.release(reservation)
+            err = chain_error(plan, failed, chain)
+            outcome = _Outcome(
+                err.status, "reserved", "invalid" if failed.contract_problem else "not_reached", error_code=err.code
+            )
+            return await self._fail(plan, redacted, outcome, err, hdr, chain)
+        except BaseException:
+            await parts.budget.release(reservation)  # a bug or a cancelled request holds no money
+            raise
+        done, cand = answer.value, answer.candidate
+        text = restore(done.text)
+        cost = cost_usd(cand.entry, done.usage, parts.clock())
+        await parts.budget.settle(reservation, cost, done.usage)
+        hdr.update(
+            {
+                H_PROVIDER: cand.provider,
+                H_MODEL: done.model_version or cand.entry.model_version,
+                H_FALLBACK: chain.header(),
+            }
+        )
+        outcome = _Outcome(
+            200,
+            "reserved",
+            "valid" if flow.output_schema is not None else "not_declared",
+            text,
+            cand.provider,
+            hdr[H_MODEL],
+            done.usage,
+            cost,
+        )
+        try:
+            await self._audit(plan, redacted, outcome, chain)
+        except AuditUnavailable as exc:
+            return _error(
+                Unavailable(
+                    "audit_unavailable", f"the audit store cannot take the record of this high-risk request ({exc})"
+                ),
+                hdr,
+            )
+        parts.metrics.request(ctx.team, flow.flow, 200, cand.provider)
+        total_ms = (parts.clock() - ctx.received_at) * 1000
+        upstream_ms = sum(a.latency_ms for a in chain.attempts)
+        parts.metrics.stage_latency("total", total_ms)
+        parts.metrics.stage_latency("gateway_overhead", total_ms - upstream_ms)
+        hdr["server-timing"] = f"gateway;dur={total_ms - upstream_ms:.3f}, upstream;dur={upstream_ms:.3f}"
+        if ctx.stream:  # a flow with an output schema: buffered, validated, then streamed
+            return StreamResult(
+                hdr,
+                _replay_stream(
+                    ctx.request_id,
+                    cand.model,
+                    text,
+                    done.finish_reason,
+                    done.usage,
+                    plan.request.stream_options is not None and plan.request.stream_options.include_usage,
+                ),
+            )
+        return JSONResult(200, completion_body(ctx.request_id, cand.model, text, done.finish_reason, done.usage), hdr)
+
+    # ------------------------------------------------------------ streaming
+
+    async def _start_stream(
+        self,
+        plan: Plan,
+        redacted: Redacted,
+        reservation: Reservation,
+        estimate: CostEstimate,
+        base: ProviderCall,
+        chain: ChainLog,
+        hdr: dict[str, str],
+    ) -> Result:
+        ctx = plan.ctx
+        try:
+            answer = await self.runner.stream(
+                plan.policy_set, ctx, plan.route.candidates, redacted.messages, plan.max_tokens, base, chain
+            )
+        except ChainFailed as failed:
+            await self.parts.budget.release(reservation)
+            err = chain_error(plan, failed, chain)
+            return await self._fail(
+                plan, redacted, _Outcome(err.status, "reserved", error_code=err.code), err, hdr, chain
+            )
+        cand = answer.candidate
+        hdr.update({H_PROVIDER: cand.provider, H_MODEL: cand.entry.model_version, H_FALLBACK: chain.header()})
+        first, rest = answer.value
+        body = self._stream_body(
+            plan, redacted, reservation, estimate, chain, cand.model, cand.provider, cand.entry, first, rest
+        )
+        return StreamResult(hdr, body)
+
+    async def _stream_body(
+        self,
+        plan: Plan,
+        redacted: Redacted,
+        reservation: Reservation,
+        estimate: CostEstimate,
+        chain: ChainLog,
+        model: str,
+        provider: str,
+        entry: Any,
+        first: Delta,
+        rest: AsyncIterator[Delta],
+    ) -> AsyncIterator[bytes]:
+        """After the first byte there is no fallback: a failure ends the stream with an error
+        event (OpenAI's SDK raises it as an APIError), and what was streamed is charged."""
+        ctx, parts = plan.ctx, self.parts
+        created = int(ctx.received_at)
+        restorer = parts.redactor.restorer(redacted)
+        parts_out: list[str] = []
+        usage: Usage | None = None
+        outcome = _Outcome(200, "reserved", "not_declared", provider=provider, model_version=entry.model_version)
+        try:
+            yield sse(chunk_body(ctx.request_id, model, created, role=True, text=""))
+            delta = first
+            while True:
+                if delta.text:
+                    out = restorer.feed(delta.text)
+                    parts_out.append(out)
+                    if out:
+                        yield sse(chunk_body(ctx.request_id, model, created, text=out))
+                if delta.finish_reason is not None:
+                    usage = delta.usage
+                    tail = restorer.flush()
+                    if tail:
+                        parts_out.append(tail)
+                        yield sse(chunk_body(ctx.request_id, model, created, text=tail))
+                    yield sse(chunk_body(ctx.request_id, model, created, finish_reason=delta.finish_reason))
+                    break
+                remaining = ctx.deadline_at - parts.clock()
+                try:
+                    async with asyncio.timeout(max(remaining, 0.0)):
+                        delta = await anext(rest)
+                except StopAsyncIteration:
+                    raise ProviderError(ErrorClass.CONNECTION, f"{provider} ended the stream early") from None
+                except TimeoutError:
+                    raise ProviderError(ErrorClass.TIMEOUT, "the flow's deadline passed mid-stream") from None
+            usage = usage or Usage(estimate.input_tokens, _approx_tokens("".join(parts_out)))
+            if plan.request.stream_options is not None and plan.request.stream_options.include_usage:
+                yield sse(chunk_body(ctx.request_id, model, created, usage=usage))
+            yield sse("[DONE]")
+        except ProviderError as exc:
+            parts.metrics.attempt_failed(provider, exc.error_class.value)
+            parts.circuits.breaker(provider).record(exc.error_class)
+            code = "deadline_exceeded" if exc.error_class is ErrorClass.TIMEOUT else "stream_interrupted"
+            outcome.status, outcome.error_code = (504 if code == "deadline_exceeded" else 502), code
+            err = (
+                DeadlineExceeded(code, exc.message)
+                if code == "deadline_exceeded"
+                else ProviderFailure(code, exc.message)
+            )
+            yield sse(err.body())
+        finally:
+            text = "".join(parts_out)
+            usage = usage or Usage(estimate.input_tokens, _approx_tokens(text))
+            outcome.output_text, outcome.usage = text, usage
+            outcome.cost = cost_usd(entry, usage, parts.clock())
+            await parts.budget.settle(reservation, outcome.cost, usage)
+            parts.metrics.request(ctx.team, ctx.flow.flow, outcome.status, provider)
+            try:
+                await self._audit(plan, redacted, outcome, chain)
+            except AuditUnavailable as exc:
+                # Headers and bytes are gone already; high-risk flows with a schema are
+                # buffered, so only lower tiers can reach this. Logged, not swallowed.
+                log.error("audit record of streamed request %s was not written: %s", ctx.request_id, exc)
+
+    # ------------------------------------------------------------ failures and records
+
+    async def _fail(
+        self, plan: Plan, redacted: Redacted, outcome: _Outcome, err: GatewayError, hdr: dict[str, str], chain: ChainLog
+    ) -> Result:
+        hdr[H_FALLBACK] = chain.header()
+        self.parts.metrics.request(plan.ctx.team, plan.ctx.flow.flow, err.status, None)
+        try:
+            await self._audit(plan, redacted, outcome, chain)
+        except AuditUnavailable as exc:
+            log.error("audit record of failed request %s was not written: %s", plan.ctx.request_id, exc)
+        return _error(err, hdr)
+
+    async def _audit(self, plan: Plan, redacted: Redacted, o: _Outcome, chain: ChainLog) -> None:
+        ctx = plan.ctx
+        exchange = Exchange(
+            ctx=ctx,
+            status_code=o.status,
+            input_messages=plan.messages,
+            output_text=o.output_text,
+            attempts=tuple(chain.attempts),
+            provider=o.provider,
+            model_version=o.model_version,
+            usage=o.usage,
+            cost_usd=o.cost,
+            latency_ms=(self.parts.clock() - ctx.received_at) * 1000,
+            budget_decision=o.budget_decision,
+            redaction=redacted.summary,
+            contract_result=o.contract
+            if ctx.flow.output_schema is not None or o.contract == "not_reached"
+            else "not_declared",
+            error_code=o.error_code,
+        )
+        await self.parts.audit.record(exchange, durable=ctx.flow.risk_tier is RiskTier.HIGH)
+
+    def status(self) -> dict[str, Any]:
+        snapshot = getattr(self.parts.metrics, "snapshot", None)
+        return {"circuits": self.parts.circuits.snapshot(), "counters": snapshot() if callable(snapshot) else {}}
+
+
+def _error(err: GatewayError, hdr: dict[str, str]) -> JSONResult:
+    return JSONResult(err.status, err.body(), {**hdr, **err.headers})
+
+
+def _approx_tokens(text: str) -> int:
+    return max(1, len(text) // 4) if text else 0
+
+
+async def _replay_stream(
+    request_id: str, model: str, text: str, finish: str, usage: Usage, include_usage: bool
+) -> AsyncIterator[bytes]:
+    created = int(time.time())
+    yield sse(chunk_body(request_id, model, created, role=True, text=""))
+    yield sse(chunk_body(request_id, model, created, text=text))
+    yield sse(chunk_body(request_id, model, created, finish_reason=finish))
+    if include_usage:
+        yield sse(chunk_body(request_id, model, created, usage=usage))
+    yield sse("[DONE]")

@@ -1,0 +1,145 @@
+"""Everything decided before any I/O: who calls, which flow, which model chain, which
+prompt version, the rendered messages and the deadline. Pure and fast (the hot path's
+first microseconds), and the same for streaming and non-streaming requests."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Protocol
+
+from switchyard.gateway.auth import KeySnapshot
+from switchyard.gateway.errors import BadRequest, NotAllowed
+from switchyard.gateway.evals import EvalVerdict
+from switchyard.gateway.prompting import CompiledPrompts, VariableSchemas, choose_version, render_messages
+from switchyard.gateway.routing import Route, pick_primary, plan_route
+from switchyard.gateway.seams import RequestContext
+from switchyard.gateway.wire import ChatRequest, parse_chat_request
+from switchyard.policy.layering import resolve_flow
+from switchyard.policy.models import EffectiveFlow, ModelEntry
+from switchyard.policy.policy_set import PolicySet
+
+FLOW_HEADER = "x-switchyard-flow"
+DEADLINE_HEADER = "x-switchyard-deadline-ms"
+IDEMPOTENCY_HEADER = "idempotency-key"
+
+
+class EvalBookLike(Protocol):
+    """What planning needs from the eval records (see `switchyard.gateway.evalbook`)."""
+
+    def judge(
+        self, ps: PolicySet, flow: EffectiveFlow, model: str, entry: ModelEntry, prompt_sha256: str
+    ) -> EvalVerdict: ...
+
+
+@dataclass(frozen=True)
+class Plan:
+    ctx: RequestContext
+    request: ChatRequest
+    policy_set: PolicySet
+    messages: list[dict[str, str]]  # rendered prompt + client messages, before redaction
+    route: Route
+    max_tokens: int
+
+
+class FlowCache:
+    """Resolved flows of the current policy set; dropped whole when the set changes."""
+
+    def __init__(self) -> None:
+        self._policy_set: PolicySet | None = None
+        self._flows: dict[tuple[str, str], EffectiveFlow] = {}
+
+    def get(self, ps: PolicySet, team: str, flow: str) -> EffectiveFlow:
+        if ps is not self._policy_set:  # identity: a reload always makes a new PolicySet
+            self._flows = {}
+            self._policy_set = ps
+        found = self._flows.get((team, flow))
+        if found is None:
+            found = _resolve(ps, team, flow)
+            self._flows[(team, flow)] = found
+        return found
+
+
+def _resolve(ps: PolicySet, team: str, flow: str) -> EffectiveFlow:
+    policy = ps.teams.get(team)
+    if policy is None:
+        raise NotAllowed("team_has_no_flows", f"team {team!r} has no policy file (teams/{team}.yaml)")
+    if flow not in policy.flows:
+        raise NotAllowed(
+            "flow_not_allowed",
+            f"team {team!r} has no flow {flow!r} (flows: {', '.join(sorted(policy.flows)) or 'none'})",
+            param=FLOW_HEADER,
+        )
+    resolved = resolve_flow(ps, team, flow)
+    assert not isinstance(resolved, list), "a loaded policy set has only resolvable flows"
+    return resolved.policy
+
+
+class Planner:
+    def __init__(self, keys: KeySnapshot, evals: EvalBookLike) -> None:
+        self.keys = keys
+        self.evals = evals
+        self.flows = FlowCache()
+        self.prompts = CompiledPrompts()
+        self.schemas = VariableSchemas()
+
+    def plan(self, ps: PolicySet, raw: bytes, headers: Mapping[str, str], request_id: str, now: float) -> Plan:
+        principal = self.keys.authenticate(headers)
+        request = parse_chat_request(raw)
+        team = ps.teams.get(principal.team)
+        flow_name = headers.get(FLOW_HEADER) or (team.default_flow if team is not None else None)
+        if not flow_name:
+            raise BadRequest(
+                "flow_required",
+                f"name the flow in the {FLOW_HEADER} header (team {principal.team!r} has no default flow)",
+                param=FLOW_HEADER,
+            )
+        flow = self.flows.get(ps, principal.team, flow_name)
+        primary = pick_primary(ps, flow, request.model)
+        version = choose_version(ps, flow, request.prompt_version)
+        self.schemas.validate(flow, request.variables)
+        rendered = render_messages(
+            self.prompts, flow, version, request.variables, [m.as_text() for m in request.messages]
+        )
+        prompt_sha = self.prompts.sha256(flow.prompt_id, version)
+
+        def judge(f: EffectiveFlow, model: str, entry: ModelEntry) -> EvalVerdict:
+            return self.evals.judge(ps, f, model, entry, prompt_sha)
+
+        route = plan_route(ps, flow, primary, judge)
+        max_tokens = min(request.requested_max_tokens() or flow.max_tokens, flow.max_tokens)
+        ctx = RequestContext(
+            request_id=request_id,
+            received_at=now,
+            team=principal.team,
+            key_id=principal.key_id,
+            user=request.user,
+            flow=flow,
+            requested_model=request.model,
+            prompt_ref=rendered.ref,
+            idempotency_key=headers.get(IDEMPOTENCY_HEADER),
+            deadline_at=now + deadline_ms(flow, headers) / 1000,
+            stream=request.stream,
+        )
+        return Plan(ctx, request, ps, list(rendered.messages), route, max_tokens)
+
+
+def deadline_ms(flow: EffectiveFlow, headers: Mapping[str, str]) -> int:
+    """The flow's deadline, shortened (never extended) by the client's header."""
+    value = headers.get(DEADLINE_HEADER)
+    if value is None:
+        return flow.deadline_ms
+    try:
+        asked = int(value)
+    except ValueError:
+        raise BadRequest(
+            "invalid_deadline", f"{DEADLINE_HEADER} must be an integer number of milliseconds", param=DEADLINE_HEADER
+        ) from None
+    if asked <= 0:
+        raise BadRequest("invalid_deadline", f"{DEADLINE_HEADER} must be positive", param=DEADLINE_HEADER)
+    return min(asked, flow.deadline_ms)
+
+
+def body_digest(raw: bytes) -> str:
+    return hashlib.sha256(raw).hexdigest()

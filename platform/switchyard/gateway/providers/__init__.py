@@ -1,0 +1,1 @@
+"""Providers behind one interface (`ChatProvider`), each speaking its real wire format."""

@@ -1,0 +1,105 @@
+"""The provider interface: one call in, a completion or a stream of deltas out, typed errors.
+
+Every adapter maps its failures onto `ErrorClass` so fallback rules can name them, and puts
+no request content or credential into an error message.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from switchyard.gateway.seams import Usage
+from switchyard.policy.models import ErrorClass
+
+
+@dataclass(frozen=True)
+class ProviderCall:
+    """What one attempt sends: already rendered and redacted messages, and its time budget."""
+
+    model: str  # catalog name
+    model_version: str  # the id the provider knows
+    messages: list[dict[str, str]]
+    max_tokens: int
+    timeout_s: float
+    request_id: str
+    temperature: float | None = None
+    top_p: float | None = None
+    stop: list[str] = field(default_factory=list)
+    json_output: bool = False  # the flow declares an output schema: ask for JSON where supported
+
+
+@dataclass(frozen=True)
+class Completion:
+    text: str
+    usage: Usage
+    finish_reason: str  # OpenAI's vocabulary: stop, length, content_filter
+    model_version: str
+
+
+@dataclass(frozen=True)
+class Delta:
+    """One piece of a streamed answer; the last one carries the finish reason and usage."""
+
+    text: str = ""
+    finish_reason: str | None = None
+    usage: Usage | None = None
+
+
+class ProviderError(Exception):
+    """An attempt failed. `message` is safe to show: no request content, no credentials."""
+
+    def __init__(
+        self,
+        error_class: ErrorClass,
+        message: str,
+        *,
+        status: int | None = None,
+        retry_after_s: float | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.error_class = error_class
+        self.message = message
+        self.status = status
+        self.retry_after_s = retry_after_s
+
+
+class ChatProvider(Protocol):
+    """One upstream. Implementations pool their connections and are safe to share."""
+
+    name: str
+
+    async def complete(self, call: ProviderCall) -> Completion: ...
+
+    def stream(self, call: ProviderCall) -> AsyncIterator[Delta]: ...
+
+    async def aclose(self) -> None: ...
+
+
+def classify_status(status: int, detail: str) -> ErrorClass:
+    """Map an upstream HTTP status (and its error text) to the error class fallback rules use."""
+    lowered = detail.lower()
+    if status == 429:
+        return ErrorClass.RATE_LIMITED
+    if status in (408, 504):
+        return ErrorClass.TIMEOUT
+    if status >= 500:
+        return ErrorClass.SERVER_ERROR
+    if "context_length" in lowered or "context length" in lowered or "too long" in lowered:
+        return ErrorClass.CONTEXT_LENGTH
+    if "content_filter" in lowered or "content_policy" in lowered or "content filter" in lowered:
+        return ErrorClass.CONTENT_FILTER
+    if status in (401, 403, 404):
+        # Our credentials or our catalog are wrong, not the client's request: a platform fault.
+        return ErrorClass.SERVER_ERROR
+    return ErrorClass.BAD_REQUEST
+
+
+def retry_after_seconds(value: str | None) -> float | None:
+    if value is None:
+        return None
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        return None  # an HTTP-date; providers we speak to send seconds, so fall back to backoff

@@ -1,0 +1,29 @@
+"""Turning transport failures and upstream error bodies into safe `ProviderError`s."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+
+from switchyard.gateway.providers.base import ProviderError
+from switchyard.policy.models import ErrorClass
+
+
+def transport_error(name: str, exc: httpx.HTTPError) -> ProviderError:
+    if isinstance(exc, httpx.TimeoutException):
+        return ProviderError(ErrorClass.TIMEOUT, f"{name} timed out ({type(exc).__name__})")
+    return ProviderError(ErrorClass.CONNECTION, f"{name} connection failed ({type(exc).__name__})")
+
+
+def upstream_detail(text: str) -> str:
+    """The upstream's error type/code only (its message may quote the prompt back)."""
+    try:
+        data = json.loads(text)
+    except ValueError:
+        return ""
+    err = data.get("error") if isinstance(data, dict) else None
+    if not isinstance(err, dict):
+        return ""
+    parts = [str(err[k]) for k in ("type", "code") if isinstance(err.get(k), str)]
+    return "/".join(parts)[:120]

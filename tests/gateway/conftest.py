@@ -1,0 +1,84 @@
+"""Fixtures for the gateway tests: fake upstreams, a policy copy pointed at them, keys, and
+an in-process gateway per test. The Ray Serve fixture lives in `gw_ray.py` (loaded by the
+Serve tests only), so the fast tests never start Ray."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+from gw_fakes import ANTHROPIC_KEY, OPENAI_KEY, FakeUpstreams
+from gw_harness import Harness, build_harness, make_keys, make_policies
+
+ENV = {
+    "OPENAI_API_KEY": OPENAI_KEY,
+    "AZURE_OPENAI_API_KEY": OPENAI_KEY,
+    "ANTHROPIC_API_KEY": ANTHROPIC_KEY,
+    "AWS_ACCESS_KEY_ID": "AKIDEXAMPLE",
+    "AWS_SECRET_ACCESS_KEY": "wJalrXUtnFEMI/K7MDENG+bPxRfiCYEXAMPLEKEY",
+    "AWS_EC2_METADATA_DISABLED": "true",
+}
+
+
+@pytest.fixture(scope="session")
+def gw_env() -> Iterator[None]:
+    saved = {k: os.environ.get(k) for k in ENV}
+    os.environ.update(ENV)
+    yield
+    for k, v in saved.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+
+
+@pytest.fixture(scope="session")
+def upstreams() -> Iterator[FakeUpstreams]:
+    fake = FakeUpstreams()
+    fake.start()
+    yield fake
+    fake.stop()
+
+
+@pytest.fixture(scope="session")
+def gw_dirs(
+    tmp_path_factory: pytest.TempPathFactory, upstreams: FakeUpstreams, gw_env: None
+) -> tuple[Path, Path, dict[str, str]]:
+    root = tmp_path_factory.mktemp("gateway")
+    policies = make_policies(root / "policies", upstreams.base)
+    state = root / "state"
+    state.mkdir()
+    return policies, state, make_keys(state)
+
+
+@pytest.fixture
+async def gw(gw_dirs: tuple[Path, Path, dict[str, str]], upstreams: FakeUpstreams) -> AsyncIterator[Harness]:
+    upstreams.reset()
+    policies, state, keys = gw_dirs
+    harness = build_harness(policies, state, keys)
+    yield harness
+    await harness.aclose()
+
+
+@pytest.fixture(scope="module")
+def serve_gateway(
+    gw_dirs: tuple[Path, Path, dict[str, str]], upstreams: FakeUpstreams, serve_http: str
+) -> Iterator[str]:
+    """The gateway Serve app (2 replicas + the local model) on the session's Ray cluster,
+    removed after the module so later tests can deploy their own app at `/`."""
+    from ray import serve
+
+    from serve_apps.gateway import build_app
+
+    policies, state, _ = gw_dirs
+    serve.run(
+        build_app({"policies_dir": str(policies), "state_dir": str(state), "num_replicas": "2"}),
+        name="gateway",
+        route_prefix="/",
+    )
+    try:
+        yield serve_http
+    finally:
+        serve.delete("gateway")

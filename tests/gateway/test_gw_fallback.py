@@ -1,0 +1,266 @@
+"""Explicit fallback: which error classes move on, compliance filtering, eval-gated
+high-risk flows, and fallbacks that are counted, never hidden."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+
+import openai
+import pytest
+import yaml
+from gw_fakes import FakeUpstreams, Fault
+from gw_harness import Harness
+
+from switchyard.gateway.evals import EvalRecord, EvalVerdict, record_path, write_record
+from switchyard.gateway.routing import plan_route
+from switchyard.policy.models import FallbackCandidate
+
+pytestmark = pytest.mark.asyncio(loop_scope="session")
+
+MSG = [{"role": "user", "content": "hello"}]
+
+
+async def ask(gw: Harness, team: str = "qa", flow: str = "plain", **kw: object) -> openai.types.chat.ChatCompletion:
+    raw = await gw.client(team).chat.completions.with_raw_response.create(
+        model="auto",
+        messages=kw.pop("messages", MSG),
+        extra_headers={"X-Switchyard-Flow": flow},
+        **kw,  # type: ignore[arg-type]
+    )
+    done = raw.parse()
+    done._headers = raw.headers  # type: ignore[attr-defined]
+    return done
+
+
+async def test_5xx_falls_back_and_is_counted(gw: Harness, upstreams: FakeUpstreams) -> None:
+    upstreams.openai.sticky = Fault("status", status=500)
+    upstreams.anthropic.reply = "from claude"
+    done = await ask(gw)
+    h = done._headers  # type: ignore[attr-defined]
+    assert done.choices[0].message.content == "from claude"
+    assert h["x-switchyard-provider"] == "anthropic" and h["x-switchyard-fallback"] == "gpt-4o-mini:server_error"
+    # The outage is visible although the request succeeded: failures and the fallback are counted.
+    assert gw.metrics.fallbacks[("openai", "anthropic", "server_error")] == 1
+    assert gw.metrics.attempt_failures[("openai", "server_error")] == 2  # first try + one retry
+    attempts = gw.audit.exchanges[-1].attempts
+    assert [a.provider for a in attempts] == ["openai", "openai", "anthropic"]
+    status = (await gw.raw().get("/v1/switchyard/status")).json()
+    assert {"from": "openai", "to": "anthropic", "reason": "server_error", "count": 1} in status["counters"][
+        "fallbacks"
+    ]
+
+
+@pytest.mark.parametrize(
+    ("fault", "reason"),
+    [(Fault("latency", delay_s=1.0), "timeout"), (Fault("reset"), "connection"), (Fault("malformed"), "server_error")],
+)
+async def test_default_rule_falls_back_on_provider_faults(
+    gw: Harness, upstreams: FakeUpstreams, fault: Fault, reason: str
+) -> None:
+    upstreams.openai.sticky = fault
+    done = await ask(gw)
+    assert done._headers["x-switchyard-fallback"] == f"gpt-4o-mini:{reason}"  # type: ignore[attr-defined]
+    assert gw.metrics.fallbacks[("openai", "anthropic", reason)] == 1
+
+
+async def test_content_filter_falls_back_only_where_the_rule_says(gw: Harness, upstreams: FakeUpstreams) -> None:
+    upstreams.openai.sticky = Fault("filtered")
+    done = await ask(gw, flow="filtered")
+    assert done._headers["x-switchyard-fallback"] == "gpt-4o-mini:content_filter"  # type: ignore[attr-defined]
+    with pytest.raises(openai.BadRequestError) as err:
+        await ask(gw, flow="plain")  # the default rule does not list content_filter
+    assert isinstance(err.value.body, dict) and err.value.body["code"] == "content_filter"
+
+
+async def test_context_length_falls_back_where_the_rule_says(gw: Harness, upstreams: FakeUpstreams) -> None:
+    upstreams.openai.sticky = Fault("status", status=400, error_type="context_length_exceeded")
+    done = await ask(gw, flow="filtered")
+    assert done._headers["x-switchyard-fallback"] == "gpt-4o-mini:context_length"  # type: ignore[attr-defined]
+
+
+async def test_retry_honours_retry_after_then_succeeds(gw: Harness, upstreams: FakeUpstreams) -> None:
+    upstreams.openai.faults.append(Fault("status", status=429, retry_after="0"))
+    done = await ask(gw)
+    assert done._headers["x-switchyard-provider"] == "openai"  # type: ignore[attr-defined]
+    assert done._headers["x-switchyard-fallback"] == "none"  # type: ignore[attr-defined]
+    assert len(upstreams.openai.received) == 2 and not upstreams.anthropic.received
+
+
+async def test_rule_without_the_error_class_does_not_fall_back(gw: Harness, upstreams: FakeUpstreams) -> None:
+    upstreams.openai.sticky = Fault("status", status=429, retry_after="1")
+    with pytest.raises(openai.InternalServerError) as err:
+        await ask(gw, flow="only-5xx")
+    assert err.value.status_code == 503 and err.value.response.headers["retry-after"] == "1"
+    assert not upstreams.anthropic.received
+
+
+@pytest.mark.parametrize(
+    ("error_type", "code"),
+    [("invalid_request_error", "upstream_rejected_request"), ("context_length_exceeded", "context_length_exceeded")],
+)
+async def test_request_errors_never_fall_back(
+    gw: Harness, upstreams: FakeUpstreams, error_type: str, code: str
+) -> None:
+    upstreams.openai.sticky = Fault("status", status=400, error_type=error_type)
+    with pytest.raises(openai.BadRequestError) as err:
+        await ask(gw)
+    assert isinstance(err.value.body, dict) and err.value.body["code"] == code
+    assert not upstreams.anthropic.received and len(upstreams.openai.received) == 1
+
+
+async def test_compliance_filters_candidates(gw: Harness, upstreams: FakeUpstreams) -> None:
+    """qa/notes is `regulated` (needs hipaa): anthropic lacks it and is skipped; local has it."""
+    upstreams.bedrock.sticky = Fault("status", status=500)
+    done = await ask(gw, flow="notes")
+    h = done._headers  # type: ignore[attr-defined]
+    assert h["x-switchyard-provider"] == "local" and h["x-switchyard-fallback"] == "bedrock-claude-sonnet:server_error"
+    assert not upstreams.anthropic.received
+    assert gw.metrics.skips[("anthropic", "compliance_missing:hipaa")] == 1
+
+
+async def test_stream_has_no_fallback_after_the_first_byte(gw: Harness, upstreams: FakeUpstreams) -> None:
+    upstreams.openai.reply = "y" * 80
+    upstreams.openai.faults.append(Fault("die_midway"))
+    stream = await gw.client("qa").chat.completions.create(model="auto", messages=MSG, stream=True)  # type: ignore[arg-type]
+    got = ""
+    with pytest.raises(openai.APIError):
+        async for chunk in stream:
+            if chunk.choices and chunk.choices[0].delta.content:
+                got += chunk.choices[0].delta.content
+    assert 0 < len(got) < 80 and not upstreams.anthropic.received
+    assert gw.audit.exchanges[-1].status_code == 502 and gw.audit.exchanges[-1].error_code == "stream_interrupted"
+
+
+async def test_stream_falls_back_before_the_first_byte(gw: Harness, upstreams: FakeUpstreams) -> None:
+    upstreams.openai.sticky = Fault("status", status=503)
+    upstreams.anthropic.reply = "claude streams"
+    resp = await gw.client("qa").chat.completions.with_raw_response.create(model="auto", messages=MSG, stream=True)  # type: ignore[arg-type]
+    assert resp.headers["x-switchyard-fallback"] == "gpt-4o-mini:server_error"
+    text = ""
+    async for chunk in resp.parse():
+        if chunk.choices and chunk.choices[0].delta.content:
+            text += chunk.choices[0].delta.content
+    assert text == "claude streams"
+
+
+async def test_a_chain_cannot_loop(gw: Harness) -> None:
+    ps = gw.store.current
+    flow = ps.teams["qa"].flows["plain"]
+    from switchyard.policy.layering import resolve_flow
+
+    resolved = resolve_flow(ps, "qa", "plain")
+    assert not isinstance(resolved, list)
+    looping = resolved.policy.model_copy(
+        update={
+            "fallback": (
+                FallbackCandidate(model="claude-haiku"),
+                FallbackCandidate(model="gpt-4o-mini"),
+                FallbackCandidate(model="claude-haiku"),
+            )
+        }
+    )
+    route = plan_route(ps, looping, "gpt-4o-mini", lambda f, m, e: EvalVerdict(True, "eval_passed"))
+    assert [c.model for c in route.candidates] == ["gpt-4o-mini", "claude-haiku"]
+    assert flow.model == "gpt-4o-mini"
+
+
+# ---------------------------------------------------------------- high-risk, eval-gated
+
+
+@pytest.fixture
+def payments_record(gw: Harness) -> Iterator[Path]:
+    ps = gw.store.current
+    path = record_path(ps.root, "payments", "dispute-review", "bedrock-claude-sonnet")
+    yield path
+    path.unlink(missing_ok=True)
+    gw.store.refresh()
+
+
+def _valid_record(gw: Harness) -> EvalRecord:
+    ps = gw.store.current
+    version = ps.prompts["payment-risk"].get(1)
+    assert version is not None
+    suite = ps.root / "evals" / "suites" / "payment-risk.yaml"
+    import hashlib
+
+    return EvalRecord(
+        team="payments",
+        flow="dispute-review",
+        candidate="bedrock-claude-sonnet",
+        model_version=ps.providers.models["bedrock-claude-sonnet"].model_version,
+        prompt_ref=f"payment-risk@1#{version.content_hash()[:12]}",
+        prompt_sha256=version.content_hash(),
+        suite="payment-risk.yaml",
+        suite_sha256=hashlib.sha256(suite.read_bytes()).hexdigest(),
+        threshold=0.95,
+        score=1.0,
+        cases=2,
+        passed_cases=2,
+        run_at=datetime.now(UTC).isoformat(),
+    )
+
+
+async def _dispute(gw: Harness) -> openai.types.chat.ChatCompletion:
+    return await ask(
+        gw,
+        team="payments",
+        flow="dispute-review",
+        messages=[],
+        extra_body={"variables": {"dispute_id": "D-42", "summary": "card stolen"}},
+    )
+
+
+async def test_high_risk_without_record_does_not_fall_back(
+    gw: Harness, upstreams: FakeUpstreams, payments_record: Path
+) -> None:
+    upstreams.anthropic.sticky = Fault("status", status=500)
+    with pytest.raises(openai.InternalServerError) as err:
+        await _dispute(gw)
+    assert "bedrock-claude-sonnet (no_eval_record)" in err.value.message
+    assert not upstreams.bedrock.received
+    assert gw.metrics.skips[("bedrock", "no_eval_record")] == 1
+
+
+async def test_high_risk_with_valid_record_falls_back(
+    gw: Harness, upstreams: FakeUpstreams, payments_record: Path
+) -> None:
+    write_record(payments_record, _valid_record(gw))
+    assert gw.store.refresh()
+    upstreams.anthropic.sticky = Fault("status", status=500)
+    upstreams.bedrock.reply = '{"escalate": true, "reason": "stolen card"}'
+    done = await _dispute(gw)
+    assert done._headers["x-switchyard-provider"] == "bedrock"  # type: ignore[attr-defined]
+    assert done._headers["x-switchyard-fallback"] == "claude-sonnet:server_error"  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("change", ["model_version", "prompt_sha256", "suite_sha256"])
+async def test_high_risk_with_stale_record_does_not_fall_back(
+    gw: Harness, upstreams: FakeUpstreams, payments_record: Path, change: str
+) -> None:
+    record = _valid_record(gw).model_copy(update={change: "0" * 12})
+    write_record(payments_record, record)
+    assert gw.store.refresh()
+    upstreams.anthropic.sticky = Fault("status", status=500)
+    with pytest.raises(openai.InternalServerError) as err:
+        await _dispute(gw)
+    assert "stale_eval_record" in err.value.message and not upstreams.bedrock.received
+
+
+async def test_record_below_threshold_does_not_count(
+    gw: Harness, upstreams: FakeUpstreams, payments_record: Path
+) -> None:
+    write_record(payments_record, _valid_record(gw).model_copy(update={"score": 0.5}))
+    gw.store.refresh()
+    upstreams.anthropic.sticky = Fault("status", status=500)
+    with pytest.raises(openai.InternalServerError) as err:
+        await _dispute(gw)
+    assert "eval_below_threshold" in err.value.message
+
+
+async def test_shipped_suite_is_valid_yaml() -> None:
+    from switchyard.gateway.evals import load_suite
+
+    suite = load_suite(Path(__file__).resolve().parents[2] / "policies" / "evals" / "suites" / "payment-risk.yaml")
+    assert len(suite.cases) >= 2 and yaml.safe_dump(suite.model_dump())

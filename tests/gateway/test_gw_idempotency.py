@@ -1,0 +1,96 @@
+"""Idempotency-Key: replay without a second upstream call or charge, 409 on a different
+body, one upstream call for concurrent duplicates, and a store shared by two replicas."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import httpx
+import pytest
+from gw_fakes import FakeUpstreams, Fault
+from gw_harness import Harness, build_harness
+
+from switchyard.gateway.idempotency import IdempotencyTable, InMemoryIdempotencyStore
+
+pytestmark = pytest.mark.asyncio(loop_scope="session")
+BODY = {"model": "auto", "messages": [{"role": "user", "content": "charge me once"}]}
+
+
+def headers(gw: Harness, key: str) -> dict[str, str]:
+    return {"authorization": f"Bearer {gw.keys['qa']}", "idempotency-key": key}
+
+
+async def test_sequential_replay_does_not_call_or_charge_again(gw: Harness, upstreams: FakeUpstreams) -> None:
+    http = gw.raw()
+    first = await http.post("/v1/chat/completions", json=BODY, headers=headers(gw, "k-seq"))
+    second = await http.post("/v1/chat/completions", json=BODY, headers=headers(gw, "k-seq"))
+    assert first.status_code == second.status_code == 200
+    assert first.json() == second.json()
+    assert second.headers["x-switchyard-idempotent-replay"] == "true"
+    assert second.headers["x-switchyard-original-request-id"] == first.headers["x-switchyard-request-id"]
+    assert len(upstreams.openai.received) == 1 and len(gw.budget.settled) == 1
+
+
+async def test_same_key_different_body_is_409(gw: Harness) -> None:
+    http = gw.raw()
+    assert (await http.post("/v1/chat/completions", json=BODY, headers=headers(gw, "k-409"))).status_code == 200
+    other = {**BODY, "messages": [{"role": "user", "content": "something else"}]}
+    resp = await http.post("/v1/chat/completions", json=other, headers=headers(gw, "k-409"))
+    assert resp.status_code == 409 and resp.json()["error"]["code"] == "idempotency_key_reused"
+
+
+async def test_concurrent_duplicates_make_one_upstream_call(gw: Harness, upstreams: FakeUpstreams) -> None:
+    upstreams.openai.faults.append(Fault("latency", delay_s=0.3))
+    http = gw.raw()
+    responses = await asyncio.gather(
+        *(http.post("/v1/chat/completions", json=BODY, headers=headers(gw, "k-conc")) for _ in range(5))
+    )
+    assert {r.status_code for r in responses} == {200}
+    assert len({r.json()["id"] for r in responses}) == 1
+    assert len(upstreams.openai.received) == 1
+
+
+async def test_failure_is_not_stored_so_a_retry_calls_again(gw: Harness, upstreams: FakeUpstreams) -> None:
+    upstreams.openai.sticky = Fault("status", status=500)
+    upstreams.anthropic.sticky = Fault("status", status=500)
+    http = gw.raw()
+    assert (await http.post("/v1/chat/completions", json=BODY, headers=headers(gw, "k-fail"))).status_code == 502
+    upstreams.openai.sticky = upstreams.anthropic.sticky = None
+    assert (await http.post("/v1/chat/completions", json=BODY, headers=headers(gw, "k-fail"))).status_code == 200
+
+
+async def test_two_replicas_share_one_store(
+    gw_dirs: tuple[Path, Path, dict[str, str]], upstreams: FakeUpstreams
+) -> None:
+    upstreams.reset()
+    policies, state, keys = gw_dirs
+    shared = InMemoryIdempotencyStore(IdempotencyTable())
+    a = build_harness(policies, state, keys, idempotency=shared)
+    b = build_harness(policies, state, keys, idempotency=shared)
+    try:
+        hdr = {"authorization": f"Bearer {keys['qa']}", "idempotency-key": "k-replicas"}
+        r1 = await a.raw().post("/v1/chat/completions", json=BODY, headers=hdr)
+        r2 = await b.raw().post("/v1/chat/completions", json=BODY, headers=hdr)
+        assert r1.json() == r2.json() and r2.headers["x-switchyard-idempotent-replay"] == "true"
+        assert len(upstreams.openai.received) == 1
+        assert not b.budget.settled  # replica b charged nothing
+    finally:
+        await a.aclose()
+        await b.aclose()
+
+
+async def test_table_ttl_and_crashed_owner() -> None:
+    now = [0.0]
+    table = IdempotencyTable(ttl_s=10, claim_timeout_s=5, clock=lambda: now[0])
+    assert table.claim("t", "k", "h").outcome == "owner"
+    assert table.claim("t", "k", "h").outcome == "wait"
+    now[0] = 6  # the owner crashed without completing: its claim lapses
+    assert table.claim("t", "k", "h").outcome == "owner"
+    assert table.claim("u", "k", "h").outcome == "owner"  # keys are scoped per team
+
+
+async def test_streaming_with_a_key_is_refused(gw: Harness) -> None:
+    resp = await gw.raw().post("/v1/chat/completions", json={**BODY, "stream": True}, headers=headers(gw, "k-stream"))
+    assert resp.status_code == 400
+    _ = httpx  # the raw client is httpx
