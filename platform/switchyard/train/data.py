@@ -1,0 +1,175 @@
+"""Training tokens and the order they are read in.
+
+Tokens come from a generated corpus (no download), a local directory of uint16 shards, or
+an `s3://` prefix of shards (downloaded once into a cache). `TokenBatches` hands each rank
+its slice of every global batch and is `Stateful`, so a resumed run reads exactly the
+batches an uninterrupted one would.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from switchyard.models import ByteTokenizer
+from switchyard.train.storage import download_prefix, is_s3_uri
+
+_WORDS = [
+    "the",
+    "a",
+    "one",
+    "every",
+    "some",
+    "model",
+    "data",
+    "token",
+    "rank",
+    "shard",
+    "gradient",
+    "step",
+    "loss",
+    "cluster",
+    "node",
+    "job",
+    "team",
+    "queue",
+    "budget",
+    "train",
+    "serve",
+    "gather",
+    "reduce",
+    "scatter",
+    "check",
+    "point",
+    "memory",
+    "stream",
+    "copy",
+    "fast",
+    "slow",
+    "large",
+    "small",
+    "first",
+    "last",
+    "runs",
+    "holds",
+    "sends",
+    "keeps",
+    "waits",
+    "saves",
+    "loads",
+    "splits",
+]
+
+
+def synthetic_corpus(n_bytes: int, seed: int = 0) -> str:
+    """Deterministic pseudo-English with learnable structure (word choice depends on the
+    previous word), so the loss of a tiny model falls within a few steps."""
+    rng = random.Random(seed)
+    successors = {w: rng.sample(_WORDS, 4) for w in _WORDS}
+    word, parts, size = rng.choice(_WORDS), [], 0
+    while size < n_bytes:
+        sentence = [word]
+        for _ in range(rng.randint(4, 10)):
+            word = rng.choice(successors[word])
+            sentence.append(word)
+        text = " ".join(sentence).capitalize() + ". "
+        parts.append(text)
+        size += len(text)
+        word = rng.choice(_WORDS)
+    return "".join(parts)[:n_bytes]
+
+
+def write_token_shards(tokens: Tensor, out_dir: Path, shard_tokens: int) -> list[Path]:
+    """Write tokens as little-endian uint16 `shard-NNNNN.bin` files (the pre-tokenized format)."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for i, start in enumerate(range(0, tokens.numel(), shard_tokens)):
+        chunk = tokens[start : start + shard_tokens].to(torch.int32).to(torch.int16)
+        path = out_dir / f"shard-{i:05d}.bin"
+        path.write_bytes(bytes(chunk.untyped_storage()))
+        paths.append(path)
+    return paths
+
+
+def read_token_shards(paths: list[Path]) -> Tensor:
+    if not paths:
+        raise ValueError("no token shards (*.bin) found")
+    parts = []
+    for path in sorted(paths):
+        raw = bytearray(path.read_bytes())
+        if len(raw) % 2:
+            raise ValueError(f"{path}: size {len(raw)} is not a whole number of uint16 tokens")
+        # int16 view then mask: torch has no general uint16 arithmetic on CPU.
+        parts.append(torch.frombuffer(raw, dtype=torch.int16).to(torch.int64) & 0xFFFF)
+    return torch.cat(parts)
+
+
+def load_tokens(source: str, *, synthetic_bytes: int, seed: int, cache_dir: Path) -> Tensor:
+    """All training tokens as one int64 tensor."""
+    if source == "synthetic":
+        text = synthetic_corpus(synthetic_bytes, seed)
+        return torch.tensor(ByteTokenizer().encode(text), dtype=torch.int64)
+    if is_s3_uri(source):
+        local = download_prefix(source, cache_dir / "data")
+        return read_token_shards(sorted(local.rglob("*.bin")))
+    path = Path(source)
+    if path.is_file():
+        return read_token_shards([path])
+    if path.is_dir():
+        return read_token_shards(sorted(path.rglob("*.bin")))
+    raise ValueError(f"data.source {source!r}: not 'synthetic', an s3:// URI or an existing path")
+
+
+@dataclass
+class TokenBatches:
+    """Windows of `seq_len + 1` tokens, shuffled per epoch, split over ranks and micro-steps.
+
+    Every rank computes the same permutation from (seed, epoch) and takes its own slice, so
+    no rank needs to talk to another to agree on the data.
+    """
+
+    tokens: Tensor
+    seq_len: int
+    micro_batch_size: int
+    rank: int
+    world_size: int
+    seed: int
+    epoch: int = 0
+    cursor: int = 0  # windows of the global order already consumed
+
+    def __post_init__(self) -> None:
+        self.n_windows = (self.tokens.numel() - 1) // self.seq_len
+        per_step = self.micro_batch_size * self.world_size
+        if self.n_windows < per_step:
+            raise ValueError(
+                f"corpus of {self.tokens.numel()} tokens has {self.n_windows} windows of "
+                f"{self.seq_len}; one batch over {self.world_size} ranks needs {per_step}"
+            )
+
+    def _order(self) -> Tensor:
+        g = torch.Generator().manual_seed(self.seed * 1_000_003 + self.epoch)
+        return torch.randperm(self.n_windows, generator=g)
+
+    def next_batch(self) -> tuple[Tensor, Tensor]:
+        """This rank's (inputs, targets) for the next micro-batch, each (micro_batch, seq_len)."""
+        per_step = self.micro_batch_size * self.world_size
+        if self.cursor + per_step > self.n_windows:
+            self.epoch, self.cursor = self.epoch + 1, 0
+        order = self._order()
+        start = self.cursor + self.rank * self.micro_batch_size
+        ids = order[start : start + self.micro_batch_size]
+        self.cursor += per_step
+        offsets = ids * self.seq_len
+        rows = torch.stack([self.tokens[o : o + self.seq_len + 1] for o in offsets.tolist()])
+        return rows[:, :-1].contiguous(), rows[:, 1:].contiguous()
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"epoch": self.epoch, "cursor": self.cursor}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.epoch, self.cursor = int(state["epoch"]), int(state["cursor"])

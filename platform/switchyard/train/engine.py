@@ -1,0 +1,37 @@
+"""What the training loop needs from a strategy: one optimizer step over micro-batches,
+checkpoint save/load, and a count of the bytes each rank holds.
+
+`TorchEngine` (DDP, FSDP2) and `DeepSpeedEngine` (ZeRO 1/2/3) implement it; the loop never
+branches on the strategy.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Protocol
+
+from torch import Tensor, nn
+
+from switchyard.train.memory import RankMemory
+
+Batch = tuple[Tensor, Tensor]
+
+
+class TrainEngine(Protocol):
+    model: nn.Module
+    checkpoint_format: str
+
+    def train_step(self, micro_batches: list[Batch], lr: float) -> Tensor:
+        """Forward and backward every micro-batch, then one optimizer step at `lr`.
+        Returns this rank's mean micro-batch loss (detached)."""
+        ...
+
+    def save(self, directory: Path) -> None:
+        """Write this rank's part of model and optimizer state into `directory`."""
+        ...
+
+    def load(self, directory: Path) -> None:
+        """Restore model and optimizer state from a merged checkpoint directory."""
+        ...
+
+    def memory(self) -> RankMemory: ...

@@ -1,0 +1,65 @@
+"""Per-rank bytes of parameters, gradients and optimizer state, as each strategy holds them.
+
+Peak RSS cannot show sharding on CPU (it is dominated by the runtime), so the tests and the
+benchmark count the tensors each rank actually owns: for a DTensor, its local shard.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+from torch.distributed.tensor import DTensor
+
+
+@dataclass(frozen=True)
+class RankMemory:
+    params: int
+    grads: int
+    optimizer_state: int
+
+    def as_dict(self) -> dict[str, int]:
+        return {"params": self.params, "grads": self.grads, "optimizer_state": self.optimizer_state}
+
+
+def local_bytes(t: Tensor) -> int:
+    local = t.to_local() if isinstance(t, DTensor) else t
+    return int(local.numel() * local.element_size())
+
+
+def param_bytes(params: Iterable[nn.Parameter]) -> int:
+    """Bytes of parameter storage this rank holds (each shared tensor counted once).
+
+    DeepSpeed ZeRO-3 keeps the partition in `ds_tensor` and empties `data` between uses.
+    """
+    seen: set[int] = set()
+    total = 0
+    for p in params:
+        if id(p) in seen:
+            continue
+        seen.add(id(p))
+        ds_tensor = getattr(p, "ds_tensor", None)
+        total += local_bytes(ds_tensor) if ds_tensor is not None else local_bytes(p)
+    return total
+
+
+def grad_bytes(params: Iterable[nn.Parameter]) -> int:
+    seen: set[int] = set()
+    total = 0
+    for p in params:
+        if id(p) in seen or p.grad is None:
+            continue
+        seen.add(id(p))
+        total += local_bytes(p.grad)
+    return total
+
+
+def optimizer_state_bytes(optimizer: torch.optim.Optimizer) -> int:
+    return sum(
+        local_bytes(v)
+        for state in optimizer.state.values()
+        for v in state.values()
+        if isinstance(v, Tensor) and v.dim() > 0  # the scalar step counter is not state size
+    )

@@ -1,0 +1,152 @@
+"""The Ray Train adapter: the same `Trainer` loop inside `TorchTrainer` workers.
+
+Checkpoints are reported with `ray.train.report(..., checkpoint=...)`: each worker reports
+its own staging directory and Ray merges them into `<storage>/<job name>/step-N/`, the same
+layout `CheckpointStore` reads, so resume (re-running `fit()` with the same name and
+storage) and corrupt-checkpoint skipping work as in local runs.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import signal
+import tempfile
+import threading
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+import ray.train
+from ray.train import Checkpoint, CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
+from ray.train.torch import TorchConfig, TorchTrainer, get_device
+
+from switchyard.state import state_dir
+from switchyard.train.checkpoint import MANIFEST, CheckpointStore, FileTable
+from switchyard.train.loop import RunContext, Trainer, TrainResult
+from switchyard.train.ray_preemption import GcsPreemptionChannel
+from switchyard.train.spec import JobSpec
+
+log = logging.getLogger(__name__)
+
+
+class RayReportPublisher:
+    """Publishes a checkpoint by reporting every rank's directory to Ray Train."""
+
+    def __init__(self, run_uri: str, rank: int) -> None:
+        self.run_uri = run_uri.rstrip("/")
+        self.rank = rank
+
+    def __call__(
+        self,
+        name: str,
+        rank_dir: Path,
+        own: FileTable,
+        manifest: dict[str, Any] | None,
+        metrics: dict[str, Any],
+    ) -> str:
+        if manifest is not None:
+            # Written into rank 0's part before the report: Ray merges all parts at once, so
+            # the manifest is never visible without the files it lists.
+            (rank_dir / MANIFEST).write_text(json.dumps(manifest, indent=1, sort_keys=True))
+        uri = f"{self.run_uri}/{name}"
+        ray.train.report(
+            {**metrics, "checkpoint": uri},
+            checkpoint=Checkpoint.from_directory(str(rank_dir)),
+            checkpoint_dir_name=name,
+        )
+        return uri
+
+
+def train_fn(config: dict[str, Any]) -> None:
+    """The per-worker function `TorchTrainer` runs."""
+    spec = JobSpec.model_validate(config["spec"])
+    context = ray.train.get_context()
+    rank, world_size = context.get_world_rank(), context.get_world_size()
+    work_dir = Path(tempfile.mkdtemp(prefix=f"switchyard-{spec.name}-r{rank}-"))
+    run_uri = config["run_uri"]
+    ctx = RunContext(
+        rank=rank,
+        world_size=world_size,
+        device=get_device(),
+        job_id=config["job_id"],
+        store=CheckpointStore(run_uri, work_dir / "checkpoints"),
+        work_dir=work_dir,
+        channel=GcsPreemptionChannel(),
+        publisher=RayReportPublisher(run_uri, rank),
+        report_metrics=ray.train.report,
+        min_poll_interval_s=float(config.get("min_poll_interval_s", 1.0)),
+        prune=False,  # CheckpointConfig(num_to_keep) prunes under Ray
+        stop_after_steps=config.get("stop_after_steps"),
+    )
+    result = Trainer(spec, ctx).run()
+    log.info("rank %d finished: %s", rank, result.to_json())
+
+
+class _DriverSigterm:
+    """`ray job stop` sends SIGTERM to the driver: turn it into a preemption notice so the
+    workers checkpoint before they go, instead of dying mid-step."""
+
+    def __init__(self, job_id: str) -> None:
+        self.job_id = job_id
+        self.previous: Any = None
+
+    def __enter__(self) -> _DriverSigterm:
+        if threading.current_thread() is threading.main_thread():
+            self.previous = signal.signal(signal.SIGTERM, self._handle)
+        else:
+            log.info("driver SIGTERM not hooked: fit() is not on the main thread")
+        return self
+
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        log.warning("driver got SIGTERM: asking job %s to checkpoint and stop", self.job_id)
+        GcsPreemptionChannel().send_notice(self.job_id, "SIGTERM on driver")
+
+    def __exit__(self, *exc: object) -> None:
+        if self.previous is not None:
+            signal.signal(signal.SIGTERM, self.previous)
+
+
+def run_on_ray(
+    spec: JobSpec,
+    *,
+    storage_path: str | None = None,
+    job_id: str | None = None,
+    min_poll_interval_s: float = 1.0,
+    stop_after_steps: int | None = None,
+) -> TrainResult:
+    """Run `spec` with `TorchTrainer` on the connected Ray cluster; blocks until it ends."""
+    storage = storage_path or spec.checkpoint.uri or str(state_dir() / "train" / "checkpoints")
+    storage = storage.rstrip("/")
+    job_id = job_id or spec.name
+    trainer = TorchTrainer(
+        train_fn,
+        train_loop_config={
+            "spec": spec.model_dump(mode="json"),
+            "job_id": job_id,
+            "run_uri": f"{storage}/{spec.name}",
+            "min_poll_interval_s": min_poll_interval_s,
+            "stop_after_steps": stop_after_steps,
+        },
+        # gloo must be named when there are no GPUs: Ray may hand out logical GPUs.
+        torch_config=TorchConfig(backend="nccl" if spec.use_gpu else "gloo"),
+        scaling_config=ScalingConfig(num_workers=spec.num_workers, use_gpu=spec.use_gpu),
+        run_config=RunConfig(
+            name=spec.name,
+            storage_path=storage,
+            checkpoint_config=CheckpointConfig(num_to_keep=spec.checkpoint.keep),
+            failure_config=FailureConfig(max_failures=0),
+        ),
+    )
+    with _DriverSigterm(job_id):
+        result = trainer.fit()
+    metrics = dict(result.metrics or {})
+    fields = ("job", "status", "step", "loss", "checkpoint", "resumable", "resumed_from", "reason")
+    missing = [f for f in fields if f not in metrics]
+    if missing:
+        # The outcome rides on the last checkpoint's metrics (Ray returns those).
+        raise RuntimeError(
+            f"job {spec.name} ended without a final checkpoint report (missing {missing}); "
+            "Ray jobs need checkpoint.save_final: true"
+        )
+    return TrainResult(**{f: metrics[f] for f in fields})

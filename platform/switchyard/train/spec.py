@@ -1,0 +1,165 @@
+"""The job spec researchers write: pydantic models loaded from YAML.
+
+A bad file fails with the file, the field and the reason (`JobSpecError`). The spec is
+plain data; the trainer (`switchyard.train.loop`) and the Ray adapter read it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from switchyard.models import GPTConfig
+from switchyard.train.strategy import CheckpointMode, Offload, Strategy, WrapGranularity
+
+
+class JobSpecError(ValueError):
+    """A job spec that cannot be run; the message names the file and the field."""
+
+
+class _Spec(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ModelSpec(_Spec):
+    preset: str = "tiny"
+    """A `GPTConfig.preset` name: tiny, small, medium, large, xl, 1b, 3b."""
+    overrides: dict[str, Any] = Field(default_factory=dict)
+    """Single `GPTConfig` fields replacing the preset's (e.g. `{max_seq_len: 64}`)."""
+
+    def gpt_config(self) -> GPTConfig:
+        return GPTConfig.preset(self.preset, **self.overrides)
+
+    @model_validator(mode="after")
+    def _known_preset(self) -> ModelSpec:
+        self.gpt_config()  # raises ValueError naming the preset or field
+        return self
+
+
+class DataSpec(_Spec):
+    source: str = "synthetic"
+    """`synthetic` (a generated corpus, no download), a local directory or file of uint16
+    token shards (`*.bin`), or an `s3://bucket/prefix` of such shards."""
+    synthetic_bytes: int = Field(default=200_000, ge=1024)
+    """Size of the generated corpus when `source` is `synthetic`."""
+    seq_len: int = Field(default=64, ge=2)
+    micro_batch_size: int = Field(default=4, ge=1)
+    """Sequences per rank per forward pass."""
+    grad_accum_steps: int = Field(default=1, ge=1)
+    """Micro-batches accumulated before each optimizer step."""
+
+
+class ParallelSpec(_Spec):
+    strategy: Strategy = Strategy.DDP
+    offload: Offload = Offload.NONE
+    wrap: WrapGranularity = WrapGranularity.BLOCK
+    """FSDP unit: one per transformer block, one per linear layer, or only the root."""
+    activation_checkpointing: CheckpointMode = CheckpointMode.NONE
+    checkpoint_every_k: int = Field(default=2, ge=1)
+    """For `every-k`: blocks 0, k, 2k, ... are recomputed in backward."""
+    replicate_degree: int | None = Field(default=None, ge=1)
+    """For `fsdp-hybrid`: number of replica groups (default: 2). Shards span world/replicas."""
+    precision: Literal["auto", "fp32", "bf16"] = "auto"
+    """`auto` is bf16 on GPU and fp32 on CPU."""
+    nvme_path: str | None = None
+    """Local NVMe directory for `offload: nvme` (DeepSpeed ZeRO-Infinity)."""
+
+    @model_validator(mode="after")
+    def _offload_supported(self) -> ParallelSpec:
+        if self.offload is Offload.NVME and self.strategy is not Strategy.ZERO3:
+            raise ValueError(f"offload 'nvme' needs strategy 'zero3', not {self.strategy.value!r}")
+        if self.offload is Offload.NVME and not self.nvme_path:
+            raise ValueError("offload 'nvme' needs parallel.nvme_path")
+        if self.offload is not Offload.NONE and self.strategy is Strategy.DDP:
+            raise ValueError("strategy 'ddp' cannot offload; use fsdp-* (cpu) or zero* (cpu/nvme)")
+        return self
+
+
+class OptimSpec(_Spec):
+    lr: float = Field(default=3e-3, gt=0)
+    weight_decay: float = Field(default=0.0, ge=0)
+    betas: tuple[float, float] = (0.9, 0.95)
+    warmup_steps: int = Field(default=0, ge=0)
+    grad_clip: float = Field(default=1.0, ge=0)
+    """Max global gradient norm; 0 disables clipping."""
+
+
+class CheckpointSpec(_Spec):
+    uri: str | None = None
+    """Checkpoint root: a local directory or `s3://bucket/prefix`; folders go under
+    `<uri>/<job name>/step-N/`. Default: the state dir's `train/checkpoints`."""
+    every_steps: int = Field(default=0, ge=0)
+    """Save every N optimizer steps (0: only at the end and on preemption)."""
+    save_final: bool = True
+    keep: int = Field(default=3, ge=1)
+    """Valid checkpoints to keep; older ones are deleted after a newer one is complete."""
+    resume: bool = True
+    """Resume from the latest valid checkpoint under `uri` if there is one."""
+
+
+class JobSpec(_Spec):
+    name: str = Field(pattern=r"^[a-z0-9][a-z0-9-]{0,62}$")
+    """Job name: lowercase letters, digits and dashes; names the checkpoint folder."""
+    steps: int = Field(ge=1)
+    """Optimizer steps to train."""
+    seed: int = 0
+    num_workers: int = Field(default=2, ge=1)
+    use_gpu: bool = False
+    log_every: int = Field(default=1, ge=1)
+    init_from: str | None = None
+    """A checkpoint directory (local or s3://) whose model weights start this job: a
+    fine-tune from a base model. Distinct from resuming this job's own checkpoints, which
+    wins when both exist."""
+    model: ModelSpec = Field(default_factory=ModelSpec)
+    data: DataSpec = Field(default_factory=DataSpec)
+    parallel: ParallelSpec = Field(default_factory=ParallelSpec)
+    optim: OptimSpec = Field(default_factory=OptimSpec)
+    checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> JobSpec:
+        max_len = self.model.gpt_config().max_seq_len
+        if self.data.seq_len > max_len:
+            raise ValueError(f"data.seq_len {self.data.seq_len} exceeds model max_seq_len {max_len}")
+        if self.parallel.strategy is Strategy.FSDP_HYBRID:
+            replicas = self.parallel.replicate_degree or 2
+            if self.num_workers % replicas or self.num_workers == replicas:
+                raise ValueError(
+                    f"fsdp-hybrid needs num_workers ({self.num_workers}) to be a multiple of "
+                    f"replicate_degree ({replicas}) with shard groups larger than one"
+                )
+        return self
+
+    def with_changes(self, **changes: Any) -> JobSpec:
+        """A copy with top-level or dotted fields replaced (`{"parallel.strategy": "zero2"}`)."""
+        data = self.model_dump(mode="json")
+        for key, value in changes.items():
+            target = data
+            *parents, leaf = key.split(".")
+            for part in parents:
+                target = target[part]
+            target[leaf] = value
+        return JobSpec.model_validate(data)
+
+
+def load_job_spec(path: str | Path) -> JobSpec:
+    """Read and validate a YAML job spec; errors name the file and the field."""
+    path = Path(path)
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except OSError as exc:
+        raise JobSpecError(f"{path}: cannot read job spec: {exc.strerror}") from exc
+    except yaml.YAMLError as exc:
+        raise JobSpecError(f"{path}: not valid YAML: {exc}") from exc
+    if not isinstance(raw, dict):
+        raise JobSpecError(f"{path}: a job spec must be a mapping, got {type(raw).__name__}")
+    try:
+        return JobSpec.model_validate(raw)
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in err['loc']) or '<root>'}: {err['msg']}" for err in exc.errors()
+        )
+        raise JobSpecError(f"{path}: {problems}") from exc

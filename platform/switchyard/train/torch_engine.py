@@ -1,0 +1,115 @@
+"""DDP and FSDP2 training with a torch AdamW, checkpointed with torch.distributed.checkpoint."""
+
+from __future__ import annotations
+
+import contextlib
+from pathlib import Path
+
+import torch
+import torch.distributed.checkpoint as dcp
+from torch import Tensor, nn
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.nn.parallel import DistributedDataParallel
+
+from switchyard.models import GPT, next_token_loss
+from switchyard.train.engine import Batch
+from switchyard.train.memory import RankMemory, grad_bytes, optimizer_state_bytes, param_bytes
+from switchyard.train.parallelize import apply_ddp, apply_fsdp
+from switchyard.train.spec import JobSpec
+from switchyard.train.strategy import Strategy
+
+
+class TorchEngine:
+    checkpoint_format = "dcp"
+
+    def __init__(self, model: GPT, spec: JobSpec, *, device: torch.device, world_size: int, bf16: bool) -> None:
+        par = spec.parallel
+        self.strategy = par.strategy
+        self.device = device
+        self.bf16 = bf16
+        self.grad_clip = spec.optim.grad_clip
+        if par.strategy is Strategy.DDP:
+            self.model: nn.Module = apply_ddp(model, device)
+        else:
+            model.to(device)
+            self.model = apply_fsdp(
+                model,
+                par.strategy,
+                world_size=world_size,
+                device_type=device.type,
+                wrap=par.wrap,
+                param_dtype=torch.bfloat16 if bf16 else None,
+                offload=par.offload,
+                replicate_degree=par.replicate_degree,
+            )
+        self.optimizer = torch.optim.AdamW(
+            self.model.parameters(),
+            lr=spec.optim.lr,
+            betas=spec.optim.betas,
+            weight_decay=spec.optim.weight_decay,
+            foreach=False,  # same kernel for plain tensors and DTensors: identical numerics
+        )
+        self.probes: dict[str, RankMemory] = {}
+        """Bytes held at points inside the first step, filled when `probe_memory` is set:
+        SHARD_GRAD_OP only differs from FULL_SHARD between forward and backward."""
+        self.probe_memory = False
+
+    def _grad_sync(self, enabled: bool) -> contextlib.AbstractContextManager[None]:
+        """Skip the gradient all-reduce / reduce-scatter on all but the last micro-batch."""
+        if isinstance(self.model, DistributedDataParallel) and not enabled:
+            no_sync: contextlib.AbstractContextManager[None] = self.model.no_sync()
+            return no_sync
+        if not isinstance(self.model, DistributedDataParallel):
+            self.model.set_requires_gradient_sync(enabled)  # type: ignore[operator]
+        return contextlib.nullcontext()
+
+    def _autocast(self) -> contextlib.AbstractContextManager[None]:
+        # FSDP casts parameters itself (mp_policy); DDP needs autocast for bf16 compute.
+        if self.bf16 and isinstance(self.model, DistributedDataParallel):
+            autocast: contextlib.AbstractContextManager[None] = torch.autocast(self.device.type, dtype=torch.bfloat16)
+            return autocast
+        return contextlib.nullcontext()
+
+    def train_step(self, micro_batches: list[Batch], lr: float) -> Tensor:
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        total = torch.zeros((), device=self.device)
+        for i, (x, y) in enumerate(micro_batches):
+            with self._grad_sync(i == len(micro_batches) - 1), self._autocast():
+                loss = next_token_loss(self.model(x), y)
+                if self.probe_memory:
+                    self.probes.setdefault("after_forward", self.memory())
+                (loss / len(micro_batches)).backward()
+            total += loss.detach()
+        if self.grad_clip > 0:
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip)
+        if self.probe_memory:
+            self.probes.setdefault("after_backward", self.memory())
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return total / len(micro_batches)
+
+    def _state(self) -> dict[str, object]:
+        model_state, optim_state = get_state_dict(self.model, self.optimizer)
+        return {"model": model_state, "optim": optim_state}
+
+    def save(self, directory: Path) -> None:
+        dcp.save(self._state(), checkpoint_id=directory)
+
+    def load(self, directory: Path) -> None:
+        state = self._state()
+        dcp.load(state, checkpoint_id=directory)
+        set_state_dict(
+            self.model,
+            self.optimizer,
+            model_state_dict=state["model"],  # type: ignore[arg-type]
+            optim_state_dict=state["optim"],  # type: ignore[arg-type]
+        )
+
+    def memory(self) -> RankMemory:
+        params = list(self.model.parameters())
+        return RankMemory(
+            params=param_bytes(params),
+            grads=grad_bytes(params),
+            optimizer_state=optimizer_state_bytes(self.optimizer),
+        )

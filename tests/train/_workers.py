@@ -1,0 +1,116 @@
+"""Functions run inside spawned torch.distributed groups by the train tests.
+
+They live in their own module because spawned children import them by name; spawning
+costs seconds, so each function runs several jobs in one process group.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from switchyard.train.checkpoint import CheckpointStore
+from switchyard.train.engine import TrainEngine
+from switchyard.train.loop import RunContext, Trainer
+from switchyard.train.preemption import FilePreemptionChannel
+from switchyard.train.spec import JobSpec
+
+
+def tiny_spec(name: str = "t", **changes: Any) -> JobSpec:
+    """A job that trains in well under a second per step on 2 CPU ranks."""
+    base = JobSpec.model_validate(
+        {
+            "name": name,
+            "steps": 4,
+            "num_workers": 2,
+            "model": {"preset": "tiny", "overrides": {"max_seq_len": 32}},
+            "data": {"seq_len": 32, "micro_batch_size": 2, "synthetic_bytes": 20_000},
+            "optim": {"lr": 3e-3},
+            "checkpoint": {"resume": False},
+        }
+    )
+    return base.with_changes(**changes) if changes else base
+
+
+def job(spec: JobSpec, *, store: str | None = None, stop_after: int | None = None) -> dict[str, Any]:
+    """One job for `run_jobs`: the spec, its checkpoint store (default: a fresh temp dir)
+    and an optional `stop_after_steps`."""
+    return {"spec": spec.model_dump_json(), "store": store, "stop_after": stop_after}
+
+
+def read_json(path: str | Path) -> Any:
+    return json.loads(Path(path).read_text())
+
+
+def _probe_memory(engine: TrainEngine) -> None:
+    if hasattr(engine, "probe_memory"):
+        engine.probe_memory = True
+
+
+def run_jobs(rank: int, world_size: int, jobs: list[dict[str, Any]], out_path: str) -> None:
+    """Train each job in turn in this process group; rank 0 writes, per job, the result,
+    the loss curve and every rank's bytes (after the first forward, backward and step)."""
+    results: list[dict[str, Any]] = []
+    for entry in jobs:
+        spec = JobSpec.model_validate_json(entry["spec"])
+        work = Path(tempfile.mkdtemp(prefix=f"sy-test-{spec.name}-"))
+        memory: dict[str, Any] = {}
+
+        def on_step(step: int, engine: TrainEngine, memory: dict[str, Any] = memory) -> None:
+            if step == 1:
+                memory["after_step"] = engine.memory().as_dict()
+                for name, probe in getattr(engine, "probes", {}).items():
+                    memory[name] = probe.as_dict()
+
+        ctx = RunContext(
+            rank=rank,
+            world_size=world_size,
+            device=torch.device("cpu"),
+            job_id=spec.name,
+            store=CheckpointStore(entry["store"] or str(work / "ckpt"), work / "cache"),
+            work_dir=work,
+            handle_sigterm=False,
+            on_step=on_step,
+            on_engine=_probe_memory,
+            stop_after_steps=entry["stop_after"],
+        )
+        result = Trainer(spec, ctx).run()
+        gathered: list[Any] = [None] * world_size
+        torch.distributed.all_gather_object(gathered, memory)
+        results.append({**json.loads(result.to_json()), "losses": result.losses, "memory": gathered})
+    if rank == 0:
+        Path(out_path).write_text(json.dumps(results))
+
+
+def preempt_mid_run(rank: int, world_size: int, out_dir: str) -> None:
+    """Two 8-step jobs: after step 3, rank 0 posts a notice (job `notice`), then rank 1 alone
+    gets SIGTERM (job `sigterm`). Each rank writes its results."""
+    out = Path(out_dir)
+    channel = FilePreemptionChannel(out / "notices")
+    results = {}
+    for trigger in ("notice", "sigterm"):
+
+        def on_step(step: int, engine: TrainEngine, trigger: str = trigger) -> None:
+            if step == 3 and trigger == "notice" and rank == 0:
+                channel.send_notice("notice", "test notice")
+            if step == 3 and trigger == "sigterm" and rank == 1:
+                os.kill(os.getpid(), signal.SIGTERM)
+
+        ctx = RunContext(
+            rank=rank,
+            world_size=world_size,
+            device=torch.device("cpu"),
+            job_id=trigger,
+            store=CheckpointStore(str(out / trigger / "ckpt"), out / f"cache{rank}"),
+            work_dir=out / f"work{rank}",
+            channel=channel,
+            on_step=on_step,
+        )
+        results[trigger] = json.loads(Trainer(tiny_spec(trigger, steps=8), ctx).run().to_json())
+    (out / f"rank{rank}.json").write_text(json.dumps(results))

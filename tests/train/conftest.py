@@ -1,0 +1,58 @@
+"""Fixtures for the training tests: tiny job specs, spawned process groups, a local Ray
+cluster and a local S3 (moto) server.
+
+Tests that start Ray are marked `ray` and must run under `flock /tmp/switchyard-ray.lock`.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import _workers  # tests/train is on sys.path; spawned children import it by name
+import pytest
+from _workers import tiny_spec
+
+from switchyard.train.launch import free_port, spawn_group
+from switchyard.train.spec import JobSpec
+
+SpecFactory = Callable[..., JobSpec]
+
+
+@pytest.fixture
+def make_spec() -> SpecFactory:
+    return tiny_spec
+
+
+def run_jobs(jobs: list[dict[str, Any]], nproc: int) -> list[dict[str, Any]]:
+    """Train each job (`_workers.job(...)`) in one spawned group of `nproc` gloo ranks."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "results.json"
+        spawn_group(_workers.run_jobs, nproc, jobs, str(out), finished=out.is_file)
+        results: list[dict[str, Any]] = json.loads(out.read_text())
+    return results
+
+
+@pytest.fixture
+def s3_bucket(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """A moto S3 server on 127.0.0.1 with bucket `ckpt`; boto3 (here and in spawned
+    children, which inherit the environment) is pointed at it with dummy credentials."""
+    from moto.server import ThreadedMotoServer
+
+    port = free_port()
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port)
+    server.start()
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{port}")
+    import boto3
+
+    boto3.client("s3").create_bucket(Bucket="ckpt")
+    try:
+        yield "s3://ckpt"
+    finally:
+        server.stop()

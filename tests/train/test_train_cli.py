@@ -1,0 +1,75 @@
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from _workers import tiny_spec
+
+from switchyard.cli import main
+from switchyard.train.preemption import FilePreemptionChannel
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_cli_rejects_a_bad_config_naming_the_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: x\nsteps: 0\n")
+    assert main(["train", "run", str(bad)]) == 2
+    assert "bad.yaml: steps" in capsys.readouterr().err
+
+
+def test_run_entry_point_preempts_with_exit_75_then_resumes_and_profiles(tmp_path: Path) -> None:
+    """`python -m train_jobs.run CONFIG --local 2`: a pending notice stops the job after
+    step 1 (exit 75, resumable); the rerun resumes, finishes, and ends with the JSON line;
+    `--profile` prints collective vs compute time per step."""
+    config = tmp_path / "job.yaml"
+    spec = tiny_spec("cli", steps=2, **{"parallel.strategy": "fsdp-full", "checkpoint.resume": True})
+    config.write_text(yaml.safe_dump(spec.model_dump(mode="json")))
+    state = tmp_path / "state"
+    channel = FilePreemptionChannel(state / "train" / "notices")
+    channel.send_notice("cli", "make room")
+
+    def run(*extra: str) -> tuple[int, list[str], str]:
+        proc = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "train_jobs.run",
+                str(config),
+                "--local",
+                "2",
+                "--storage",
+                str(tmp_path / "ckpt"),
+                *extra,
+            ],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=300,
+            env={
+                "PYTHONPATH": f"{REPO / 'platform'}:{REPO}",
+                "PATH": "/usr/bin:/bin",
+                "HOME": str(tmp_path),
+                "SWITCHYARD_STATE_DIR": str(state),
+            },
+        )
+        return proc.returncode, proc.stdout.strip().splitlines(), proc.stderr[-3000:]
+
+    code, lines, err = run()
+    assert code == 75, err
+    first = json.loads(lines[-1])
+    assert (first["status"], first["step"], first["resumable"]) == ("preempted", 1, True)
+    assert first["reason"] == "make room"
+    channel.clear("cli")
+    code, lines, err = run("--profile", str(tmp_path / "prof"))
+    assert code == 0, err
+    result = json.loads(lines[-1])
+    assert result["status"] == "completed" and result["step"] == 2
+    assert result["resumed_from"] == first["checkpoint"]
+    assert result["checkpoint"] == f"{tmp_path / 'ckpt'}/cli/step-00000002"
+    assert any(line.startswith("step 2: total=") and "all_gather=" in line for line in lines)
+    assert (tmp_path / "prof" / "trace-rank0.json").is_file()

@@ -1,0 +1,64 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import _workers
+import pytest
+import torch
+
+from switchyard.train.launch import spawn_group
+from switchyard.train.preemption import (
+    FilePreemptionChannel,
+    PreemptionNotice,
+    PreemptionWatcher,
+    SigtermFlag,
+)
+
+
+def test_notice_round_trips_through_json() -> None:
+    n = PreemptionNotice("job-1", "higher priority", deadline=123.5)
+    assert PreemptionNotice.from_json(n.to_json()) == n
+
+
+def test_file_channel_send_poll_clear(tmp_path: Path) -> None:
+    channel = FilePreemptionChannel(tmp_path)
+    assert channel.poll("job-1") is None
+    sent = channel.send_notice("job-1", "quota", deadline=10.0)
+    assert channel.poll("job-1") == sent and channel.poll("job-2") is None
+    channel.clear("job-1")
+    assert channel.poll("job-1") is None
+    with pytest.raises(ValueError, match="invalid job id"):
+        channel.send_notice("../etc", "x")
+
+
+def test_single_process_watcher_sees_sigterm_and_notice(tmp_path: Path) -> None:
+    channel = FilePreemptionChannel(tmp_path)
+    flag = SigtermFlag()
+    watcher = PreemptionWatcher(channel, "j", rank=0, device=torch.device("cpu"), sigterm=flag)
+    assert watcher.check() is None
+    flag.received.set()
+    assert watcher.check() == PreemptionNotice("j", "SIGTERM", sent_at=watcher.check().sent_at)  # type: ignore[union-attr]
+    watcher2 = PreemptionWatcher(channel, "j", rank=1, device=torch.device("cpu"))
+    channel.send_notice("j", "quota")
+    assert watcher2.check() is None  # only rank 0 reads the channel
+
+
+def test_all_ranks_stop_at_the_same_step(tmp_path: Path) -> None:
+    """A notice read by rank 0, or SIGTERM delivered to rank 1 only, stops both ranks after
+    the same step, with a complete checkpoint, and status preempted/resumable."""
+    spawn_group(
+        _workers.preempt_mid_run,
+        2,
+        str(tmp_path),
+        finished=lambda: all((tmp_path / f"rank{r}.json").is_file() for r in (0, 1)),
+    )
+    ranks = [_workers.read_json(tmp_path / f"rank{r}.json") for r in (0, 1)]
+    for trigger in ("notice", "sigterm"):
+        results = [r[trigger] for r in ranks]
+        assert [r["step"] for r in results] == [3, 3], trigger
+        assert all(r["status"] == "preempted" and r["resumable"] for r in results)
+        assert results[0]["checkpoint"].endswith("step-00000003")
+        assert (Path(results[0]["checkpoint"]) / "manifest.json").is_file()
+    assert ranks[0]["notice"]["reason"] == "test notice"
+    assert ranks[0]["sigterm"]["reason"] == "stop agreed by another rank"
+    assert ranks[1]["sigterm"]["reason"] == "SIGTERM"

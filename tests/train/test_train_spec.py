@@ -1,0 +1,78 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from switchyard.train import Strategy
+from switchyard.train.spec import JobSpec, JobSpecError, load_job_spec
+
+CONFIGS = Path(__file__).resolve().parents[2] / "train_jobs" / "configs"
+
+
+def test_one_shipped_config_per_strategy_and_all_valid() -> None:
+    specs = [load_job_spec(p) for p in sorted(CONFIGS.glob("*.yaml"))]
+    assert {s.parallel.strategy for s in specs} == set(Strategy)
+
+
+def test_error_names_file_and_field(tmp_path: Path) -> None:
+    bad = tmp_path / "job.yaml"
+    bad.write_text("name: x\nsteps: 3\nparallel:\n  strategy: fsdp-sideways\n")
+    with pytest.raises(JobSpecError, match=r"job\.yaml: parallel\.strategy"):
+        load_job_spec(bad)
+
+
+def test_unknown_field_is_rejected(tmp_path: Path) -> None:
+    bad = tmp_path / "job.yaml"
+    bad.write_text("name: x\nsteps: 3\noptim:\n  learning_rate: 0.1\n")
+    with pytest.raises(JobSpecError, match=r"optim\.learning_rate"):
+        load_job_spec(bad)
+
+
+def test_not_yaml_and_missing_file(tmp_path: Path) -> None:
+    bad = tmp_path / "job.yaml"
+    bad.write_text("name: [unclosed\n")
+    with pytest.raises(JobSpecError, match="not valid YAML"):
+        load_job_spec(bad)
+    with pytest.raises(JobSpecError, match="cannot read"):
+        load_job_spec(tmp_path / "missing.yaml")
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"parallel": {"strategy": "fsdp-full", "offload": "nvme"}}, "needs strategy 'zero3'"),
+        ({"parallel": {"strategy": "ddp", "offload": "cpu"}}, "cannot offload"),
+        ({"num_workers": 2, "parallel": {"strategy": "fsdp-hybrid"}}, "fsdp-hybrid needs"),
+        ({"data": {"seq_len": 4096}}, "exceeds model max_seq_len"),
+        ({"model": {"preset": "giant"}}, "unknown model preset"),
+    ],
+)
+def test_inconsistent_specs_are_rejected(changes: dict[str, object], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        JobSpec.model_validate({"name": "x", "steps": 1, **changes})
+
+
+def test_with_changes_sets_dotted_fields() -> None:
+    spec = JobSpec(name="x", steps=1).with_changes(**{"parallel.strategy": "zero2", "steps": 5})
+    assert spec.parallel.strategy is Strategy.ZERO2 and spec.steps == 5
+
+
+def test_deepspeed_config_maps_stage_offload_and_accumulation() -> None:
+    from switchyard.train.deepspeed_engine import deepspeed_config
+
+    spec = JobSpec.model_validate(
+        {
+            "name": "x",
+            "steps": 1,
+            "data": {"grad_accum_steps": 4},
+            "parallel": {"strategy": "zero3", "offload": "nvme", "nvme_path": "/nvme"},
+        }
+    )
+    config = deepspeed_config(spec, bf16=True)
+    zero = config["zero_optimization"]
+    assert zero["stage"] == 3 and config["gradient_accumulation_steps"] == 4
+    assert zero["offload_optimizer"] == zero["offload_param"] == {"device": "nvme", "nvme_path": "/nvme"}
+    assert config["zero_allow_untested_optimizer"] and config["bf16"] == {"enabled": True}
+    with pytest.raises(ValueError, match="nvme_path"):
+        spec.with_changes(**{"parallel.nvme_path": None})

@@ -1,0 +1,73 @@
+"""Entry point for a training job: `python -m train_jobs.run CONFIG`.
+
+With Ray (the default): `ray job submit -- python -m train_jobs.run CONFIG` runs it with
+`TorchTrainer` on the cluster (a local Ray is started when none is running). With
+`--local N` it runs N plain torch.distributed processes on this machine, no Ray.
+
+The last line on stdout is one JSON object: job, status (`completed` | `preempted`),
+step, loss, checkpoint, resumable, resumed_from, reason. Exit code 0 when completed,
+75 (EX_TEMPFAIL) when preempted and resumable, 2 for a bad config.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from collections.abc import Sequence
+
+from switchyard.train.spec import JobSpecError, load_job_spec
+
+EXIT_PREEMPTED = 75
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m train_jobs.run", description=__doc__.split("\n")[0])
+    parser.add_argument("config", help="job spec YAML (see train_jobs/configs/)")
+    parser.add_argument("--local", type=int, metavar="N", default=None, help="run N local processes without Ray")
+    parser.add_argument(
+        "--storage", default=None, help="checkpoint storage root (local dir or s3://); default from the spec"
+    )
+    parser.add_argument("--job-id", default=None, help="id preemption notices are addressed to (default: the job name)")
+    parser.add_argument(
+        "--profile",
+        default=None,
+        metavar="DIR",
+        help="write a torch.profiler trace to DIR and print collective vs compute time",
+    )
+    return parser.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    try:
+        spec = load_job_spec(args.config)
+    except JobSpecError as exc:
+        print(f"train_jobs.run: {exc}", file=sys.stderr)
+        return 2
+    if args.storage:
+        spec = spec.with_changes(**{"checkpoint.uri": args.storage})
+    if args.local is not None:
+        from switchyard.train.launch import run_local
+
+        result = run_local(spec, nproc=args.local, job_id=args.job_id, profile_dir=args.profile)
+    else:
+        import ray
+
+        from switchyard.train.ray_trainer import run_on_ray
+
+        if args.profile:
+            print("train_jobs.run: --profile runs with --local only", file=sys.stderr)
+            return 2
+        # Under `ray job submit` RAY_ADDRESS names the cluster; otherwise start a private
+        # local one rather than attaching to whatever cluster happens to run on this node.
+        ray.init(address=os.environ.get("RAY_ADDRESS") or "local")
+        result = run_on_ray(spec, job_id=args.job_id)
+    print(result.to_json(), flush=True)
+    return EXIT_PREEMPTED if result.resumable else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
