@@ -17,7 +17,8 @@ import os
 import sys
 from collections.abc import Sequence
 
-from switchyard.train.spec import JobSpecError, load_job_spec
+from switchyard.train.loop import TrainResult
+from switchyard.train.spec import JobSpec, JobSpecError, load_job_spec
 
 EXIT_PREEMPTED = 75
 
@@ -56,17 +57,50 @@ def main(argv: Sequence[str] | None = None) -> int:
     else:
         import ray
 
-        from switchyard.train.ray_trainer import run_on_ray
-
         if args.profile:
             print("train_jobs.run: --profile runs with --local only", file=sys.stderr)
             return 2
         # Under `ray job submit` RAY_ADDRESS names the cluster; otherwise start a private
         # local one rather than attaching to whatever cluster happens to run on this node.
         ray.init(address=os.environ.get("RAY_ADDRESS") or "local")
-        result = run_on_ray(spec, job_id=args.job_id)
+        try:
+            result = run_admitted(spec, args)
+        except (ValueError, TimeoutError) as exc:
+            print(f"train_jobs.run: {exc}", file=sys.stderr)
+            return 2
     print(result.to_json(), flush=True)
     return EXIT_PREEMPTED if result.resumable else 0
+
+
+def run_admitted(spec: JobSpec, args: argparse.Namespace) -> TrainResult:
+    """Ask the platform's scheduler for the job's GPUs (waiting in its queue), train on exactly
+    the granted nodes, and give the GPUs back: finished, or preempted and requeued."""
+    from switchyard.cluster.admission import NoScheduler, admit, training_submission
+    from switchyard.cluster.job_launcher import WORKLOAD_ENV
+    from switchyard.train.ray_trainer import run_on_ray
+
+    submission = None
+    if WORKLOAD_ENV not in os.environ:
+        if not args.team:
+            raise ValueError("--team (or $SWITCHYARD_TEAM) is required: GPUs are granted against a team's quota")
+        submission = training_submission(spec.name, spec.num_workers, args.team, args.priority)
+    try:
+        admission = admit(submission)
+    except NoScheduler as exc:
+        logging.getLogger(__name__).warning("%s: running without admission (plain Ray cluster)", exc)
+        return run_on_ray(spec, job_id=args.job_id)
+    finished = True  # a crash releases for good: requeueing a failing job would loop
+    try:
+        result = run_on_ray(
+            spec,
+            job_id=admission.workload_id,
+            worker_label_selectors=admission.worker_label_selectors(),
+            workload_id=admission.workload_id,
+        )
+        finished = not result.resumable
+        return result
+    finally:
+        admission.release(finished=finished)
 
 
 if __name__ == "__main__":

@@ -56,23 +56,38 @@ def test_preemption_notice_requeue_and_resume(scheduler_factory: Callable[..., A
     from switchyard.train.ray_preemption import GcsPreemptionChannel
 
     actor = scheduler_factory()
-    train = gang("research", (8, 8), priority_class="training")  # borrows 12 of the 16 GPUs
-    ray.get(actor.submit.remote(train))
-    lease = granted(actor, train.workload_id)
+    # research: 4 GPUs inside its guarantee on one node, 8 borrowed on the other.
+    small = gang("research", (4,), priority_class="training")
+    big = gang("research", (8,), priority_class="training", strategy=PlacementStrategy.STRICT_PACK)
+    for sub in (small, big):
+        ray.get(actor.submit.remote(sub))
+    leases = {sub.workload_id: granted(actor, sub.workload_id) for sub in (small, big)}
     serve = gang("prod", (8,), workload_class=WorkloadClass.INFERENCE, priority_class="production-inference",
                  strategy=PlacementStrategy.STRICT_PACK)
     ray.get(actor.submit.remote(serve))
-    notice = wait_for(lambda: ray.get(actor.preemption_notice.remote(train.workload_id)))
-    assert notice.lease_id == lease.lease_id
-    sent = wait_for(lambda: GcsPreemptionChannel().poll(train.workload_id))  # the training channel got it
-    assert sent.job_id == train.workload_id
+
+    def noticed() -> tuple[str, Any] | None:
+        for wid in leases:
+            n = ray.get(actor.preemption_notice.remote(wid))
+            if n is not None:
+                return wid, n
+        return None
+
+    victim, notice = wait_for(noticed)
+    assert notice.lease_id == leases[victim].lease_id and "for " + serve.workload_id in notice.reason
+    sent = wait_for(lambda: GcsPreemptionChannel().poll(victim))  # the training channel got it
+    assert sent.job_id == victim
     # The job checkpoints and gives its GPUs back unfinished: it is requeued, inference gets its GPUs.
-    ray.get(actor.report_checkpoint.remote(train.workload_id))
-    assert ray.get(actor.release.remote(lease.lease_id, False)) is True
-    granted(actor, serve.workload_id)
-    kinds = [e["kind"] for e in ray.get(actor.events.remote(train.workload_id))]
+    ray.get(actor.report_checkpoint.remote(victim))
+    assert ray.get(actor.release.remote(leases[victim].lease_id, False)) is True
+    prod_lease = granted(actor, serve.workload_id)
+    assert len({p.node_id for p in prod_lease.placements}) == 1
+    kinds = [e["kind"] for e in ray.get(actor.events.remote(victim))]
     assert kinds[:4] == ["submitted", "admitted", "preemption_notice", "requeued"]
-    GcsPreemptionChannel().clear(train.workload_id)
+    # When inference is done, the victim is admitted again (it would resume from its checkpoint).
+    ray.get(actor.release.remote(prod_lease.lease_id, True))
+    granted(actor, victim)
+    GcsPreemptionChannel().clear(victim)
 
 
 def test_restart_recovers_queues_and_leases(scheduler_factory: Callable[..., Any]) -> None:

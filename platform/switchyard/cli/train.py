@@ -1,8 +1,7 @@
 """`switchyard train ...`: run a training job from a job spec.
 
 `train run CONFIG` runs it on this machine (N local processes, or a private local Ray with
-`--ray`). `train submit | list | cancel` arrive with the scheduler, as further subcommands
-of the `train` group registered here.
+`--ray`). `train submit | list | cancel` (in `_train_queue.py`) go through the scheduler.
 """
 
 from __future__ import annotations
@@ -31,6 +30,9 @@ def register(subparsers: Any) -> None:
         help="write torch.profiler traces to DIR; print collective vs compute time",
     )
     run.set_defaults(handler=run_command)
+    from switchyard.cli._train_queue import add_commands
+
+    add_commands(commands)
 
 
 def run_command(args: argparse.Namespace) -> int:

@@ -20,6 +20,7 @@ import ray
 from switchyard.cluster.job_launcher import WORKLOAD_ENV
 from switchyard.cluster.record import NAMESPACE, SCHEDULER_ACTOR
 from switchyard.scheduler.api import LeaseGrant, WorkloadSubmission
+from switchyard.scheduler.core import PlacementStrategy, WorkloadClass
 
 log = logging.getLogger(__name__)
 
@@ -85,3 +86,36 @@ def admit(submission: WorkloadSubmission | None, poll_s: float = 1.0, timeout_s:
             ray.get(scheduler.cancel.remote(workload_id))
             raise TimeoutError(f"workload {workload_id} was not admitted within {timeout_s:.0f}s")
         time.sleep(poll_s)
+
+
+def gang_bundles(gpus: int, gpus_per_node: int = 8) -> tuple[int, ...]:
+    """One bundle per node: whole nodes, then the remainder (a 12-GPU job is (8, 4))."""
+    full, rest = divmod(gpus, gpus_per_node)
+    return (gpus_per_node,) * full + ((rest,) if rest else ())
+
+
+def training_submission(
+    name: str,
+    gpus: int,
+    team: str,
+    priority_class: str = "training",
+    workload_class: WorkloadClass = WorkloadClass.TRAINING,
+    checkpoint_interval_s: float | None = None,
+    entrypoint: str | None = None,
+    workload_id: str | None = None,
+) -> WorkloadSubmission:
+    """The gang a training job asks for: one GPU per worker, packed on as few nodes as possible,
+    all in one node group (NCCL rings across node groups are what topology-aware placement avoids)."""
+    bundles = gang_bundles(gpus)
+    return WorkloadSubmission(
+        **({"workload_id": workload_id} if workload_id else {}),
+        team=team,
+        workload_class=workload_class,
+        priority_class=priority_class,
+        bundles=bundles,
+        strategy=PlacementStrategy.STRICT_PACK if len(bundles) == 1 else PlacementStrategy.PACK,
+        same_node_group=True,
+        checkpoint_interval_s=checkpoint_interval_s,
+        description=name,
+        entrypoint=entrypoint,
+    )

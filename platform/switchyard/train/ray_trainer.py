@@ -13,11 +13,13 @@ import logging
 import signal
 import tempfile
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
 from typing import Any
 
 import ray.train
+import torch
 from ray.train import Checkpoint, CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
 from ray.train.torch import TorchConfig, TorchTrainer, get_device
 
@@ -33,9 +35,10 @@ log = logging.getLogger(__name__)
 class RayReportPublisher:
     """Publishes a checkpoint by reporting every rank's directory to Ray Train."""
 
-    def __init__(self, run_uri: str, rank: int) -> None:
+    def __init__(self, run_uri: str, rank: int, on_published: Callable[[], None] | None = None) -> None:
         self.run_uri = run_uri.rstrip("/")
         self.rank = rank
+        self.on_published = on_published  # e.g. tell the scheduler how fresh the checkpoint is
 
     def __call__(
         self,
@@ -55,6 +58,8 @@ class RayReportPublisher:
             checkpoint=Checkpoint.from_directory(str(rank_dir)),
             checkpoint_dir_name=name,
         )
+        if self.on_published is not None and self.rank == 0:
+            self.on_published()
         return uri
 
 
@@ -65,15 +70,17 @@ def train_fn(config: dict[str, Any]) -> None:
     rank, world_size = context.get_world_rank(), context.get_world_size()
     work_dir = Path(tempfile.mkdtemp(prefix=f"switchyard-{spec.name}-r{rank}-"))
     run_uri = config["run_uri"]
+    on_published = _scheduler_reporter(config["workload_id"]) if config.get("workload_id") else None
     ctx = RunContext(
         rank=rank,
         world_size=world_size,
-        device=get_device(),
+        # Logical GPUs (a leased GPU on a machine without one) train on the CPU.
+        device=get_device() if torch.cuda.is_available() else torch.device("cpu"),
         job_id=config["job_id"],
         store=CheckpointStore(run_uri, work_dir / "checkpoints"),
         work_dir=work_dir,
         channel=GcsPreemptionChannel(),
-        publisher=RayReportPublisher(run_uri, rank),
+        publisher=RayReportPublisher(run_uri, rank, on_published),
         report_metrics=ray.train.report,
         min_poll_interval_s=float(config.get("min_poll_interval_s", 1.0)),
         prune=False,  # CheckpointConfig(num_to_keep) prunes under Ray
@@ -81,6 +88,15 @@ def train_fn(config: dict[str, Any]) -> None:
     )
     result = Trainer(spec, ctx).run()
     log.info("rank %d finished: %s", rank, result.to_json())
+
+
+def _scheduler_reporter(workload_id: str) -> Callable[[], None]:
+    """Report each published checkpoint to the scheduler, so victim selection knows how much
+    work a preemption would lose (fire and forget: the report is advisory)."""
+    from switchyard.cluster.record import NAMESPACE, SCHEDULER_ACTOR
+
+    scheduler = ray.get_actor(SCHEDULER_ACTOR, namespace=NAMESPACE)
+    return lambda: scheduler.report_checkpoint.remote(workload_id)
 
 
 class _DriverSigterm:
@@ -114,11 +130,18 @@ def run_on_ray(
     job_id: str | None = None,
     min_poll_interval_s: float = 1.0,
     stop_after_steps: int | None = None,
+    worker_label_selectors: list[dict[str, str]] | None = None,
+    workload_id: str | None = None,
 ) -> TrainResult:
-    """Run `spec` with `TorchTrainer` on the connected Ray cluster; blocks until it ends."""
+    """Run `spec` with `TorchTrainer` on the connected Ray cluster; blocks until it ends.
+
+    With `worker_label_selectors` (from the scheduler's lease: one per worker, naming its
+    node) every worker holds one granted GPU on the node the scheduler chose; `workload_id`
+    names the scheduler workload whose checkpoints are reported."""
     storage = storage_path or spec.checkpoint.uri or str(state_dir() / "train" / "checkpoints")
     storage = storage.rstrip("/")
     job_id = job_id or spec.name
+    use_gpu = spec.use_gpu or worker_label_selectors is not None  # a lease is GPUs: workers hold them
     trainer = TorchTrainer(
         train_fn,
         train_loop_config={
@@ -127,10 +150,15 @@ def run_on_ray(
             "run_uri": f"{storage}/{spec.name}",
             "min_poll_interval_s": min_poll_interval_s,
             "stop_after_steps": stop_after_steps,
+            "workload_id": workload_id,
         },
         # gloo must be named when there are no GPUs: Ray may hand out logical GPUs.
-        torch_config=TorchConfig(backend="nccl" if spec.use_gpu else "gloo"),
-        scaling_config=ScalingConfig(num_workers=spec.num_workers, use_gpu=spec.use_gpu),
+        torch_config=TorchConfig(backend="nccl" if use_gpu and torch.cuda.is_available() else "gloo"),
+        scaling_config=ScalingConfig(
+            num_workers=len(worker_label_selectors) if worker_label_selectors else spec.num_workers,
+            use_gpu=use_gpu,
+            label_selector=worker_label_selectors,
+        ),
         run_config=RunConfig(
             name=spec.name,
             storage_path=storage,
