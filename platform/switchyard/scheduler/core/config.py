@@ -1,0 +1,123 @@
+"""The schema of `policies/scheduler.yaml` (pydantic) and its conversion to a SchedulerPolicy.
+
+A bad file fails with the file, the field path and pydantic's reason.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from switchyard.scheduler.core.model import WorkloadClass
+from switchyard.scheduler.core.policy import (
+    DEFAULT_PRIORITY_CLASSES,
+    Ordering,
+    PolicyKnobs,
+    PreemptionMode,
+    PriorityClass,
+    Quota,
+    SchedulerPolicy,
+    Team,
+)
+
+
+class PolicyFileError(ValueError):
+    """scheduler.yaml is unreadable or invalid; the message names the file and field."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class KnobsSpec(_Strict):
+    ordering: Ordering = Ordering.FAIR_SHARE
+    preemption: PreemptionMode = PreemptionMode.CHECKPOINT_AWARE
+    borrowing: bool = True
+    enforce_quota: bool = True
+    backfill: bool = True
+    max_reservations: int = Field(1, ge=0)
+    preemption_grace_s: float = Field(120.0, ge=0)
+    usage_half_life_s: float = Field(6 * 3600.0, gt=0)
+    max_preemption_attempts: int = Field(8, ge=0)
+    preemption_retry_s: float = Field(60.0, ge=0)
+    restart_cost_s: float = Field(600.0, ge=0)
+    starvation_after_s: float | None = Field(24 * 3600.0, gt=0)
+
+
+class PriorityClassSpec(_Strict):
+    name: str = Field(min_length=1)
+    value: int
+    preemptible: bool
+    min_runtime_s: float = Field(0.0, ge=0)
+
+
+class QuotaSpec(_Strict):
+    classes: list[WorkloadClass] = Field(min_length=1)
+    guaranteed_gpus: int = Field(ge=0)
+    borrowing_limit_gpus: int | None = Field(None, ge=0)
+    lending_limit_gpus: int | None = Field(None, ge=0)
+
+
+class TeamSpec(_Strict):
+    name: str = Field(min_length=1)
+    weight: float | None = Field(None, gt=0)
+    """Fair-share weight; defaults to the team's total guarantee (at least 1)."""
+    quotas: list[QuotaSpec] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _one_quota_per_class(self) -> TeamSpec:
+        seen: set[WorkloadClass] = set()
+        for quota in self.quotas:
+            overlap = seen & set(quota.classes)
+            if overlap:
+                raise ValueError(f"workload class {sorted(overlap)} appears in two quotas")
+            seen |= set(quota.classes)
+        return self
+
+
+class SchedulerFile(_Strict):
+    version: int = Field(1, ge=1, le=1)
+    policy: KnobsSpec = KnobsSpec()
+    priority_classes: list[PriorityClassSpec] | None = None
+    teams: list[TeamSpec] = Field(default_factory=list)
+
+    def to_policy(self) -> SchedulerPolicy:
+        classes = (
+            DEFAULT_PRIORITY_CLASSES
+            if self.priority_classes is None
+            else tuple(PriorityClass(**p.model_dump()) for p in self.priority_classes)
+        )
+        teams = tuple(_team(t) for t in self.teams)
+        return SchedulerPolicy(classes, teams, PolicyKnobs(**self.policy.model_dump()))
+
+
+def _team(spec: TeamSpec) -> Team:
+    quotas = tuple(
+        Quota(frozenset(q.classes), q.guaranteed_gpus, q.borrowing_limit_gpus, q.lending_limit_gpus)
+        for q in spec.quotas
+    )
+    guaranteed = sum(q.guaranteed_gpus for q in quotas)
+    weight = spec.weight if spec.weight is not None else float(max(1, guaranteed))
+    return Team(spec.name, quotas, weight)
+
+
+def parse_policy(data: Any, source: str) -> SchedulerFile:
+    try:
+        return SchedulerFile.model_validate(data)
+    except ValidationError as err:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in e['loc']) or '<root>'}: {e['msg']}" for e in err.errors()
+        )
+        raise PolicyFileError(f"{source}: {problems}") from None
+
+
+def load_policy_file(path: str | Path) -> SchedulerFile:
+    path = Path(path)
+    try:
+        data = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError) as err:
+        raise PolicyFileError(f"{path}: cannot read: {err}") from None
+    return parse_policy(data, str(path))

@@ -1,0 +1,122 @@
+"""The policy as data: priority classes, teams and their quotas, and the knobs that select
+an admission order and a preemption rule. Baselines are other values of the same knobs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+from switchyard.scheduler.core.model import WorkloadClass
+
+
+class Ordering(StrEnum):
+    FIFO = "fifo"  # submit order only
+    PRIORITY = "priority"  # priority, then submit order
+    FAIR_SHARE = "fair-share"  # priority, then weighted decayed share, then submit order
+
+
+class PreemptionMode(StrEnum):
+    NONE = "none"
+    PRIORITY = "priority"  # lower-priority preemptible victims, no quota protection
+    KUEUE = "kueue"  # reclaim borrowed quota + lower priority; lowest priority, newest first
+    CHECKPOINT_AWARE = "checkpoint-aware"  # kueue's rules; fewest GPU-seconds lost first
+
+
+@dataclass(frozen=True, slots=True)
+class PriorityClass:
+    name: str
+    value: int
+    preemptible: bool
+    min_runtime_s: float = 0.0
+    """Protects a lease from priority preemption until it has run this long (not from reclaim)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Quota:
+    """One team's share of GPUs for a set of workload classes."""
+
+    classes: frozenset[WorkloadClass]
+    guaranteed_gpus: int
+    borrowing_limit_gpus: int | None = None
+    """Most GPUs above the guarantee it may borrow; None = no limit."""
+    lending_limit_gpus: int | None = None
+    """Most of its unused guarantee others may borrow; None = all of it."""
+
+
+@dataclass(frozen=True, slots=True)
+class Team:
+    name: str
+    quotas: tuple[Quota, ...]
+    weight: float = 1.0
+
+    @property
+    def guaranteed_gpus(self) -> int:
+        return sum(q.guaranteed_gpus for q in self.quotas)
+
+    def quota_index(self, workload_class: WorkloadClass) -> int:
+        for i, quota in enumerate(self.quotas):
+            if workload_class in quota.classes:
+                return i
+        raise KeyError(f"team {self.name!r} has no quota for workload class {workload_class!s}")
+
+
+@dataclass(frozen=True, slots=True)
+class PolicyKnobs:
+    ordering: Ordering = Ordering.FAIR_SHARE
+    preemption: PreemptionMode = PreemptionMode.CHECKPOINT_AWARE
+    borrowing: bool = True
+    """False caps every team at its guarantee (a static partition)."""
+    enforce_quota: bool = True
+    """False ignores quotas entirely (FIFO and strict-priority baselines)."""
+    backfill: bool = True
+    """False stops at the first request that does not fit (strict FIFO)."""
+    max_reservations: int = 1
+    """Blocked gangs that hold GPUs on chosen nodes so backfill cannot delay them."""
+    preemption_grace_s: float = 120.0
+    usage_half_life_s: float = 6 * 3600.0
+    max_preemption_attempts: int = 8
+    """Blocked requests per schedule() that may look for victims (bounds decision latency)."""
+    starvation_after_s: float | None = 24 * 3600.0
+    """A request queued longer than this goes ahead of fair share within its priority (oldest
+    first), so it reaches a reservation; None turns aging off."""
+    restart_cost_s: float = 600.0
+    """Seconds of GPU time a victim also loses to restart (reload its checkpoint, rebuild its
+    process group); makes big gangs costlier victims in checkpoint-aware ordering."""
+    preemption_retry_s: float = 60.0
+    """A request that found no victims looks again only after this long."""
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerPolicy:
+    priority_classes: tuple[PriorityClass, ...]
+    teams: tuple[Team, ...]
+    knobs: PolicyKnobs = field(default_factory=PolicyKnobs)
+
+    def __post_init__(self) -> None:
+        names = [p.name for p in self.priority_classes]
+        if len(set(names)) != len(names):
+            raise ValueError(f"duplicate priority class names: {names}")
+        teams = [t.name for t in self.teams]
+        if len(set(teams)) != len(teams):
+            raise ValueError(f"duplicate team names: {teams}")
+
+    def priority(self, name: str) -> PriorityClass:
+        for p in self.priority_classes:
+            if p.name == name:
+                return p
+        raise KeyError(f"unknown priority class {name!r}")
+
+    def team(self, name: str) -> Team:
+        for t in self.teams:
+            if t.name == name:
+                return t
+        raise KeyError(f"unknown team {name!r}")
+
+
+DEFAULT_PRIORITY_CLASSES = (
+    PriorityClass("production-inference", 1000, preemptible=False),
+    PriorityClass("training", 100, preemptible=True, min_runtime_s=1800.0),
+    PriorityClass("batch", 50, preemptible=True, min_runtime_s=600.0),
+    PriorityClass("exploratory", 10, preemptible=True, min_runtime_s=0.0),
+)

@@ -1,0 +1,556 @@
+"""The scheduler: events in, decisions out. The one authority over which gang gets which GPUs.
+
+Every method takes `now` explicitly and nothing reads a clock, so the simulator and the live
+Ray driver run the same code and a replay is deterministic. A driver calls `submit`,
+`cancel`, `release`, `report_checkpoint`, `add_node`/`remove_node` as things happen, then
+`schedule(now)` and carries out the returned `Decisions`.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from switchyard.scheduler.core.fairshare import DecayedUsage
+from switchyard.scheduler.core.model import (
+    Decisions,
+    GangRequest,
+    Lease,
+    LeaseStart,
+    LeaseState,
+    Node,
+    PendingWorkload,
+    PlacementStrategy,
+    PreemptionNotice,
+    Reservation,
+    StopOrder,
+)
+from switchyard.scheduler.core.placement import NodePool
+from switchyard.scheduler.core.policy import Ordering, PreemptionMode, SchedulerPolicy
+from switchyard.scheduler.core.preemption import VictimPlan, VictimSelector
+from switchyard.scheduler.core.queue import GroupKey, PendingQueues
+from switchyard.scheduler.core.quota import QuotaBook
+from switchyard.scheduler.core.snapshot import ClusterSnapshot, build_snapshot
+
+
+@dataclass(slots=True)
+class _Pass:
+    """Scratch state of one schedule() call."""
+
+    max_attempts: int
+    budget: list[int] = field(default_factory=list)
+    failed_shapes: set[tuple[object, ...]] = field(default_factory=set)
+    considered: set[str] = field(default_factory=set)
+
+    def __post_init__(self) -> None:
+        self.budget = [self.max_attempts]
+
+
+class Scheduler:
+    def __init__(self, policy: SchedulerPolicy, nodes: Iterable[Node] = (), now: float = 0.0) -> None:
+        self.policy = policy
+        self._knobs = policy.knobs
+        self._pool = NodePool(nodes)
+        self._book = QuotaBook(policy.teams)
+        weights = {t.name: t.weight for t in policy.teams}
+        self._usage = DecayedUsage(weights, policy.knobs.usage_half_life_s, now)
+        self._victims = VictimSelector(policy, self._book, self._pool)
+        self._queues = PendingQueues()
+        self._leases: dict[str, Lease] = {}
+        self._lease_of: dict[str, str] = {}
+        self._attempts: dict[str, int] = {}
+        self._reserved: dict[str, dict[str, int]] = {}  # workload -> GPUs held per node
+        self._reserved_value: dict[str, int] = {}  # workload -> its priority value
+        self._waived_cache: dict[int, dict[str, int]] = {}  # priority value -> GPUs it may use
+        self._held: dict[str, int] = {}  # node -> GPUs held by all reservations
+        self._held_free = 0  # free GPUs that reservations hold: sum of min(free, held) per node
+        self._preempting: dict[str, Lease] = {}  # noticed leases, in notice order
+        self._awaiting: dict[str, set[str]] = {}  # preemptor -> victim leases still holding GPUs
+        self._stops: list[StopOrder] = []
+        self._checkpointed_after_notice: set[str] = set()
+        self._preemptible_gpus: dict[int, int] = {}  # priority value -> GPUs in running leases
+        self._next_victim_search: dict[tuple[object, ...], float] = {}  # shape -> retry time
+        self._running: dict[tuple[str, int], dict[str, Lease]] = {}  # quota entry -> leases
+        self._priority = {p.name: p for p in policy.priority_classes}
+
+    # -- events -------------------------------------------------------------------------------
+    def submit(self, request: GangRequest, now: float) -> None:
+        self._validate(request)
+        if request.workload_id in self._queues or request.workload_id in self._lease_of:
+            raise ValueError(f"workload {request.workload_id!r} is already submitted")
+        self._enqueue(PendingWorkload(request, submitted_at=now, queued_at=now))
+
+    def cancel(self, workload_id: str, now: float) -> None:
+        """Withdraw a pending workload, or ask for a running one to be stopped."""
+        if workload_id in self._queues:
+            pending = self._queues.remove(workload_id)
+            self._drop_reservation(workload_id)
+            self._stop_awaiting(pending.request)
+        elif workload_id in self._lease_of:
+            lease = self._leases[self._lease_of[workload_id]]
+            self._stops.append(StopOrder(lease.lease_id, workload_id, "cancelled"))
+        else:
+            raise KeyError(f"unknown workload {workload_id!r}")
+
+    def release(self, lease_id: str, now: float, *, finished: bool = False) -> bool:
+        """The lease's GPUs are free again. Returns True when its workload was requeued
+        (it was being preempted and had not finished)."""
+        lease = self._leases.pop(lease_id)
+        del self._lease_of[lease.request.workload_id]
+        self._preempting.pop(lease_id, None)
+        self._free_lease(lease, now)
+        for waiting in self._awaiting.values():
+            waiting.discard(lease_id)
+        self._checkpointed_after_notice.discard(lease_id)
+        if lease.state is LeaseState.PREEMPTING and not finished:
+            self._enqueue(
+                PendingWorkload(lease.request, lease.submitted_at, lease.submitted_at,
+                                attempts=self._attempts[lease.request.workload_id])
+            )
+            return True
+        return False
+
+    def report_checkpoint(self, workload_id: str, now: float) -> None:
+        lease = self._leases[self._lease_of[workload_id]]
+        lease.last_checkpoint_at = now
+        if lease.state is LeaseState.PREEMPTING:
+            # Its work is saved: stop it now instead of waiting out the grace period.
+            self._checkpointed_after_notice.add(lease.lease_id)
+
+    def add_node(self, node: Node, now: float) -> None:
+        self._pool.add(node)
+
+    def remove_node(self, name: str, now: float) -> list[str]:
+        """Take a node out; returns the leases that lost GPUs on it (requeued here; the driver
+        must treat them as stopped and not call release for them)."""
+        lost = [lease for lease in self._leases.values() if name in lease.placement]
+        for lease in lost:
+            if lease.state is LeaseState.RUNNING:
+                self._count_preemptible(lease, -1)
+                lease.state = LeaseState.PREEMPTING  # so release() requeues it
+            self.release(lease.lease_id, now)
+        for workload in [w for w, r in self._reserved.items() if name in r]:
+            self._drop_reservation(workload)
+            if workload in self._queues:
+                self._stop_awaiting(self._queues.get(workload).request)
+        self._pool.remove(name)
+        return [lease.lease_id for lease in lost]
+
+    # -- the decision -------------------------------------------------------------------------
+    def schedule(self, now: float) -> Decisions:
+        decisions = Decisions()
+        self._due_stops(now, decisions)
+        state = _Pass(self._knobs.max_preemption_attempts)
+        # Gangs holding reservations (blocked heads, preemptors) go first: backfill must never
+        # delay them, and they were first in admission order when they got the reservation.
+        for workload in list(self._reserved):
+            if workload in self._queues:
+                state.considered.add(workload)
+                if self._consider(self._queues.get(workload), now, decisions, state) == "halt":
+                    return self._finish(decisions)
+        for level in self._queues.levels():
+            if self._pool.free_gpus == 0 and not self._may_preempt_for(level, state.budget):
+                continue  # nothing can start at this level: no free GPUs and no victims
+            if self._run_level(level, now, decisions, state) == "halt":
+                break
+        return self._finish(decisions)
+
+    def _finish(self, decisions: Decisions) -> Decisions:
+        decisions.reservations = [
+            Reservation(w, tuple(sorted(r.items()))) for w, r in self._reserved.items()
+        ]
+        return decisions
+
+    def _run_level(self, level: int, now: float, decisions: Decisions, state: _Pass) -> str:
+        """Admission order within one priority level, one request group at a time."""
+        groups = self._queues.groups_at(level)
+        heap = [(self._order_key(g[0], g[1][0], now), i) for i, g in enumerate(groups)]
+        heapq.heapify(heap)
+        position = [0] * len(groups)
+        while heap:
+            key, index = heapq.heappop(heap)
+            items = groups[index][1]
+            i = position[index]
+            while i < len(items) and items[i].request.workload_id in state.considered:
+                i += 1
+            if i >= len(items):
+                continue
+            position[index] = i
+            fresh = self._order_key(groups[index][0], items[i], now)
+            if fresh > key:  # its team's share grew since it was queued in the heap
+                heapq.heappush(heap, (fresh, index))
+                continue
+            outcome = self._consider(items[i], now, decisions, state)
+            if outcome == "halt":
+                return "halt"
+            if outcome in ("started", "preempting", "waiting") and i + 1 < len(items):
+                position[index] = i + 1
+                heapq.heappush(heap, (self._order_key(groups[index][0], items[i + 1], now), index))
+            # "blocked" / "skip": every later request of this group would be too.
+        return "done"
+
+    def _order_key(self, group: GroupKey, head: PendingWorkload, now: float) -> tuple[object, ...]:
+        if self._knobs.ordering is Ordering.FAIR_SHARE:
+            aging = self._knobs.starvation_after_s
+            if aging is not None and now - head.submitted_at > aging:
+                return (0, head.submitted_at, head.request.workload_id)  # starving: oldest first
+            # Lowest weighted decayed share first; within a team, queue time.
+            return (1, self._usage.share(group[1], now), head.queued_at, head.request.workload_id)
+        return (head.queued_at, head.request.workload_id)
+
+    def _consider(
+        self, pending: PendingWorkload, now: float, decisions: Decisions, state: _Pass
+    ) -> str:
+        request = pending.request
+        workload = request.workload_id
+        if self._awaiting.get(workload):
+            return "waiting"  # its victims still hold the GPUs reserved for it
+        borrowing = False
+        waived = self._waived_for(workload, self._priority[request.priority_class].value)
+        held = self._held
+        if self._knobs.enforce_quota:
+            key = self._key(request)
+            may_borrow = self._knobs.borrowing and self._priority[request.priority_class].preemptible
+            admission = self._book.check(key, request.gpus, self._pool.total_gpus, may_borrow)
+            if not admission.allowed:
+                # Over quota: only its own team's lower-priority work can make room for it.
+                if workload not in self._awaiting and self._try_preempt(
+                    pending, waived, now, decisions, state, own_entry_only=True
+                ):
+                    return "preempting"
+                return "skip"
+            borrowing = admission.borrowing
+        room = self._pool.free_gpus if waived else self._open_gpus()
+        placement = self._find(request, held, waived) if room >= request.gpus else None
+        if placement is not None:
+            self._start(pending, placement, borrowing, now, decisions)
+            return "started"
+        if workload in self._awaiting:
+            return "waiting"
+        if self._try_preempt(pending, waived, now, decisions, state):
+            return "preempting"
+        if workload not in self._reserved and len(self._reserved) < self._knobs.max_reservations:
+            self._reserve(request, held)
+        if not self._knobs.backfill:
+            return "halt"
+        if self._pool.free_gpus == 0 and (
+            state.budget[0] <= 0 or self._knobs.preemption is PreemptionMode.NONE
+        ):
+            return "halt"
+        return "blocked"
+
+    def _open_gpus(self) -> int:
+        """Free GPUs that no reservation holds."""
+        return self._pool.free_gpus - self._held_free
+
+    def _node_change(self, node: str, gpus_freed: int = 0, gpus_held: int = 0) -> None:
+        """Apply a change to a node's free or held GPUs, keeping `_held_free` exact."""
+        held = self._held.get(node, 0)
+        self._held_free -= min(self._pool.free(node), held)
+        if gpus_freed > 0:
+            self._pool.release(node, gpus_freed)
+        elif gpus_freed < 0:
+            self._pool.allocate(node, -gpus_freed)
+        held += gpus_held
+        if held:
+            self._held[node] = held
+        else:
+            self._held.pop(node, None)
+        self._held_free += min(self._pool.free(node), held)
+
+    def _due_stops(self, now: float, decisions: Decisions) -> None:
+        decisions.stops.extend(self._stops)
+        self._stops.clear()
+        for lease in self._preempting.values():
+            if lease.stop_sent:
+                continue
+            assert lease.stop_deadline is not None
+            if lease.lease_id in self._checkpointed_after_notice:
+                reason = "checkpointed after notice"
+            elif now >= lease.stop_deadline:
+                reason = "grace period over"
+            else:
+                continue
+            lease.stop_sent = True
+            decisions.stops.append(StopOrder(lease.lease_id, lease.request.workload_id, reason))
+
+    # -- placement, reservations, preemption --------------------------------------------------
+    def _find(
+        self, request: GangRequest, held: dict[str, int], waived: dict[str, int]
+    ) -> tuple[str, ...] | None:
+        if max(request.bundles) > self._pool.max_free():
+            return None
+        return self._pool.find(
+            request.bundles,
+            request.strategy,
+            same_node_group=request.same_node_group,
+            node_group=request.node_group,
+            held=held,
+            bonus=waived,
+        )
+
+    def _waived_for(self, workload_id: str, value: int) -> dict[str, int]:
+        """Reserved GPUs this request may use anyway: its own reservation, and reservations of
+        lower priority (a reservation only stops backfill; higher-priority work goes ahead of
+        it, as it would in the queue). Empty for plain backfill, the common case."""
+        lower = self._waived_cache.get(value)
+        if lower is None:
+            lower = {}
+            for other, amounts in self._reserved.items():
+                if self._reserved_value[other] < value:
+                    for node, gpus in amounts.items():
+                        lower[node] = lower.get(node, 0) + gpus
+            self._waived_cache[value] = lower
+        own = self._reserved.get(workload_id)
+        if not own or self._reserved_value[workload_id] < value:
+            return lower  # its own reservation is already among the lower ones (or absent)
+        merged = dict(lower)
+        for node, gpus in own.items():
+            merged[node] = merged.get(node, 0) + gpus
+        return merged
+
+    def _held_without(self, waived: dict[str, int]) -> dict[str, int]:
+        if not waived:
+            return self._held
+        out = dict(self._held)
+        for node, gpus in waived.items():
+            left = out[node] - gpus
+            if left:
+                out[node] = left
+            else:
+                del out[node]
+        return out
+
+    def _reserve(self, request: GangRequest, held: dict[str, int]) -> None:
+        group = request.node_group
+        if group is None and request.same_node_group and len(request.bundles) > 1:
+            groups = self._pool.group_names()
+            if not groups:
+                return
+            free_by_group: dict[str, int] = {}
+            for node in self._pool.nodes():
+                free_by_group[node.node_group] = (
+                    free_by_group.get(node.node_group, 0) + self._pool.free(node.name)
+                )
+            group = max(groups, key=lambda g: (free_by_group.get(g, 0), g))
+        if len(request.bundles) == 1 or request.strategy is PlacementStrategy.STRICT_PACK:
+            nodes = self._pool.most_free((request.gpus,), group, held)
+            if nodes is None:
+                return
+            self._hold(request, {nodes[0]: request.gpus})
+            return
+        nodes = self._pool.most_free(request.bundles, group, held)
+        if nodes is None:
+            return
+        amounts: dict[str, int] = {}
+        for name, size in zip(nodes, request.bundles, strict=True):
+            amounts[name] = amounts.get(name, 0) + size
+        self._hold(request, amounts)
+
+    def _hold(self, request: GangRequest, amounts: dict[str, int]) -> None:
+        workload_id = request.workload_id
+        self._drop_reservation(workload_id)
+        self._waived_cache.clear()
+        self._reserved[workload_id] = amounts
+        self._reserved_value[workload_id] = self._priority[request.priority_class].value
+        for node, gpus in amounts.items():
+            self._node_change(node, gpus_held=gpus)
+
+    def _drop_reservation(self, workload_id: str) -> None:
+        amounts = self._reserved.pop(workload_id, None)
+        if amounts is None:
+            return
+        self._waived_cache.clear()
+        del self._reserved_value[workload_id]
+        for node, gpus in amounts.items():
+            self._node_change(node, gpus_held=-gpus)
+
+    def _try_preempt(
+        self,
+        pending: PendingWorkload,
+        waived: dict[str, int],
+        now: float,
+        decisions: Decisions,
+        state: _Pass,
+        own_entry_only: bool = False,
+    ) -> bool:
+        request = pending.request
+        budget = state.budget
+        failed_shapes = state.failed_shapes
+        if self._knobs.preemption is PreemptionMode.NONE or budget[0] <= 0:
+            return False
+        shape = (request.team, request.workload_class, request.priority_class, request.bundles,
+                 request.strategy, request.same_node_group, request.node_group, own_entry_only)
+        if shape in failed_shapes or now < self._next_victim_search.get(shape, now):
+            return False
+        if not self._victims_may_exist(request):
+            return False
+        budget[0] -= 1
+        held = self._held_without(waived)
+        running = self._running
+        if own_entry_only:
+            key = self._key(request)
+            running = {key: self._running[key]} if key in self._running else {}
+        plan = self._victims.plan(request, running, held, now)
+        if plan is not None and own_entry_only:
+            freed = sum(v.lease.gpus for v in plan.victims)
+            may_borrow = self._knobs.borrowing and self._priority[request.priority_class].preemptible
+            if not self._book.check(self._key(request), request.gpus, self._pool.total_gpus,
+                                    may_borrow, freed).allowed:
+                plan = None
+        if plan is None:
+            # Same-shaped requests would find the same nothing; look again after a while.
+            failed_shapes.add(shape)
+            self._next_victim_search[shape] = now + self._knobs.preemption_retry_s
+            return False
+        self._notify(request, plan, now, decisions)
+        return True
+
+    def _may_preempt_for(self, level: int, budget: list[int]) -> bool:
+        if self._knobs.preemption is PreemptionMode.NONE or budget[0] <= 0:
+            return False
+        if any(g > 0 for v, g in self._preemptible_gpus.items() if v < level):
+            return True
+        return self._knobs.enforce_quota and self._knobs.preemption is not PreemptionMode.PRIORITY
+
+    def _victims_may_exist(self, request: GangRequest) -> bool:
+        """Cheap upper bound on victim GPUs, so hopeless searches are skipped."""
+        mine = self._priority[request.priority_class].value
+        lower = sum(g for v, g in self._preemptible_gpus.items() if v < mine)
+        if lower >= request.gpus:
+            return True
+        if not self._knobs.enforce_quota or self._knobs.preemption is PreemptionMode.PRIORITY:
+            return False
+        return self._book.reclaiming(self._key(request), request.gpus)
+
+    def _notify(self, request: GangRequest, plan: VictimPlan, now: float, decisions: Decisions) -> None:
+        self._victims.forget({v.lease.lease_id for v in plan.victims})
+        deadline = now + self._knobs.preemption_grace_s
+        waiting: set[str] = set()
+        for rank, victim in enumerate(plan.victims):
+            lease = victim.lease
+            lease.state = LeaseState.PREEMPTING
+            self._preempting[lease.lease_id] = lease
+            lease.notice_at = now
+            lease.stop_deadline = deadline
+            self._count_preemptible(lease, -1)
+            if self._knobs.enforce_quota:
+                self._book.mark_leaving(self._key(lease.request), lease.gpus)
+            waiting.add(lease.lease_id)
+            decisions.notices.append(PreemptionNotice(
+                lease.lease_id, lease.request.workload_id, victim.reason, request.workload_id,
+                rank, deadline, victim.lost_gpu_seconds,
+            ))
+        amounts: dict[str, int] = {}
+        for node, size in zip(plan.placement, request.bundles, strict=True):
+            amounts[node] = amounts.get(node, 0) + size
+        self._hold(request, amounts)  # the victims' GPUs go to this gang, not backfill
+        self._awaiting[request.workload_id] = waiting
+        if self._knobs.enforce_quota:
+            self._book.mark_arriving(self._key(request), request.gpus)
+
+    # -- bookkeeping ---------------------------------------------------------------------------
+    def _start(
+        self,
+        pending: PendingWorkload,
+        placement: tuple[str, ...],
+        borrowing: bool,
+        now: float,
+        decisions: Decisions,
+    ) -> None:
+        request = pending.request
+        workload = request.workload_id
+        self._queues.remove(workload)
+        self._drop_reservation(workload)
+        self._stop_awaiting(request)
+        attempt = self._attempts.get(workload, 0) + 1
+        self._attempts[workload] = attempt
+        lease = Lease(f"{workload}#{attempt}", request, placement, now, pending.submitted_at, borrowing)
+        for node, size in zip(placement, request.bundles, strict=True):
+            self._node_change(node, gpus_freed=-size)
+        self._book.charge(self._book.key(request.team, request.workload_class), request.gpus)
+        self._usage.change(request.team, request.gpus, now)
+        self._leases[lease.lease_id] = lease
+        self._lease_of[workload] = lease.lease_id
+        self._count_preemptible(lease, +1)
+        decisions.starts.append(LeaseStart(lease.lease_id, workload, request.team, placement, borrowing))
+
+    def _stop_awaiting(self, request: GangRequest) -> None:
+        if self._awaiting.pop(request.workload_id, None) is not None and self._knobs.enforce_quota:
+            self._book.mark_arriving(self._key(request), -request.gpus)
+
+    def _key(self, request: GangRequest) -> tuple[str, int]:
+        return self._book.key(request.team, request.workload_class)
+
+    def _free_lease(self, lease: Lease, now: float) -> None:
+        request = lease.request
+        if lease.state is LeaseState.PREEMPTING and lease.notice_at is not None and self._knobs.enforce_quota:
+            self._book.mark_leaving(self._key(request), -lease.gpus)
+        for node, size in zip(lease.placement, request.bundles, strict=True):
+            self._node_change(node, gpus_freed=size)
+        self._book.charge(self._book.key(request.team, request.workload_class), -request.gpus)
+        self._usage.change(request.team, -request.gpus, now)
+        if lease.state is LeaseState.RUNNING:
+            self._count_preemptible(lease, -1)
+
+    def _count_preemptible(self, lease: Lease, sign: int) -> None:
+        """Track a lease entering (+1) or leaving (-1) the running, victim-eligible set."""
+        key = self._key(lease.request)
+        if sign > 0:
+            self._running.setdefault(key, {})[lease.lease_id] = lease
+        else:
+            del self._running[key][lease.lease_id]
+            if not self._running[key]:
+                del self._running[key]
+        priority = self._priority[lease.request.priority_class]
+        if priority.preemptible:
+            self._preemptible_gpus[priority.value] = (
+                self._preemptible_gpus.get(priority.value, 0) + sign * lease.gpus
+            )
+
+    def _enqueue(self, pending: PendingWorkload) -> None:
+        # FIFO ignores priority: one level for everything.
+        value = 0 if self._knobs.ordering is Ordering.FIFO else (
+            self._priority[pending.request.priority_class].value
+        )
+        self._queues.add(value, pending)
+
+    def _validate(self, request: GangRequest) -> None:
+        try:
+            team = self.policy.team(request.team)
+            self.policy.priority(request.priority_class)
+            team.quota_index(request.workload_class)
+        except KeyError as err:
+            raise ValueError(f"workload {request.workload_id!r}: {err.args[0]}") from None
+        if not request.bundles or min(request.bundles) <= 0:
+            raise ValueError(f"workload {request.workload_id!r}: bundles must be positive GPU counts, "
+                             f"got {request.bundles}")
+
+    # -- read-only views ----------------------------------------------------------------------
+    @property
+    def pool(self) -> NodePool:
+        return self._pool
+
+    def leases(self) -> dict[str, Lease]:
+        return dict(self._leases)
+
+    def lease_of(self, workload_id: str) -> Lease | None:
+        lease_id = self._lease_of.get(workload_id)
+        return None if lease_id is None else self._leases[lease_id]
+
+    def pending(self) -> list[PendingWorkload]:
+        return list(self._queues.items())
+
+    def pending_count(self) -> int:
+        return len(self._queues)
+
+    def reservations(self) -> dict[str, dict[str, int]]:
+        return {w: dict(r) for w, r in self._reserved.items()}
+
+    def team_usage(self, team: str) -> int:
+        return self._book.team_usage(team)
+
+    def snapshot(self, now: float) -> ClusterSnapshot:
+        return build_snapshot(self.policy, self._pool, self._book, self._usage, self._leases,
+                              list(self._queues.items()), self._reserved, now)

@@ -1,0 +1,45 @@
+"""The policies compared, as knob settings of the one core (same placement code for all)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from enum import StrEnum
+
+from switchyard.scheduler.core.policy import Ordering, PolicyKnobs, PreemptionMode
+
+
+class PolicyName(StrEnum):
+    SWITCHYARD = "switchyard"
+    FIFO = "fifo"
+    PRIORITY = "priority"
+    STATIC = "static"
+    KUEUE = "kueue"
+
+
+def knobs_for(name: PolicyName, switchyard: PolicyKnobs) -> PolicyKnobs:
+    grace = switchyard.preemption_grace_s
+    if name is PolicyName.SWITCHYARD:
+        return switchyard
+    return replace(_baseline(name, switchyard, grace), starvation_after_s=None, restart_cost_s=0.0)
+
+
+def _baseline(name: PolicyName, switchyard: PolicyKnobs, grace: float) -> PolicyKnobs:
+    if name is PolicyName.FIFO:
+        # Submit order, no quotas, no preemption; the head of the queue blocks everyone.
+        return PolicyKnobs(Ordering.FIFO, PreemptionMode.NONE, borrowing=True, enforce_quota=False,
+                           backfill=False, max_reservations=0, preemption_grace_s=grace)
+    if name is PolicyName.PRIORITY:
+        # Strict priority: no quotas; a higher priority preempts lower (lowest, newest first).
+        return PolicyKnobs(Ordering.PRIORITY, PreemptionMode.PRIORITY, borrowing=True,
+                           enforce_quota=False, backfill=True, max_reservations=0,
+                           preemption_grace_s=grace)
+    if name is PolicyName.STATIC:
+        # Each team capped at its guarantee, FIFO within it, nothing borrowed or preempted.
+        return PolicyKnobs(Ordering.PRIORITY, PreemptionMode.NONE, borrowing=False,
+                           enforce_quota=True, backfill=True, max_reservations=0,
+                           preemption_grace_s=grace)
+    # Kueue-like: quota + borrowing + priority/reclaim preemption, BestEffortFIFO, no
+    # reservations, victims ordered without regard to checkpoints.
+    return PolicyKnobs(Ordering.PRIORITY, PreemptionMode.KUEUE, borrowing=True, enforce_quota=True,
+                       backfill=True, max_reservations=0, preemption_grace_s=grace,
+                       max_preemption_attempts=switchyard.max_preemption_attempts)

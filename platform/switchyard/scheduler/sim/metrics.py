@@ -1,0 +1,112 @@
+"""Report metrics from a finished simulation (definitions in docs/scheduler.md)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from switchyard.scheduler.sim.engine import JobRecord, SimTrace
+
+GANG_BUCKETS = (("1", 1, 1), ("2-4", 2, 7), ("8+", 8, 1 << 30))
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """Nearest-rank percentile (q in 0..100); 0.0 for no values."""
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    rank = max(1, -(-len(ordered) * q // 100))
+    return float(ordered[int(rank) - 1])
+
+
+def wait_stats(records: Sequence[JobRecord]) -> dict[str, float]:
+    waits = [r.wait_s for r in records]
+    return {
+        "jobs": len(records),
+        "wait_p50_s": round(percentile(waits, 50), 1),
+        "wait_p90_s": round(percentile(waits, 90), 1),
+        "wait_p99_s": round(percentile(waits, 99), 1),
+    }
+
+
+def jain(values: Sequence[float]) -> float:
+    if not values or not any(values):
+        return 1.0
+    return sum(values) ** 2 / (len(values) * sum(v * v for v in values))
+
+
+def merged_length(intervals: list[tuple[float, float]]) -> float:
+    total = 0.0
+    end = float("-inf")
+    for lo, hi in sorted(intervals):
+        if hi <= end:
+            continue
+        total += hi - max(lo, end)
+        end = hi
+    return total
+
+
+@dataclass(frozen=True, slots=True)
+class ReportInputs:
+    trace: SimTrace
+    quotas: dict[str, int]
+    slo_bound_s: float
+    offered_gpu_s: float
+
+
+def team_report(records: Sequence[JobRecord], quota: int) -> dict[str, object]:
+    out: dict[str, object] = dict(wait_stats(records))
+    out["quota_gpus"] = quota
+    out["wait_by_gang"] = {
+        name: wait_stats([r for r in records if lo <= r.gpus <= hi]) for name, lo, hi in GANG_BUCKETS
+    }
+    done = [r.finish_s - r.submit_s for r in records if r.finish_s is not None]
+    out["jct_mean_s"] = round(sum(done) / len(done), 1) if done else 0.0
+    out["jct_p50_s"] = round(percentile(done, 50), 1)
+    out["unfinished"] = len(records) - len(done)
+    out["unstarted"] = sum(1 for r in records if r.first_start_s is None)
+    return out
+
+
+def build_report(inputs: ReportInputs) -> dict[str, object]:
+    trace = inputs.trace
+    window = trace.window
+    span = window.end_s - window.start_s
+    by_team: dict[str, list[JobRecord]] = {}
+    for record in trace.jobs:
+        by_team.setdefault(record.team, []).append(record)
+    teams = {t: team_report(rs, inputs.quotas.get(t, 0)) for t, rs in sorted(by_team.items())}
+    fairness_inputs = []
+    for team, records in by_team.items():
+        demand = sum(r.gpus * r.duration_s for r in records)
+        entitled = min(inputs.quotas.get(team, 0) * span, demand)
+        if entitled > 0:
+            fairness_inputs.append(min(1.0, trace.served_gpu_s.get(team, 0.0) / entitled))
+    violations = []
+    for replica in trace.inference:
+        started = replica.first_start_s if replica.first_start_s is not None else (
+            replica.finish_s if replica.finish_s is not None else trace.end_s)
+        late_from = replica.submit_s + inputs.slo_bound_s
+        lo, hi = max(late_from, window.start_s), min(started, window.end_s)
+        if hi > lo:
+            violations.append((lo, hi))
+    lost = sum(r.lost_gpu_s for r in trace.jobs) + sum(
+        r.lost_gpu_s for r in trace.inference
+    )
+    waits_p99 = [t["wait_p99_s"] for t in teams.values() if isinstance(t["wait_p99_s"], float)]
+    return {
+        "capacity_gpus": trace.capacity,
+        "window_days": round(span / 86400, 2),
+        "offered_load": round(inputs.offered_gpu_s / (trace.capacity * span), 4),
+        "utilization": round(trace.allocated_gpu_s / (trace.capacity * span), 4),
+        "jain_fairness": round(jain(fairness_inputs), 4),
+        "inference_slo_attainment": round(1.0 - merged_length(violations) / span, 6),
+        "inference_slo_bound_s": inputs.slo_bound_s,
+        "preemptions": trace.preemption_notices,
+        "lost_gpu_hours": round(lost / 3600, 1),
+        "priority_inversion_hours": round(trace.inversion_s / 3600, 1),
+        "worst_team_wait_p99_s": max(waits_p99, default=0.0),
+        "jobs": len(trace.jobs),
+        "events": trace.events,
+        "teams": teams,
+    }
