@@ -32,6 +32,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--job-id", default=None, help="id preemption notices are addressed to (default: the job name)")
     parser.add_argument(
+        "--team",
+        default=os.environ.get("SWITCHYARD_TEAM"),
+        help="the team whose GPU quota the job uses (default: $SWITCHYARD_TEAM)",
+    )
+    parser.add_argument("--priority", default="training", help="priority class in policies/scheduler.yaml")
+    parser.add_argument(
         "--profile",
         default=None,
         metavar="DIR",

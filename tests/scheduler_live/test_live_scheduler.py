@@ -23,8 +23,9 @@ def granted(actor: Any, workload_id: str, timeout: float = 20.0) -> Any:
     return wait_for(lambda: ray.get(actor.lease.remote(workload_id)), timeout)
 
 
-def test_eight_gpu_gang_lands_on_one_node_group(scheduler_factory: Callable[..., Any],
-                                                ray_cluster: dict[str, Any]) -> None:
+def test_eight_gpu_gang_lands_on_one_node_group(
+    scheduler_factory: Callable[..., Any], ray_cluster: dict[str, Any]
+) -> None:
     actor = scheduler_factory()
     sub = gang("research", (8,), strategy=PlacementStrategy.STRICT_PACK, same_node_group=True)
     ray.get(actor.submit.remote(sub))
@@ -62,8 +63,13 @@ def test_preemption_notice_requeue_and_resume(scheduler_factory: Callable[..., A
     for sub in (small, big):
         ray.get(actor.submit.remote(sub))
     leases = {sub.workload_id: granted(actor, sub.workload_id) for sub in (small, big)}
-    serve = gang("prod", (8,), workload_class=WorkloadClass.INFERENCE, priority_class="production-inference",
-                 strategy=PlacementStrategy.STRICT_PACK)
+    serve = gang(
+        "prod",
+        (8,),
+        workload_class=WorkloadClass.INFERENCE,
+        priority_class="production-inference",
+        strategy=PlacementStrategy.STRICT_PACK,
+    )
     ray.get(actor.submit.remote(serve))
 
     def noticed() -> tuple[str, Any] | None:
@@ -119,8 +125,9 @@ def test_gpu_use_outside_any_lease_is_detected_and_stopped(scheduler_factory: Ca
     rogue = placement_group([{"GPU": 1, "CPU": 0}] * 2, strategy="PACK")
     ray.get(rogue.ready(), timeout=30)
     try:
-        report = wait_for(lambda: (s := ray.get(actor.status.remote())["outside_leases"]) and s["unleased"] and s,
-                          timeout=30)
+        report = wait_for(
+            lambda: (s := ray.get(actor.status.remote())["outside_leases"]) and s["unleased"] and s, timeout=30
+        )
         offender = report["unleased"][0]
         assert offender["gpus"] == 2 and offender["job_id"] == ray.get_runtime_context().get_job_id()
         # Enforcement is on: the rogue placement group is removed.

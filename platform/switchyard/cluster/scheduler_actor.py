@@ -68,6 +68,7 @@ class _Effects:
     """Side effects of one tick, carried out after the lock is released (they do I/O)."""
 
     launch: list[tuple[str, str, int]] = field(default_factory=list)  # workload, lease, attempt
+    admitted: list[str] = field(default_factory=list)  # workloads whose old notices must go
     notify: list[Notice] = field(default_factory=list)
     stop: list[LaunchedJob] = field(default_factory=list)
 
@@ -236,6 +237,7 @@ class SchedulerActor:
             sub = s.submissions[start.workload_id]
             s.grants[start.workload_id] = self._grant(start.lease_id, sub, start.placement, start.borrowing, now)
             s.notices.pop(start.workload_id, None)
+            effects.admitted.append(start.workload_id)
             s.attempts[start.workload_id] = s.attempts.get(start.workload_id, 0) + 1
             waited = now - s.queued_since.pop(start.workload_id, now)
             self._metrics.admitted(sub.team, sub.priority_class, sum(sub.bundles), waited)
@@ -271,22 +273,32 @@ class SchedulerActor:
                 lost_gpu_s=round(notice.lost_gpu_seconds, 1),
             )
         for stop in decisions.stops:
-            if stop.workload_id in s.launched:
+            # A victim that checkpointed after its notice is already on its way out: let it
+            # exit cleanly. Stop the Ray job only when the grace period ran out or on cancel.
+            if stop.workload_id in s.launched and stop.reason != "checkpointed after notice":
                 effects.stop.append(s.launched[stop.workload_id])
-            self._journal.event("stop_order", stop.workload_id, "", now, reason=stop.reason)
+            team = s.submissions[stop.workload_id].team
+            self._journal.event("stop_order", stop.workload_id, team, now, reason=stop.reason)
             lease = s.core.leases().get(stop.lease_id)
             if lease is not None:
-                # The job is being stopped: release now, requeueing unless it was cancelled.
+                # Its GPUs go back now, requeueing it unless it was cancelled.
                 finished = stop.reason == "cancelled" or lease.state is not LeaseState.PREEMPTING
                 requeued = s.core.release(stop.lease_id, now, finished=finished)
                 self._forget_lease(stop.workload_id, requeued, now)
+                self._journal.event(
+                    "requeued" if requeued else "released", stop.workload_id, team, now, lease_id=stop.lease_id
+                )
         return effects
 
     def _carry_out(self, effects: _Effects, now: float) -> None:
         from switchyard.train.ray_preemption import GcsPreemptionChannel
 
+        channel = GcsPreemptionChannel()
+        for workload in effects.admitted:
+            # A requeued job's last notice must not stop its next run at the first step.
+            channel.clear(workload)
         for notice in effects.notify:
-            GcsPreemptionChannel().send_notice(notice.workload_id, notice.reason, notice.stop_deadline)
+            channel.send_notice(notice.workload_id, notice.reason, notice.stop_deadline)
         for job in effects.stop:
             if self._launcher is not None:
                 self._launcher.stop(job)
