@@ -33,7 +33,9 @@ def call_gateway(gateway_url: str, api_key: str) -> dict[str, Any]:
     }
 
 
-def scheduler_gang_admission(ray_address: str, gpus: int = 8, timeout_s: float = 60.0) -> dict[str, Any]:
+def scheduler_gang_admission(
+    ray_address: str, team: str = "research", gpus: int = 8, timeout_s: float = 60.0
+) -> dict[str, Any]:
     """Ask the live scheduler for an 8-GPU gang on one node group, wait for the grant, release it."""
     from switchyard.cluster.head import PLATFORM_ENV
 
@@ -47,8 +49,9 @@ def scheduler_gang_admission(ray_address: str, gpus: int = 8, timeout_s: float =
     ray.init(address=ray_address, namespace=NAMESPACE, logging_level="WARNING", log_to_driver=False)
     try:
         scheduler = ray.get_actor(SCHEDULER_ACTOR, namespace=NAMESPACE)
-        teams = ray.get(scheduler.status.remote())["teams"]
-        team = next(t["team"] for t in teams if t["guaranteed_gpus"] > 0)
+        teams = {t["team"] for t in ray.get(scheduler.status.remote())["teams"]}
+        if team not in teams:
+            raise RuntimeError(f"policies/scheduler.yaml has no team {team!r} (teams: {sorted(teams)})")
         submission = WorkloadSubmission(
             team=team,
             bundles=(gpus,),
