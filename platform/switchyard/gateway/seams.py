@@ -95,7 +95,9 @@ class RateLimited(Exception):
 class BudgetGate(Protocol):
     """Reserve before calling a provider, settle to the actual cost after, release on failure."""
 
-    async def estimate(self, ctx: RequestContext, model: str, messages: list[dict[str, str]], max_tokens: int) -> CostEstimate: ...
+    async def estimate(
+        self, ctx: RequestContext, model: str, messages: list[dict[str, str]], max_tokens: int
+    ) -> CostEstimate: ...
 
     async def reserve(self, ctx: RequestContext, estimate: CostEstimate) -> Reservation:
         """All or nothing over every applicable budget; raises OverBudget or RateLimited."""
