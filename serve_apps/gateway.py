@@ -89,7 +89,12 @@ class Gateway:
         self._refresh_task: asyncio.Task[None] | None = None
 
     def __serve_build_asgi_app__(self) -> FastAPI:
-        return create_app(lambda: self.pipeline, routers=self.routers, lifespan=self._lifespan)
+        return create_app(
+            lambda: self.pipeline,
+            routers=self.routers,
+            lifespan=self._lifespan,
+            policy_state=self.sources.policies.status,
+        )
 
     @asynccontextmanager
     async def _lifespan(self, app: FastAPI) -> AsyncIterator[None]:

@@ -22,13 +22,24 @@ REPO = Path(__file__).resolve().parents[1]
 
 def pytest_configure(config: pytest.Config) -> None:
     # Before any test module imports ray: Ray reads its auth mode once, at import.
-    from switchyard.cluster.head import PLATFORM_ENV
+    from switchyard.cluster.head import PLATFORM_ENV, free_port
 
     os.environ.update(PLATFORM_ENV)
+    # The session cluster's HAProxy listeners must not take the fixed default ports that the
+    # platform a test starts with `switchyard up` (or a developer's) would use.
+    os.environ["RAY_SERVE_HAPROXY_STATS_PORT"] = str(free_port())
+    os.environ["RAY_SERVE_HAPROXY_METRICS_PORT"] = str(free_port())
     # Ray Train V2's controller checks faster with these: 16-21 s per fit() here instead of 20-29 s.
     os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.25")
     os.environ.setdefault("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER", "0")
     os.environ.setdefault("RAY_TRAIN_ENABLE_STATE_ACTOR_RECONCILIATION", "0")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    # Tests that start a Ray cluster of their own (`switchyard up` on a fresh head) run first,
+    # before the shared session cluster exists: two clusters on one machine contend for
+    # HAProxy's listeners and Ray's worker ports.
+    items.sort(key=lambda item: 0 if item.get_closest_marker("own_cluster") else 1)
 
 
 @pytest.fixture(scope="session")

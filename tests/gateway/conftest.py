@@ -22,16 +22,15 @@ ENV = {
 }
 
 
-@pytest.fixture(scope="session")
-def gw_env() -> Iterator[None]:
-    saved = {k: os.environ.get(k) for k in ENV}
+def pytest_configure(config: pytest.Config) -> None:
+    # The fake providers' credentials, in the environment before the session's Ray cluster
+    # starts: Serve replicas inherit the environment of the raylet that starts them.
     os.environ.update(ENV)
-    yield
-    for k, v in saved.items():
-        if v is None:
-            os.environ.pop(k, None)
-        else:
-            os.environ[k] = v
+
+
+@pytest.fixture(scope="session")
+def gw_env() -> None:
+    """The credentials are in the environment (see `pytest_configure`); a marker for readers."""
 
 
 @pytest.fixture(scope="session")

@@ -40,6 +40,7 @@ def pid_alive(pid: int) -> bool:
     return True
 
 
+@pytest.mark.own_cluster
 def test_local_platform_up_status_down(tmp_path: Path) -> None:
     state = str(tmp_path / "state")
     up = as_json(switchyard("up", "--demo", "--detach", "--gpus", "8", "--state-dir", state, "--json"))

@@ -53,10 +53,10 @@ def platform_scheduler(ray_cluster: dict[str, Any], tmp_path: Path) -> Iterator[
     ray.kill(actor, no_restart=True)
 
 
-def job_spec(tmp_path: Path) -> Path:
+def job_spec(tmp_path: Path, steps: int = 40) -> Path:
     spec = {
         "name": "sched-e2e",
-        "steps": 40,
+        "steps": steps,
         "seed": 0,
         "num_workers": 2,
         "model": {"preset": "tiny"},

@@ -47,12 +47,17 @@ def run_head(state_dir: Path, policies_dir: Path, gpus: int, cpus: int, demo: bo
     temp_dir = short_temp_dir(state_dir)
     temp_dir.mkdir(exist_ok=True)
     os.environ.update(PLATFORM_ENV)
+    # HAProxy's stats and metrics listeners have fixed default ports on all interfaces; a second
+    # platform on the same machine (a developer's, a test's) must not collide with the first.
+    os.environ.setdefault("RAY_SERVE_HAPROXY_STATS_PORT", str(free_port()))
+    os.environ.setdefault("RAY_SERVE_HAPROXY_METRICS_PORT", str(free_port()))
     # Ray records "the current cluster" under $RAY_TMPDIR/ray, where a bare `ray.init()` would
     # find and attach to it; keep that record inside our own directory.
     os.environ["RAY_TMPDIR"] = str(temp_dir)
     import ray  # after the environment: Ray reads it at import and init
 
     from switchyard.cluster.deploy import deploy_gateway, start_scheduler, undeploy
+
     context = ray.init(
         address="local",
         num_gpus=gpus,

@@ -29,8 +29,13 @@ CHAT_EXAMPLE = {
 
 
 def create_app(
-    pipeline: Callable[[], ChatPipeline], routers: Iterable[APIRouter] = (), lifespan: Lifespan | None = None
+    pipeline: Callable[[], ChatPipeline],
+    routers: Iterable[APIRouter] = (),
+    lifespan: Lifespan | None = None,
+    policy_state: Callable[[], dict[str, Any]] | None = None,
 ) -> FastAPI:
+    """`policy_state` (e.g. `PolicyStore.status`) adds the policy set in force and the last
+    rejected change to `/healthz`, which `switchyard status` shows."""
     app = FastAPI(
         lifespan=lifespan,
         title="switchyard gateway",
@@ -116,7 +121,8 @@ def create_app(
     @app.get("/healthz", summary="Liveness, the policy set in force and provider circuits")
     async def healthz() -> dict[str, Any]:
         p = pipeline()
-        return {"ok": True, "policy_fingerprint": p.parts.policies().fingerprint, **p.status()}
+        policy = policy_state() if policy_state is not None else {"fingerprint": p.parts.policies().fingerprint}
+        return {"ok": True, "policy": policy, **p.status()}
 
     @app.get("/v1/switchyard/status", summary="Circuits, fallbacks and skipped candidates per provider")
     async def status() -> dict[str, Any]:
