@@ -8,11 +8,13 @@
 # to stderr, so `eval` sees only the export). Idempotent: a second call reuses the running server.
 # The cluster lives in $SWITCHYARD_PG_DIR (default /tmp/switchyard-pg), owned by the `postgres`
 # user because initdb refuses to run as root; it listens on 127.0.0.1:$SWITCHYARD_PG_PORT
-# (default 55432) with trust auth for local TCP only: a test server, never a deployment.
+# (default 25432) with trust auth for local TCP only: a test server, never a deployment.
 set -euo pipefail
 
 PGDIR=${SWITCHYARD_PG_DIR:-/tmp/switchyard-pg}
-PORT=${SWITCHYARD_PG_PORT:-55432}
+# Below the ephemeral range (32768-60999) and above Ray's worker ports (10002-19999), so no
+# outgoing connection or Ray process can be holding it when the server starts.
+PORT=${SWITCHYARD_PG_PORT:-25432}
 DB=switchyard_test
 URL="postgresql://postgres@127.0.0.1:${PORT}/${DB}"
 
@@ -56,8 +58,13 @@ if [ ! -f "$PGDIR/data/PG_VERSION" ]; then
 fi
 
 if ! as_owner "$BIN/pg_ctl" -D "$PGDIR/data" status >/dev/null 2>&1; then
-  as_owner "$BIN/pg_ctl" -D "$PGDIR/data" -l "$PGDIR/server.log" -w \
-    -o "-c listen_addresses=127.0.0.1 -p ${PORT} -k ${PGDIR} -c fsync=on" start >&2
+  # -t 180: a loaded 2-core machine can take well over pg_ctl's default 60 s.
+  if ! as_owner "$BIN/pg_ctl" -D "$PGDIR/data" -l "$PGDIR/server.log" -w -t 180 \
+      -o "-c listen_addresses=127.0.0.1 -p ${PORT} -k ${PGDIR} -c fsync=on" start >&2; then
+    say "the server did not start; its log:"
+    tail -n 30 "$PGDIR/server.log" >&2 || true
+    exit 1
+  fi
 fi
 
 if ! as_owner "$BIN/psql" -h 127.0.0.1 -p "$PORT" -U postgres -tAc \

@@ -12,7 +12,10 @@ echo "== static checks: ruff, import contracts, mypy"
 [ "${1:-}" = "--lint-only" ] && exit 0
 
 echo "== services: local Postgres for the ledger tests"
-eval "$(bash scripts/postgres.sh start)"
+# Captured first so that a server that fails to start fails this script (set -e), rather
+# than an empty eval letting the Postgres tests run without it.
+pg_env=$(bash scripts/postgres.sh start)
+eval "$pg_env"
 trap 'bash scripts/postgres.sh stop >/dev/null 2>&1 || true' EXIT
 
 echo "== tests"
