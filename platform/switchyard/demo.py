@@ -62,7 +62,7 @@ def run_demo(keep: bool = False, say: Callable[[str], None] = print, state: Path
             say(f"--keep: still running; stop it with `switchyard down --state-dir {state}`")
         else:
             _switchyard("down", "--state-dir", str(state))
-            say("9. platform down")
+            say("6. platform down")
             report.step("down")
     return report
 
@@ -71,7 +71,10 @@ def _exercise(up: dict[str, Any], state: Path, report: DemoReport, say: Callable
     from switchyard.demo_steps import call_gateway, scheduler_gang_admission
 
     chat = call_gateway(up["gateway_url"], up["demo_api_key"])
-    say(f"3. gateway chat as team 'demo': HTTP {chat['status']} {chat['summary']}")
+    say(
+        f"3. gateway chat as team 'demo': HTTP {chat['status']} from {chat.get('provider')}/{chat.get('model')}: "
+        f"{chat['summary']} (an untrained seeded model until a training job leaves a checkpoint)"
+    )
     report.step("gateway_chat", **chat)
     report.summary["gateway"] = {"requests": 1, "status": chat["status"]}
 
