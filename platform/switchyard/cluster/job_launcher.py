@@ -58,6 +58,17 @@ class JobLauncher:
             log.info("stop %s: %s", job.submission_id, exc)
             return False
 
+    def stop_ray_job(self, ray_job_id: str) -> str | None:
+        """Stop the submitted job whose driver runs as Ray job `ray_job_id`; returns its submission
+        id, or None when that Ray job is not a submitted one (a driver started by hand)."""
+        for info in self.client.list_jobs():
+            submission_id: str | None = info.submission_id
+            if info.job_id == ray_job_id and submission_id is not None:
+                if info.status in (JobStatus.PENDING, JobStatus.RUNNING):
+                    self.client.stop_job(submission_id)
+                return submission_id
+        return None
+
     def status(self, job: LaunchedJob) -> JobStatus | None:
         try:
             return self.client.get_job_status(job.submission_id)

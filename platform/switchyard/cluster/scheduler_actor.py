@@ -324,6 +324,12 @@ class SchedulerActor:
             if self._stop_unleased:
                 for action in stop_unleased(holding):
                     log.warning("enforcement: %s (job %s)", action, holding.job_id)
+                # Removing its placement groups frees the GPUs now, but Ray Train would retry
+                # forever with new ones: a submitted job is stopped as a whole.
+                if self._launcher is not None:
+                    stopped = self._launcher.stop_ray_job(holding.job_id)
+                    if stopped is not None:
+                        log.warning("enforcement: stopped Ray job %s (%s)", stopped, holding.job_id)
 
     # ------------------------------------------------------------------ helpers (lock held)
     def _sync_nodes(self, nodes: list[Node], now: float) -> None:
