@@ -2,6 +2,12 @@
 by side in one run: switchyard's gateway vs a bare Serve passthrough deployment vs calling
 the upstream directly, at concurrency 1 and 16. Prints req/s, p50, p99 and ratios.
 
+The gateway runs as deployed: budgets on the shared ledger actor (leased), the durable
+audit sink, the Presidio redactor. Two gateway targets: `qa/plain` (class `internal`: sent
+raw, audited with full bodies) and `support/reply` with a customer message full of personal
+data (class `personal`: redacted before sending, restored in the answer, stored redacted
+and encrypted), so the difference between them is what redaction adds.
+
     flock /tmp/switchyard-ray.lock .venv/bin/python bench/gateway_serve.py [--seconds 8]
 
 The fake upstream (OpenAI wire format, validating requests) runs in its own process;
@@ -33,6 +39,18 @@ from gw_fakes import OPENAI_KEY, FakeUpstreams  # noqa: E402
 from gw_harness import make_keys, make_policies  # noqa: E402
 
 BODY = {"model": "auto", "messages": [{"role": "user", "content": "Summarise my last three orders."}]}
+PERSONAL_BODY = {
+    "model": "auto",
+    "messages": [
+        {
+            "role": "user",
+            "content": "I'm Jane (jane.doe@example.com, +1 415-555-0132). My card 4111 1111 1111 1111"
+            " was charged twice for the same order; please refund one and confirm by email.",
+        }
+    ],
+    "variables": {"product": "X"},
+}
+GATEWAYS = ("gateway qa/plain", "gateway support/reply")
 
 
 def free_port() -> int:
@@ -108,7 +126,7 @@ def sequential_interleaved(
     """Concurrency 1 again, but alternating targets request by request, so that load from
     other processes on this shared machine hits every target alike."""
     out: dict[str, list[float]] = {name: [] for name in targets}
-    timing: list[str] = []
+    timing: dict[str, list[float]] = {name: [] for name in targets}
     with httpx.Client(timeout=30) as client:
         for _ in range(rounds):
             for name, (url, headers, body) in targets.items():
@@ -116,11 +134,11 @@ def sequential_interleaved(
                 r = client.post(url, json=body, headers=headers)
                 out[name].append((time.perf_counter() - t) * 1000)
                 if "server-timing" in r.headers:
-                    timing.append(r.headers["server-timing"])
-    gateway_ms = sorted(float(t.split("gateway;dur=")[1].split(",")[0]) for t in timing)
+                    timing[name].append(float(r.headers["server-timing"].split("gateway;dur=")[1].split(",")[0]))
+    in_replica = {name: sorted(v) for name, v in timing.items()}
     return {
         "latency": {k: sorted(v) for k, v in out.items()},
-        "in_replica_gateway_p50": gateway_ms[len(gateway_ms) // 2],
+        "in_replica_gateway_p50": {k: v[len(v) // 2] for k, v in in_replica.items() if v},
     }
 
 
@@ -140,6 +158,12 @@ def main(seconds: float) -> None:
         policies = make_policies(root / "policies", upstream)
         catalog = policies / "providers.yaml"  # the tests' short upstream timeout is not for load
         catalog.write_text(catalog.read_text().replace("timeout_s: 0.5", "timeout_s: 30"))
+        support = policies / "teams" / "support.yaml"  # its rate limits would answer 429s under load
+        support.write_text(
+            support.read_text()
+            .replace("requests_per_minute: 600", "requests_per_minute: 100000000")
+            .replace("tokens_per_minute: 400000", "tokens_per_minute: 100000000000")
+        )
         (root / "state").mkdir()
         keys = make_keys(root / "state")
         os.environ.update(
@@ -170,7 +194,12 @@ def main(seconds: float) -> None:
                     {**BODY, "model": "gpt-4o-mini"},
                 ),
                 "serve passthrough": (f"{base}/passthrough/v1/chat/completions", {}, BODY),
-                "switchyard gateway": (f"{base}/v1/chat/completions", {"authorization": f"Bearer {keys['qa']}"}, BODY),
+                GATEWAYS[0]: (f"{base}/v1/chat/completions", {"authorization": f"Bearer {keys['qa']}"}, BODY),
+                GATEWAYS[1]: (
+                    f"{base}/v1/chat/completions",
+                    {"authorization": f"Bearer {keys['support']}", "x-switchyard-flow": "reply"},
+                    PERSONAL_BODY,
+                ),
             }
             results: dict[tuple[str, int], dict[str, float]] = {}
             for name, (url, headers, body) in targets.items():  # each must answer 200 before measuring
@@ -191,23 +220,26 @@ def main(seconds: float) -> None:
     print(f"{'target':22} {'conc':>4} {'req/s':>8} {'p50 ms':>8} {'p99 ms':>8} {'errors':>6}")
     for (name, conc), r in results.items():
         print(f"{name:22} {conc:4d} {r['rps']:8.1f} {r['p50']:8.2f} {r['p99']:8.2f} {int(r['errors']):6d}")
-    for conc in (1, 16):
-        gw, bare = results[("switchyard gateway", conc)], results[("serve passthrough", conc)]
-        ratio = gw["rps"] / bare["rps"]
-        print(
-            f"concurrency {conc}: gateway/passthrough throughput = {ratio:.2f}x "
-            f"(target >= 0.8x: {'MET' if ratio >= 0.8 else 'NOT MET'}); added p50 = {gw['p50'] - bare['p50']:.2f} ms"
-        )
+    for gateway in GATEWAYS:
+        for conc in (1, 16):
+            gw, bare = results[(gateway, conc)], results[("serve passthrough", conc)]
+            ratio = gw["rps"] / bare["rps"]
+            print(
+                f"{gateway}, concurrency {conc}: gateway/passthrough throughput = {ratio:.2f}x "
+                f"(target >= 0.8x: {'MET' if ratio >= 0.8 else 'NOT MET'}); "
+                f"added p50 = {gw['p50'] - bare['p50']:.2f} ms"
+            )
     lat = interleaved["latency"]
     print("interleaved sequential (300 rounds):")
     for name, v in lat.items():
         print(f"  {name:22} p50 {v[len(v) // 2]:6.2f} ms  mean {sum(v) / len(v):6.2f} ms")
-    gw_mean = sum(lat["switchyard gateway"]) / len(lat["switchyard gateway"])
     bare_mean = sum(lat["serve passthrough"]) / len(lat["serve passthrough"])
-    print(
-        f"  gateway/passthrough throughput (1/mean) = {bare_mean / gw_mean:.2f}x; "
-        f"gateway time inside the replica (server-timing) p50 = {interleaved['in_replica_gateway_p50']:.2f} ms"
-    )
+    for gateway in GATEWAYS:
+        gw_mean = sum(lat[gateway]) / len(lat[gateway])
+        print(
+            f"  {gateway}: throughput (1/mean) vs passthrough = {bare_mean / gw_mean:.2f}x; gateway time inside"
+            f" the replica (server-timing) p50 = {interleaved['in_replica_gateway_p50'][gateway]:.2f} ms"
+        )
     print(f"load average at the end: {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
     print(f"reproduce: flock /tmp/switchyard-ray.lock .venv/bin/python bench/gateway_serve.py --seconds {seconds:g}")
 

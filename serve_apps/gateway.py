@@ -4,7 +4,11 @@ request pipeline in its replica (no handle hop except the call to an in-cluster 
     serve run serve_apps.gateway:build_app policies_dir=policies state_dir=.switchyard
 
 Optional args: `checkpoints_dir` (local model checkpoints), `num_replicas`,
-`app_name` (the Serve application name, for in-cluster providers; default `gateway`).
+`app_name` (the Serve application name, for in-cluster providers; default `gateway`),
+`local_model_gpus` / `local_model_max_replicas` (the local model on GPUs in the inference pool,
+see `serve_apps.local_model.gpu_options`; with GPUs, a CPU replica of the same model,
+`local-model-cpu`, is deployed beside it for flows that fall back to it when the pool is
+saturated).
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ from fastapi import FastAPI, HTTPException, Request
 from ray import serve
 from ray.serve.handle import DeploymentHandle
 
-from serve_apps.local_model import LocalModel
+from serve_apps.local_model import LocalModel, gpu_options
 from switchyard.audit.gateway import gateway_audit_parts, gateway_audit_router
 from switchyard.budgets.http import spend_router
 from switchyard.cluster.audit_metrics import SpoolBacklogGauge
@@ -56,7 +60,12 @@ def _bearer_principal(keys: KeySnapshot) -> Callable[[Request], Principal]:
 @serve.ingress()
 class Gateway:
     def __init__(
-        self, policies_dir: str, state_dir: str, local_model: DeploymentHandle | None = None, app_name: str = "gateway"
+        self,
+        policies_dir: str,
+        state_dir: str,
+        local_model: DeploymentHandle | None = None,
+        app_name: str = "gateway",
+        local_model_cpu: DeploymentHandle | None = None,
     ) -> None:
         self.sources = Sources.open(policies_dir, state_dir)
         replica = serve.get_replica_context().replica_id.unique_id
@@ -68,7 +77,8 @@ class Gateway:
         self.local_metrics = InMemoryMetrics()
         metrics = FanOutMetrics(self.local_metrics, RayGatewayMetrics())
         keys = self.sources.key_snapshot()
-        bound = {"local-model": local_model} if local_model is not None else {}
+        handles = (("local-model", local_model), ("local-model-cpu", local_model_cpu))
+        bound = {name: handle for name, handle in handles if handle is not None}
         self.parts = GatewayParts(
             policies=lambda: self.sources.policies.current,
             keys=keys,
@@ -98,6 +108,8 @@ class Gateway:
 
     @asynccontextmanager
     async def _lifespan(self, app: FastAPI) -> AsyncIterator[None]:
+        # Charges a killed replica on this host journaled but never sent reach the ledger first.
+        await self.budget.recover()
         self._refresh_task = asyncio.get_running_loop().create_task(self.refresher.run())
         yield
         self._refresh_task.cancel()
@@ -114,6 +126,12 @@ class Gateway:
 
 def build_app(args: dict[str, str]) -> serve.Application:
     app_name = args.get("app_name", "gateway")
-    local = LocalModel.bind(args.get("checkpoints_dir"))  # type: ignore[attr-defined]
+    on_gpus = gpu_options(args)
+    local = LocalModel.options(**on_gpus).bind(args.get("checkpoints_dir"))  # type: ignore[attr-defined]
+    cpu = (
+        LocalModel.options(name="local-model-cpu").bind(args.get("checkpoints_dir"))  # type: ignore[attr-defined]
+        if on_gpus
+        else None
+    )
     gateway = Gateway.options(num_replicas=int(args.get("num_replicas", "1")))  # type: ignore[attr-defined]
-    return gateway.bind(args["policies_dir"], args["state_dir"], local, app_name)
+    return gateway.bind(args["policies_dir"], args["state_dir"], local, app_name, cpu)

@@ -81,32 +81,41 @@ def main(argv: Sequence[str] | None = None) -> int:
 def run_admitted(spec: JobSpec, args: argparse.Namespace) -> TrainResult:
     """Ask the platform's scheduler for the job's GPUs (waiting in its queue), train on exactly
     the granted nodes, and give the GPUs back: finished, or preempted and requeued."""
-    from switchyard.cluster.admission import NoScheduler, admit, training_submission
-    from switchyard.cluster.job_launcher import WORKLOAD_ENV
+    from switchyard.cluster.admission import NoScheduler, admit, launched_workload, training_submission
     from switchyard.train.ray_trainer import run_on_ray
 
+    log = logging.getLogger(__name__)
+    launched = launched_workload() is not None
     submission = None
-    if WORKLOAD_ENV not in os.environ:
+    if not launched:
         if not args.team:
             raise ValueError("--team (or $SWITCHYARD_TEAM) is required: GPUs are granted against a team's quota")
-        submission = training_submission(spec.name, spec.num_workers, args.team, args.priority)
+        submission = training_submission(
+            spec.name, spec.gpus, args.team, args.priority, gpus_per_worker=spec.gpus_per_worker
+        )
     try:
         admission = admit(submission)
     except NoScheduler as exc:
-        logging.getLogger(__name__).warning("%s: running without admission (plain Ray cluster)", exc)
+        log.warning("%s: running without admission (plain Ray cluster)", exc)
         return run_on_ray(spec, job_id=args.job_id)
-    finished = True  # a crash releases for good: requeueing a failing job would loop
-    try:
-        result = run_on_ray(
-            spec,
-            job_id=admission.workload_id,
-            worker_label_selectors=admission.worker_label_selectors(),
-            workload_id=admission.workload_id,
-        )
-        finished = not result.resumable
-        return result
-    finally:
-        admission.release(finished=finished)
+    while True:
+        finished = True  # a crash releases for good: requeueing a failing job would loop
+        try:
+            result = run_on_ray(
+                spec,
+                job_id=admission.workload_id,
+                worker_label_selectors=admission.worker_label_selectors(spec.gpus_per_worker),
+                workload_id=admission.workload_id,
+            )
+            finished = not result.resumable
+        finally:
+            requeued = admission.release(finished=finished)
+        if not requeued or launched:
+            return result  # a job the scheduler launched is launched again when readmitted
+        # Started by hand: no one else would resume it. Wait in the queue, holding no GPUs,
+        # and resume from the checkpoint just written when admitted again.
+        log.info("preempted at step %d; waiting to be admitted again", result.step)
+        admission = admit(None, workload_id=admission.workload_id)
 
 
 if __name__ == "__main__":

@@ -1,8 +1,11 @@
-"""A learning-rate x batch-size sweep of a job spec with Ray Tune, on CPU:
+"""A learning-rate x batch-size sweep of a job spec with Ray Tune:
 
     python -m train_jobs.sweep train_jobs/configs/ddp.yaml --lr 1e-3 3e-3 --batch-size 2 4
+    ray job submit -- python -m train_jobs.sweep CONFIG --gpus-per-trial 2 --team research
 
-Prints one JSON line per trial, best (lowest final loss) first.
+Without `--gpus-per-trial` each trial trains on one CPU. With it, each trial asks the
+platform's scheduler for its GPUs (against the team's quota, at `--priority`), waits in its
+queue and releases them when done. Prints one JSON line per trial, best (lowest final loss) first.
 """
 
 from __future__ import annotations
@@ -23,7 +26,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--lr", type=float, nargs="+", default=[1e-3, 3e-3])
     parser.add_argument("--batch-size", type=int, nargs="+", default=[2, 4])
     parser.add_argument("--steps", type=int, default=None, help="override the spec's steps")
+    parser.add_argument(
+        "--gpus-per-trial", type=int, default=0, help="GPUs each trial leases from the scheduler (default: CPU trials)"
+    )
+    parser.add_argument(
+        "--team", default=os.environ.get("SWITCHYARD_TEAM"), help="the team whose GPU quota trials use"
+    )
+    parser.add_argument("--priority", default="training", help="priority class in policies/scheduler.yaml")
+    parser.add_argument(
+        "--storage", default=None, help="Tune and checkpoint storage (shared or s3:// on a multi-node cluster)"
+    )
     args = parser.parse_args(argv)
+    if args.gpus_per_trial < 0:
+        print(f"train_jobs.sweep: --gpus-per-trial must be 0 or more, got {args.gpus_per_trial}", file=sys.stderr)
+        return 2
+    if args.gpus_per_trial and not args.team:
+        print("train_jobs.sweep: --team (or $SWITCHYARD_TEAM) is required with --gpus-per-trial", file=sys.stderr)
+        return 2
     try:
         spec = load_job_spec(args.config)
     except JobSpecError as exc:
@@ -36,7 +55,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     from switchyard.train.sweep import run_sweep
 
     ray.init(address=os.environ.get("RAY_ADDRESS") or "local", include_dashboard=False)
-    for row in run_sweep(spec, args.lr, args.batch_size, storage_path=tempfile.mkdtemp()):
+    rows = run_sweep(
+        spec,
+        args.lr,
+        args.batch_size,
+        storage_path=args.storage or tempfile.mkdtemp(),
+        gpus_per_trial=args.gpus_per_trial,
+        team=args.team,
+        priority_class=args.priority,
+    )
+    for row in rows:
         print(json.dumps(row), flush=True)
     return 0
 

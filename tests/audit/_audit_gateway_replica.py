@@ -1,5 +1,6 @@
 """One gateway replica as its own process, for the kill test: the gateway's HTTP app with the
-audit package's redactor and sink, fake in-process providers, served by uvicorn.
+audit package's redactor and sink, the real leased budget gate over the SQLite ledger in the
+state directory (with its charge journal), fake in-process providers, served by uvicorn.
 
 Usage: python _audit_gateway_replica.py POLICIES_DIR STATE_DIR PORT
 """
@@ -8,17 +9,26 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 import uvicorn
+from fastapi import FastAPI
 
 from switchyard.audit.gateway import gateway_audit_parts
+from switchyard.budgets.admission import Admissions
+from switchyard.budgets.charge_journal import ChargeJournal
+from switchyard.budgets.db import ledger_url, open_database
+from switchyard.budgets.leased_gate import LeasedBudgetGate
+from switchyard.budgets.ledger import BudgetLedger
+from switchyard.budgets.service import InProcessLedgerClient, LedgerService
 from switchyard.gateway.auth import KeySnapshot
 from switchyard.gateway.circuit import CircuitBoard
 from switchyard.gateway.http import create_app
 from switchyard.gateway.idempotency import InMemoryIdempotencyStore
-from switchyard.gateway.interim import InMemoryBudgetGate
 from switchyard.gateway.metrics import InMemoryMetrics
 from switchyard.gateway.pipeline import ChatPipeline, GatewayParts
 from switchyard.gateway.pool import ProviderPool
@@ -44,11 +54,18 @@ def main(policies: Path, state: Path, port: int) -> None:
     keys = KeyStore.in_state_dir(state)
     sink, redactor = gateway_audit_parts(store, state)
     metrics = InMemoryMetrics()
+    holder = f"replica-{os.getpid()}"
+    budget = LeasedBudgetGate(
+        Admissions(lambda: store.current),
+        InProcessLedgerClient(LedgerService(BudgetLedger(open_database(ledger_url(state))))),
+        holder,
+        journal=ChargeJournal(state / "budgets" / "journal", holder),
+    )
     parts = GatewayParts(
         policies=lambda: store.current,
         keys=KeySnapshot(keys.verifier(), keys.mtime()),
         providers=ProviderPool(overrides={n: InProcessProvider(n, answer) for n in ("openai", "anthropic", "bedrock")}),
-        budget=InMemoryBudgetGate(store.current),
+        budget=budget,
         redactor=redactor,
         audit=sink,
         metrics=metrics,
@@ -56,7 +73,15 @@ def main(policies: Path, state: Path, port: int) -> None:
         circuits=CircuitBoard(on_change=metrics.circuit_changed),
     )
     pipeline = ChatPipeline(parts)
-    uvicorn.run(create_app(lambda: pipeline), host="127.0.0.1", port=port, log_level="warning")
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        await budget.recover()  # as the Serve app does: a dead replica's journaled charges first
+        yield
+        await budget.aclose()
+        await sink.close()
+
+    uvicorn.run(create_app(lambda: pipeline, lifespan=lifespan), host="127.0.0.1", port=port, log_level="warning")
 
 
 if __name__ == "__main__":

@@ -15,9 +15,11 @@ import os
 import shutil
 import signal
 import socket
+import sqlite3
 import subprocess
 import sys
 from collections.abc import Awaitable
+from contextlib import closing
 from pathlib import Path
 
 import httpx
@@ -28,6 +30,7 @@ from switchyard.audit.record import RequestRecord
 from switchyard.audit.redaction import PresidioRedactor
 from switchyard.audit.sink import StoreAuditSink
 from switchyard.audit.store import AuditStore
+from switchyard.budgets.money import usd_to_nanos
 from switchyard.gateway.auth import KeySnapshot
 from switchyard.gateway.circuit import CircuitBoard
 from switchyard.gateway.http import create_app
@@ -200,7 +203,8 @@ async def test_killing_a_gateway_replica_under_load(tmp_path: Path) -> None:
     """SIGKILL a gateway replica (its own process) mid-load; start another on the same state.
     Every high-risk request that got a response has exactly one record, no request has two,
     the medium-risk ones that got a response lose nothing (a process crash is within the
-    spool's bound of zero), and the chain verifies."""
+    spool's bound of zero), the chain verifies, and the ledger's charges equal the audited
+    costs request by request (the dead replica's unsent charges come from its journal)."""
     state = tmp_path / "state"
     policy_store = _policies(tmp_path, state)
     keys = KeyStore.in_state_dir(state)
@@ -253,4 +257,22 @@ async def test_killing_a_gateway_replica_under_load(tmp_path: Path) -> None:
     assert missing == {}, f"{len(missing)} answered requests have no record"
     assert sum(t == "high" for t in answered.values()) > 20
     assert store.verify() == []
-    print(f"\ngateway kill: {len(answered)} answered, {len(stored)} records (in-flight at the kill may add records)")
+    audited = {
+        e.entry.request_id: usd_to_nanos(e.entry.cost_usd)
+        for e in store.find(limit=100_000)
+        if isinstance(e.entry, RequestRecord) and e.entry.status_code == 200
+    }
+    with closing(sqlite3.connect(state / "ledger.db")) as db:
+        charged = dict(db.execute("SELECT charge_id, nanos FROM charges").fetchall())
+        (spent,) = db.execute("SELECT spent_nanos FROM budget_lines WHERE key LIKE 'org:%:day:%'").fetchone()
+    unaudited = {rid: n for rid, n in charged.items() if rid not in audited}
+    assert {rid: charged.get(rid) for rid in audited} == audited, "an audited request's charge is missing or differs"
+    # A charge without a record: a request the kill cut off between settle and audit. It never
+    # got a response, and at most one per concurrent client can be in that window.
+    assert not set(unaudited) & set(answered)
+    assert len(unaudited) <= 8
+    assert spent == sum(charged.values()) == sum(audited.values()) + sum(unaudited.values())
+    print(
+        f"\ngateway kill: {len(answered)} answered, {len(stored)} records (in-flight at the kill may add records),"
+        f" ledger {spent} nanos = audited {sum(audited.values())} + {len(unaudited)} cut-off charges"
+    )

@@ -1,8 +1,8 @@
 """A prompt with personal data under redacting classes: the raw values appear nowhere.
 
 Not in the SQLite files (records, bodies, keys, WAL), the spool, the S3 objects, the
-application logs, error bodies, or metric labels. (Ray's session logs are covered by the
-gateway's end-to-end test, which runs the sink inside Serve.)
+application logs, error bodies, or metric labels. (Ray's session logs are checked through the
+gateway on Serve: tests/gateway/test_gw_serve.py::test_personal_data_reaches_no_ray_log.)
 """
 
 from __future__ import annotations

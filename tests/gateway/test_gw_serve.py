@@ -7,11 +7,13 @@ through its handle, and the idempotency store shared by two replicas.
 from __future__ import annotations
 
 import concurrent.futures
+import os
+from pathlib import Path
 
 import httpx
 import openai
 import pytest
-from gw_fakes import FakeUpstreams
+from gw_fakes import FakeUpstreams, Fault
 
 pytestmark = pytest.mark.ray
 
@@ -86,3 +88,158 @@ def test_idempotency_actor_outlives_a_replica(serve_gateway: str) -> None:
         assert claim.outcome == "replay" and claim.response is not None and claim.response.body == {"id": "x"}
 
     asyncio.run(run())
+
+
+EMAIL, PHONE, CARD = "jane.doe@example.com", "+1 415-555-0132", "4111 1111 1111 1111"
+
+
+def test_personal_data_reaches_no_ray_log(
+    serve_gateway: str, gw_dirs: tuple[object, object, dict[str, str]], upstreams: FakeUpstreams
+) -> None:
+    """The support flow's class redacts before sending and before storing. After a good
+    request, a rejected one and one whose providers all fail, each carrying personal data,
+    no raw value is in any file of the Ray session (every process's logs, Serve's request
+    logs, the dashboard's), nor in what the provider received, nor in an error body."""
+    upstreams.reset()
+    upstreams.openai.reply = "We wrote to <EMAIL_ADDRESS_1>."
+    text = f"My card {CARD} was charged twice; mail me at {EMAIL} or call {PHONE}."
+    headers = {"authorization": f"Bearer {gw_dirs[2]['support']}", "x-switchyard-flow": "reply"}
+    good = {"model": "auto", "messages": [{"role": "user", "content": text}], "variables": {"product": "X"}}
+    with httpx.Client(base_url=serve_gateway, timeout=60) as http:
+        answered = http.post("/v1/chat/completions", json=good, headers=headers)
+        assert answered.status_code == 200, answered.text
+        assert EMAIL in answered.json()["choices"][0]["message"]["content"]  # restored for the caller
+        rejected = http.post(
+            "/v1/chat/completions", json={**good, "variables": {"product": text * 3}}, headers=headers
+        )  # over the schema's maxLength
+        upstreams.openai.sticky = upstreams.anthropic.sticky = Fault("status", status=500)
+        failed = http.post("/v1/chat/completions", json=good, headers=headers)
+    sent = repr(upstreams.openai.received) + repr(upstreams.anthropic.received)
+    upstreams.reset()
+    assert rejected.status_code == 400 and failed.status_code >= 500
+    raw = (EMAIL, PHONE, CARD)
+    for response in (rejected, failed):
+        assert not [v for v in raw if v in response.text], response.text
+    assert "<EMAIL_ADDRESS_1>" in sent and not [v for v in raw if v in sent]
+    session_root = Path(os.environ["RAY_TMPDIR"])
+    files = [p for p in session_root.rglob("*") if p.is_file() and not p.is_symlink()]
+    assert any(p.name.startswith("worker-") for p in files), "the session's logs are not where expected"
+    leaks = [(str(p), v) for p in files for v in raw if v.encode() in _read(p)]
+    assert leaks == []
+
+
+def _read(path: Path) -> bytes:
+    try:
+        return path.read_bytes()
+    except FileNotFoundError:
+        return b""  # rotated away while the test scanned
+
+
+def test_killing_a_serve_replica_under_load_keeps_ledger_and_audit_reconciled(
+    serve_gateway: str, gw_dirs: tuple[Path, Path, dict[str, str]], upstreams: FakeUpstreams
+) -> None:
+    """One of the two gateway replicas is killed (`ray.kill`) under load; Serve starts a new
+    one, which sends the dead replica's journaled charges and drains its audit spool before
+    taking traffic. Then, over the requests of this test: every answered request has exactly
+    one audit record, every high-risk one too, and the ledger's charges equal the audited
+    costs request by request; a charge without a record is a request cut off by the kill."""
+    import json
+    import sqlite3
+    import threading
+    import time
+    from contextlib import closing
+
+    import ray
+    from ray import serve
+    from ray.util.state import list_actors
+
+    from switchyard.audit.record import RequestRecord
+    from switchyard.audit.store import AuditStore
+    from switchyard.budgets.money import usd_to_nanos
+
+    _, state, keys = gw_dirs
+    upstreams.reset()
+    upstreams.openai.reply = upstreams.anthropic.reply = json.dumps({"escalate": False, "reason": "routine"})
+    calls = (
+        ({"authorization": f"Bearer {keys['qa']}"}, BODY_PLAIN),
+        ({"authorization": f"Bearer {keys['payments']}"}, BODY_DISPUTE),
+    )
+    started = time.time()
+    answered: dict[str, str] = {}  # request id -> "high" / "medium", every 200 a client received
+    stop = threading.Event()
+
+    def user(n: int) -> None:
+        with httpx.Client(base_url=serve_gateway, timeout=30) as http:
+            i = n
+            while not stop.is_set():
+                headers, body = calls[i % 2]
+                i += 1
+                try:
+                    r = http.post("/v1/chat/completions", json=body, headers=headers)
+                except httpx.TransportError:
+                    continue  # the connection went with the replica
+                if r.status_code == 200:
+                    answered[r.headers["x-switchyard-request-id"]] = "high" if i % 2 == 0 else "medium"
+
+    threads = [threading.Thread(target=user, args=(n,)) for n in range(6)]
+    for t in threads:
+        t.start()
+    try:
+        deadline = time.monotonic() + 60
+        while len(answered) < 60 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        victim = next(
+            a
+            for a in list_actors(filters=[("state", "=", "ALIVE")], detail=True)
+            if a.class_name.startswith("ServeReplica:gateway:gateway")
+        )
+        ray.kill(ray.get_actor(victim.name, namespace="serve"), no_restart=True)
+        after_kill = len(answered)
+        while len(answered) < after_kill + 60 and time.monotonic() < deadline + 60:
+            time.sleep(0.05)
+    finally:
+        stop.set()
+        for t in threads:
+            t.join()
+
+    def running_replicas() -> int:
+        return int(serve.status().applications["gateway"].deployments["gateway"].replica_states.get("RUNNING", 0))
+
+    deadline = time.monotonic() + 120
+    while running_replicas() < 2 and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert running_replicas() == 2, "Serve did not replace the killed replica"
+    store = AuditStore(state / "audit" / "audit.db")
+    ledger_db = state / "ledger.db"
+
+    def reconcile() -> tuple[dict[str, int], dict[str, int], dict[str, str]]:
+        records = [e.entry for e in store.find(since=started - 1, limit=100_000)]
+        ids = [r.request_id for r in records if isinstance(r, RequestRecord)]
+        assert len(ids) == len(set(ids)), "a request has two records"
+        audited = {
+            r.request_id: usd_to_nanos(r.cost_usd)
+            for r in records
+            if isinstance(r, RequestRecord) and r.status_code == 200
+        }
+        with closing(sqlite3.connect(ledger_db)) as db:
+            charged = dict(db.execute("SELECT charge_id, nanos FROM charges WHERE at >= ?", (started - 1,)).fetchall())
+        missing = {rid: tier for rid, tier in answered.items() if rid not in audited}
+        return audited, charged, missing
+
+    deadline = time.monotonic() + 30  # the survivor's spool drains and its charges flush in the background
+    while True:
+        audited, charged, missing = reconcile()
+        if (not missing and all(charged.get(r) == n for r, n in audited.items())) or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    assert missing == {}, f"{len(missing)} answered requests have no record"
+    assert sum(t == "high" for t in answered.values()) >= 5
+    assert {rid: charged.get(rid) for rid in audited} == audited, "an audited request's charge is missing or differs"
+    cut_off = set(charged) - set(audited)
+    assert not cut_off & set(answered) and len(cut_off) <= 6
+    assert store.verify() == []
+    print(f"\nserve kill: {len(answered)} answered, {len(audited)} audited, {len(cut_off)} cut-off charges")
+
+
+BODY_PLAIN = {"model": "auto", "messages": [{"role": "user", "content": "Summarise my last three orders."}]}
+BODY_DISPUTE = {"model": "auto", "messages": [], "variables": {"dispute_id": "D-7", "summary": "charged twice"}}

@@ -15,12 +15,12 @@ import pytest
 pytestmark = pytest.mark.ray
 
 
-def switchyard(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+def switchyard(*args: str, check: bool = True, timeout: float = 400) -> subprocess.CompletedProcess[str]:
     proc = subprocess.run(
         [sys.executable, "-m", "switchyard.cli", *args],
         capture_output=True,
         text=True,
-        timeout=400,
+        timeout=timeout,
         env={**os.environ, "RAY_ADDRESS": ""},
     )
     if check and proc.returncode != 0:

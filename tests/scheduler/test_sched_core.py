@@ -39,6 +39,27 @@ def test_bad_requests_name_the_problem() -> None:
         s.cancel("nope", 0)
 
 
+def test_a_borrowing_gang_larger_than_what_it_borrowed_is_reclaimed_whole() -> None:
+    """Found by the demo: a 6-GPU job of a team with a 2-GPU guarantee borrows 4; the owner of
+    those 4 must get them back although the gang cannot be split (it goes whole, leaving its
+    team below its guarantee until it fits again). The rule used to protect it forever."""
+    s = Scheduler(policy({"inf": 3, "res": 2, "vis": 3}), nodes(1))
+    s.submit(gang("inf-0", "inf", (2,), "production-inference"), 0)
+    s.submit(gang("res-0", "res", (6,), "training"), 0)
+    assert len(s.schedule(0).starts) == 2  # 2 + 6 = the whole node
+    s.submit(gang("inf-1", "inf", (1,), "production-inference"), 10)  # within inf's guarantee
+    d = s.schedule(10)
+    assert [n.workload_id for n in d.notices] == ["res-0"]
+    assert d.notices[0].reason is PreemptionReason.RECLAIM
+    # A team that is not borrowing stays off limits: vis's own small job is never a victim.
+    s2 = Scheduler(policy({"inf": 4, "vis": 4}), nodes(1))
+    s2.submit(gang("vis-0", "vis", (4,), "training"), 0)
+    s2.submit(gang("inf-0", "inf", (4,), "production-inference"), 0)
+    assert len(s2.schedule(0).starts) == 2
+    s2.submit(gang("inf-1", "inf", (1,), "production-inference"), 1)  # over inf's guarantee
+    assert not s2.schedule(1).notices
+
+
 def test_non_preemptible_work_never_borrows() -> None:
     s = Scheduler(policy({"a": 4, "b": 4}), nodes(1))
     s.submit(gang("inf", "a", (6,), "production-inference"), 0)
@@ -74,16 +95,19 @@ def test_reclaim_is_two_phase_and_respects_the_guarantee() -> None:
     assert [x.workload_id for x in starts] == ["b0"]
 
 
-def test_checkpoint_after_notice_stops_early() -> None:
+def test_a_checkpoint_after_notice_does_not_end_the_lease_early() -> None:
+    """The reported checkpoint may be a periodic one the job started before it saw the notice:
+    its GPUs stay its own until it releases them, or until the grace period is over."""
     s = Scheduler(policy({"a": 0, "b": 8}), nodes(1))
     s.submit(gang("a0", "a", (8,), "training", checkpoint_s=600), 0)
     s.schedule(0)
     s.submit(gang("b0", "b", (8,), "exploratory"), 50)
     notice = s.schedule(50).notices[0]
     assert notice.lost_gpu_seconds == 8 * 50
-    assert not s.schedule(60).stops
     s.report_checkpoint("a0", 70)
-    assert [x.reason for x in s.schedule(70).stops] == ["checkpointed after notice"]
+    assert not s.schedule(70).stops and s.pool.free_gpus == 0
+    assert s.leases()[notice.lease_id].lost_gpu_seconds(80) == 8 * 10  # counted from the checkpoint
+    assert [x.reason for x in s.schedule(50 + PolicyKnobs().preemption_grace_s).stops] == ["grace period over"]
 
 
 def test_checkpoint_aware_picks_the_victim_that_loses_least() -> None:

@@ -47,7 +47,7 @@ class Driver:
             self.log.append(("start", start.lease_id, *start.placement))
         for notice in d.notices:
             self.log.append(("notice", notice.lease_id, notice.preemptor))
-            self.check_guarantee_after_notice(notice.lease_id, notice.preemptor)
+        self.check_victims_were_borrowing([(n.lease_id, n.preemptor) for n in d.notices])
         for stop in d.stops:
             self.log.append(("stop", stop.lease_id))
             self.s.release(stop.lease_id, self.now, finished=stop.reason == "cancelled")
@@ -74,16 +74,21 @@ class Driver:
             assert used.get(spec.name, 0) <= spec.gpus  # never over-allocated
             assert self.s.pool.free(spec.name) == spec.gpus - used.get(spec.name, 0)
 
-    def check_guarantee_after_notice(self, lease_id: str, preemptor: str) -> None:
-        victim = self.s.leases()[lease_id]
-        team = victim.request.team
-        if preemptor.split("-")[0] == team:
-            return  # same team: its usage is unchanged once the preemptor starts
-        leaving = sum(x.gpus for x in self.s.leases().values()
-                      if x.request.team == team and x.state is LeaseState.PREEMPTING)
-        arriving = sum(sum(r.values()) for w, r in self.s.reservations().items()
-                       if w.split("-")[0] == team)
-        assert self.s.team_usage(team) - leaving + arriving >= GUARANTEES[team]
+    def check_victims_were_borrowing(self, notices: list[tuple[str, str]]) -> None:
+        """Another team's lease is taken only while that team borrows: after one decision's
+        notices, each team that lost leases to another team was still above its guarantee
+        before its last victim went (a gang is taken whole, so it may end below)."""
+        taken: dict[str, list[int]] = {}
+        for lease_id, preemptor in notices:
+            victim = self.s.leases()[lease_id]
+            if preemptor.split("-")[0] != victim.request.team:  # same team: usage unchanged
+                taken.setdefault(victim.request.team, []).append(victim.gpus)
+        for team, sizes in taken.items():
+            leaving = sum(x.gpus for x in self.s.leases().values()
+                          if x.request.team == team and x.state is LeaseState.PREEMPTING)
+            arriving = sum(sum(r.values()) for w, r in self.s.reservations().items()
+                           if w.split("-")[0] == team)
+            assert self.s.team_usage(team) - leaving + max(sizes) + arriving > GUARANTEES[team]
 
 
 def replay(ops: list[tuple[object, ...]], mode: PreemptionMode) -> list[tuple[str, ...]]:

@@ -28,6 +28,23 @@ teams:
 """
 
 
+def whole_node_inference(count: int, team: str = "prod") -> list[Any]:
+    """Production-inference gangs of one whole 8-GPU node each: what reclaims borrowed GPUs."""
+    from switchyard.scheduler.api import WorkloadSubmission
+    from switchyard.scheduler.core import PlacementStrategy, WorkloadClass
+
+    return [
+        WorkloadSubmission(
+            team=team,
+            bundles=(8,),
+            workload_class=WorkloadClass.INFERENCE,
+            priority_class="production-inference",
+            strategy=PlacementStrategy.STRICT_PACK,
+        )
+        for _ in range(count)
+    ]
+
+
 def wait_for(predicate: Callable[[], Any], timeout: float = 30.0, every: float = 0.2) -> Any:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -48,13 +65,43 @@ def scheduler_factory(ray_cluster: dict[str, Any], tmp_path: Path) -> Iterator[C
     (tmp_path / "policies" / "scheduler.yaml").write_text(TEST_POLICY)
     made: list[Any] = []
 
-    def make(**kwargs: Any) -> Any:
+    def make(policy: str | None = None, **kwargs: Any) -> Any:
+        if policy is not None:  # instead of TEST_POLICY
+            (tmp_path / "policies" / "scheduler.yaml").write_text(policy)
         actor = SchedulerActor.options(  # type: ignore[attr-defined]
             name=f"test-scheduler-{uuid.uuid4().hex[:6]}", namespace="switchyard", num_cpus=0, max_restarts=-1
         ).remote(str(tmp_path / "policies"), str(tmp_path / "state"), ray_cluster["dashboard_url"], **kwargs)
         ray.get(actor.ping.remote())
         wait_for(lambda: ray.get(actor.status.remote())["total_gpus"] == 16)
         made.append(actor)
+        return actor
+
+    yield make
+    for actor in made:
+        ray.kill(actor, no_restart=True)
+
+
+@pytest.fixture
+def platform_scheduler_with(ray_cluster: dict[str, Any], tmp_path: Path) -> Iterator[Callable[..., Any]]:
+    """The scheduler under its platform name (jobs and Tune trials find it by that name), with
+    the policy given as YAML text; at most one per test."""
+    import ray
+
+    from switchyard.cluster.record import NAMESPACE, SCHEDULER_ACTOR
+    from switchyard.cluster.scheduler_actor import SchedulerActor
+
+    made: list[Any] = []
+
+    def make(policy: str, total_gpus: int = 16) -> Any:
+        assert not made, "one platform scheduler per test"
+        (tmp_path / "platform-policies").mkdir()
+        (tmp_path / "platform-policies" / "scheduler.yaml").write_text(policy)
+        actor = SchedulerActor.options(  # type: ignore[attr-defined]
+            # On the head: a test removes a GPU node, and the scheduler must not go with it.
+            name=SCHEDULER_ACTOR, namespace=NAMESPACE, num_cpus=0, label_selector={"switchyard/node-group": "head"}
+        ).remote(str(tmp_path / "platform-policies"), str(tmp_path / "platform-state"), ray_cluster["dashboard_url"])
+        made.append(actor)
+        wait_for(lambda: ray.get(actor.status.remote())["total_gpus"] == total_gpus)
         return actor
 
     yield make

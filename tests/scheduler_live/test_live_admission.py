@@ -10,10 +10,10 @@ from typing import Any
 
 import pytest
 import ray
-from ray.job_submission import JobSubmissionClient
+from ray.job_submission import JobStatus, JobSubmissionClient
 from ray.util.state import list_actors
 
-from tests.scheduler_live.conftest import wait_for
+from tests.scheduler_live.conftest import wait_for, whole_node_inference
 from tests.scheduler_live.test_live_training import job_spec, last_json_line, platform_scheduler, wait_job_end
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
@@ -73,3 +73,30 @@ def test_rogue_torchtrainer_is_detected_and_stopped(ray_cluster: dict[str, Any],
     finally:
         jobs.stop_job(job)
         ray.kill(actor, no_restart=True)
+
+
+def test_direct_job_preempted_waits_in_the_queue_and_resumes(
+    platform_scheduler: Any, ray_cluster: dict[str, Any], tmp_path: Path
+) -> None:
+    """Nothing would launch a job submitted by hand again, so after a preemption its driver
+    waits in the queue itself, holding no GPUs, and resumes from its checkpoint."""
+    jobs = JobSubmissionClient(ray_cluster["dashboard_url"])
+    job = jobs.submit_job(entrypoint=f"{sys.executable} -m train_jobs.run {job_spec(tmp_path)} --team research")
+    wait_for(lambda: any((tmp_path / "ckpt" / "sched-e2e").glob("step-*/manifest.json")), timeout=180)
+    [workload] = [w for w in ray.get(platform_scheduler.list_workloads.remote()) if w["description"] == "sched-e2e"]
+    wid = workload["workload_id"]
+    prod = whole_node_inference(2)
+    for sub in prod:
+        ray.get(platform_scheduler.submit.remote(sub))
+    prod_leases = [
+        wait_for(lambda s=s: ray.get(platform_scheduler.lease.remote(s.workload_id)), timeout=120) for s in prod
+    ]
+    assert wid in ray.get(platform_scheduler.status.remote())["pending"]  # requeued; its driver still runs
+    assert jobs.get_job_status(job) == JobStatus.RUNNING
+    ray.get(platform_scheduler.release.remote(prod_leases[1].lease_id, True))
+    done = last_json_line(wait_job_end(jobs, job, timeout=240))
+    assert done["status"] == "completed" and done["step"] == 40 and done["resumed_from"]
+    kinds = [e["kind"] for e in ray.get(platform_scheduler.events.remote(wid)) if e["kind"] != "stop_order"]
+    # The second run reported where it resumed (the event log's `resumed`, from rank 0).
+    assert kinds == ["submitted", "admitted", "preemption_notice", "requeued", "admitted", "resumed", "released"]
+    ray.get(platform_scheduler.release.remote(prod_leases[0].lease_id, True))

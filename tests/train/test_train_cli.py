@@ -73,3 +73,14 @@ def test_run_entry_point_preempts_with_exit_75_then_resumes_and_profiles(tmp_pat
     assert result["checkpoint"] == f"{tmp_path / 'ckpt'}/cli/step-00000002"
     assert any(line.startswith("step 2: total=") and "all_gather=" in line for line in lines)
     assert (tmp_path / "prof" / "trace-rank0.json").is_file()
+
+
+def test_sweep_with_gpus_needs_a_team(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    from train_jobs.sweep import main as sweep_main
+
+    monkeypatch.delenv("SWITCHYARD_TEAM", raising=False)
+    config = str(REPO / "train_jobs" / "configs" / "ddp.yaml")
+    assert sweep_main([config, "--gpus-per-trial", "1"]) == 2
+    assert "--team" in capsys.readouterr().err
+    assert sweep_main([config, "--gpus-per-trial", "-1", "--team", "research"]) == 2
+    assert "--gpus-per-trial must be 0 or more, got -1" in capsys.readouterr().err

@@ -76,3 +76,20 @@ def test_deepspeed_config_maps_stage_offload_and_accumulation() -> None:
     assert config["zero_allow_untested_optimizer"] and config["bf16"] == {"enabled": True}
     with pytest.raises(ValueError, match="nvme_path"):
         spec.with_changes(**{"parallel.nvme_path": None})
+
+
+def test_workers_holding_several_gpus_ask_for_whole_workers_per_node() -> None:
+    from switchyard.cluster.admission import gang_bundles, training_submission
+
+    spec = JobSpec.model_validate({"name": "x", "steps": 1, "num_workers": 2, "gpus_per_worker": 3})
+    assert spec.gpus == 6
+    assert training_submission("x", spec.gpus, "research", gpus_per_worker=3).bundles == (6,)
+    assert gang_bundles(12) == (8, 4)
+    assert gang_bundles(12, gpus_per_worker=3) == (6, 6)  # a worker never spans two nodes
+    assert gang_bundles(16, gpus_per_worker=4) == (8, 8)
+    with pytest.raises(ValueError, match="not whole workers"):
+        gang_bundles(7, gpus_per_worker=3)
+    with pytest.raises(ValueError, match="does not fit a node"):
+        gang_bundles(16, gpus_per_node=8, gpus_per_worker=16)
+    with pytest.raises(ValueError, match="gpus_per_worker"):
+        JobSpec.model_validate({"name": "x", "steps": 1, "gpus_per_worker": 0})

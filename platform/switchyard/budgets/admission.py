@@ -4,7 +4,6 @@ turning ledger refusals into the seam's errors, and building the charge for a se
 from __future__ import annotations
 
 import time
-import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -89,7 +88,9 @@ class Admissions:
         permits = tuple(PermitDemand(r.key, r.per_minute, 1, 1) for r in requests) + tuple(
             PermitDemand(t.key, t.per_minute, n_tokens, n_tokens) for t in tokens
         )
-        return Admission(uuid.uuid4().hex, lines, amount, permits, ctx, estimate.model)
+        # The reservation (and so the charge) is named by the request id: the ledger's charges
+        # reconcile with the audit log one to one.
+        return Admission(ctx.request_id, lines, amount, permits, ctx, estimate.model)
 
 
 def over_budget(refused: HoldRefused) -> OverBudget:

@@ -6,7 +6,9 @@ charges are sent to the ledger in batches. The guarantee is the plain design's: 
 request may spend is always held in the shared ledger before the provider is called, because
 a request only proceeds against lease money the ledger already granted.
 
-A lease that cannot fit the next request is retired: it returns at once everything except
+With a `ChargeJournal`, each charge is journaled before the response returns, so a replica
+killed before its next flush loses no charge: the next gate on the host sends them
+(`recover`). A lease that cannot fit the next request is retired: it returns at once everything except
 what its in-flight requests still hold, and closes when the last of them settles. A replica
 renews its leases while alive; a dead replica's leases expire and their unused money returns.
 Rate-limit permits are leased the same way, a fraction of a second's worth at a time.
@@ -18,9 +20,11 @@ import asyncio
 import contextlib
 import logging
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from switchyard.budgets.admission import Admission, Admissions, over_budget, rate_limited
+from switchyard.budgets.charge_journal import ChargeJournal, RecoveryReport, recover_orphans
 from switchyard.budgets.ledger import Charge, HoldRefused, HoldRequest
 from switchyard.budgets.money import nanos_to_usd
 from switchyard.budgets.ratelimit import PermitDemand, PermitsRefused
@@ -86,11 +90,14 @@ class LeasedBudgetGate:
         client: LedgerClient,
         holder: str,
         config: LeaseConfig | None = None,
+        journal: ChargeJournal | None = None,
     ) -> None:
         self.admissions = admissions
         self.client = client
         self.holder = holder
         self.config = config or LeaseConfig()
+        self.journal = journal
+        self._sending = 0  # batches sent but not yet acknowledged: their charges stay journaled
         self._leases: dict[tuple[str, ...], _Lease] = {}  # the active lease per set of lines
         self._retired: dict[str, _Lease] = {}  # hold id -> lease waiting for in-flight requests
         self._locks: dict[tuple[str, ...], asyncio.Lock] = {}
@@ -128,6 +135,8 @@ class LeasedBudgetGate:
         charge = a.charge(actual_usd, usage)
         # The estimate leaves the lease's in-flight part; the actual cost stays as used.
         lease.used += charge.nanos - lease.in_flight.pop(a.reservation_id)
+        if self.journal is not None:
+            self.journal.append(lease.hold_id, charge)
         lease.pending.append(charge)
         await self._after_request(lease)
 
@@ -278,11 +287,28 @@ class LeasedBudgetGate:
 
     async def _send(self, lease: _Lease, close: bool, keep: int | None) -> None:
         charges, lease.pending = lease.pending, []
+        self._sending += 1
         try:
             await self.client.settle(lease.hold_id, charges, close, keep)
         except BaseException:
             lease.pending[:0] = charges  # not recorded: send them again next time (ids make it safe)
             raise
+        finally:
+            self._sending -= 1
+
+    def _all_sent(self) -> bool:
+        leases = (*self._leases.values(), *self._retired.values())
+        return self._sending == 0 and not any(lease.pending for lease in leases)
+
+    async def recover(self) -> RecoveryReport:
+        """Send the journaled charges of dead replicas on this host (call before taking traffic)."""
+        if self.journal is None:
+            return RecoveryReport(0, 0, 0)
+
+        async def send(hold_id: str, charges: Sequence[Charge]) -> None:
+            await self.client.settle(hold_id, charges, close=True)
+
+        return await recover_orphans(self.journal.directory, send)
 
     # ------------------------------------------------------------ rate-limit permits
 
@@ -357,6 +383,8 @@ class LeasedBudgetGate:
         await self._give_back_stale_permits(now)
         for keys in [k for k, lock in self._locks.items() if k not in self._leases and not lock.locked()]:
             del self._locks[keys]  # yesterday's lines and departed users
+        if self.journal is not None and self._all_sent():
+            self.journal.clear()  # no await since the check: nothing can have been journaled in between
 
     async def _give_back_stale_permits(self, now: float) -> None:
         stale = {
@@ -392,3 +420,5 @@ class LeasedBudgetGate:
             else:
                 await self._close_retired(lease)
         await self._give_back_stale_permits(float("inf"))
+        if self.journal is not None and self._all_sent():
+            self.journal.close()

@@ -18,7 +18,7 @@ from typing import Any
 from switchyard.cli._auth import NotAuthenticated, add_auth_args, require
 from switchyard.cli._output import fail, print_json, print_table
 from switchyard.policy.roles import Action, Forbidden
-from switchyard.state import state_dir
+from switchyard.state import STATE_DIR_ENV, state_dir
 
 
 def add_commands(commands: Any) -> None:
@@ -83,18 +83,23 @@ def submit_command(args: argparse.Namespace) -> int:
     except JobSpecError as exc:
         return fail(str(exc))
     entrypoint = f"{sys.executable} -m train_jobs.run {config} --team {args.team} --priority {args.priority}"
-    submission = training_submission(spec.name, spec.num_workers, args.team, args.priority, entrypoint=entrypoint)
+    submission = training_submission(
+        spec.name, spec.gpus, args.team, args.priority, entrypoint=entrypoint, gpus_per_worker=spec.gpus_per_worker
+    ).model_copy(
+        # The job's default checkpoint root is this platform's state dir, where the local model looks.
+        update={"runtime_env": {"env_vars": {STATE_DIR_ENV: str(state_dir(args.state_dir))}}}
+    )
     with _scheduler(args) as scheduler:
         try:
             workload_id = ray.get(scheduler.submit.remote(submission))
         except ray.exceptions.RayTaskError as exc:
             return fail(f"the scheduler refused the job: {exc.cause}")
-    out = {"workload_id": workload_id, "team": args.team, "gpus": spec.num_workers, "bundles": submission.bundles}
+    out = {"workload_id": workload_id, "team": args.team, "gpus": spec.gpus, "bundles": submission.bundles}
     if args.json:
         print_json(out)
     else:
         print(
-            f"queued {spec.name} as {workload_id} ({spec.num_workers} GPUs for team {args.team!r}); "
+            f"queued {spec.name} as {workload_id} ({spec.gpus} GPUs for team {args.team!r}); "
             "it starts as a Ray job when admitted: `switchyard train list`"
         )
     return 0

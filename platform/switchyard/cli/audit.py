@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable
+import asyncio
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -15,6 +16,10 @@ from switchyard.audit.query import AuditQuery, AuditReader, parse_since
 from switchyard.audit.spool import pending_lines, recover_orphans
 from switchyard.audit.store import AuditStore
 from switchyard.audit.subject_keys import SubjectKeyring
+from switchyard.budgets.charge_journal import recover_orphans as recover_charges
+from switchyard.budgets.db import ledger_url, open_database
+from switchyard.budgets.ledger import BudgetLedger, Charge
+from switchyard.budgets.service import InProcessLedgerClient, LedgerService
 from switchyard.cli._auth import NotAuthenticated, add_auth_args, require
 from switchyard.cli._output import fail, print_json, print_table
 from switchyard.paths import policies_dir
@@ -40,7 +45,11 @@ def register(subparsers: Any) -> None:
     erase.add_argument("--team", required=True)
     erase.add_argument("--subject", required=True, help="the end user the team named in requests")
     erase.set_defaults(handler=_guarded(run_erase))
-    drain = sub.add_parser("drain", help="move spools left by dead gateway replicas into the store")
+    drain = sub.add_parser(
+        "drain",
+        help="move what dead gateway replicas on this host left: audit spools into the store,"
+        " journaled charges into the budget ledger",
+    )
     drain.set_defaults(handler=_guarded(run_drain))
     purge = sub.add_parser("purge", help="remove bodies past their class's retention (for cron)")
     purge.set_defaults(handler=_guarded(run_purge))
@@ -163,12 +172,28 @@ def run_drain(args: argparse.Namespace) -> int:
         "new": report.new_entries if report else 0,
         "torn": report.torn_lines if report else 0,
         "still_spooled_by_live_writers": left,
+        **_drain_charge_journals(_state(args)),
     }
     if args.json:
         print_json(result)
     else:
         print(", ".join(f"{k}: {v}" for k, v in result.items()))
     return 0
+
+
+def _drain_charge_journals(state: Path) -> dict[str, int]:
+    """The budget side of a dead replica: charges it journaled but never sent to the ledger."""
+    ledger = BudgetLedger(open_database(ledger_url(state)))
+    client = InProcessLedgerClient(LedgerService(ledger))
+
+    async def send(hold_id: str, charges: Sequence[Charge]) -> None:
+        await client.settle(hold_id, charges, close=True)
+
+    try:
+        report = asyncio.run(recover_charges(state / "budgets" / "journal", send))
+    finally:
+        ledger.db.close()
+    return {"charge_journals": report.journals, "charges": report.charges, "charge_journals_kept": report.kept}
 
 
 def run_purge(args: argparse.Namespace) -> int:

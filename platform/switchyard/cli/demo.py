@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import os
+import sys
 from typing import Any
 
 from switchyard.cli._output import fail, print_json
@@ -18,10 +20,21 @@ def register(subparsers: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     from switchyard.demo import run_demo
 
+    # With --json, stdout carries exactly one JSON object: whatever else reaches file
+    # descriptor 1 while the demo runs (Ray's driver prints raylet warnings there) goes to stderr.
+    saved = os.dup(1) if args.json else None
+    if saved is not None:
+        sys.stdout.flush()
+        os.dup2(2, 1)
     try:
         report = run_demo(keep=args.keep, say=(lambda _msg: None) if args.json else print)
     except RuntimeError as exc:
         return fail(f"the demo failed: {exc}", 1)
+    finally:
+        if saved is not None:
+            sys.stdout.flush()
+            os.dup2(saved, 1)
+            os.close(saved)
     if args.json:
         print_json({"steps": report.steps, **report.summary})
     return 0

@@ -37,6 +37,13 @@ def register(subparsers: Any) -> None:
     )
     p.add_argument("--gateway-port", type=int, default=8000, help="Serve HTTP port when attaching")
     p.add_argument("--demo", action="store_true", help="demo policies and a fresh key for the demo team")
+    p.add_argument(
+        "--local-model-gpus",
+        type=int,
+        default=0,
+        help="GPUs per replica of the local model, in the inference pool (default 0: CPU);"
+        " its replicas autoscale up to the inference quota in policies/scheduler.yaml",
+    )
     p.add_argument("--detach", action="store_true", help="return once up, leaving it running")
     p.add_argument("--policies", help="policy directory (default: the repo's policies/)")
     p.add_argument("--state-dir", help="state directory (default: $SWITCHYARD_STATE_DIR or .switchyard)")
@@ -86,6 +93,8 @@ def _start_local(args: argparse.Namespace, state: Path, policies: Path) -> Platf
         str(args.gpus),
         "--cpus",
         str(args.cpus),
+        "--local-model-gpus",
+        str(args.local_model_gpus),
     ] + (["--demo"] if args.demo else [])
     proc = subprocess.Popen(
         cmd, stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True
@@ -115,7 +124,7 @@ def _attach(args: argparse.Namespace, state: Path, policies: Path) -> PlatformRe
     context = ray.init(address=args.address, namespace=NAMESPACE)
     dashboard_url = f"http://{context.dashboard_url}" if context.dashboard_url else None
     ray.get(start_scheduler(policies, state, dashboard_url).ping.remote(), timeout=60)
-    gateway_url = deploy_gateway(policies, state, args.gateway_port)
+    gateway_url = deploy_gateway(policies, state, args.gateway_port, local_model_gpus=args.local_model_gpus)
     record = PlatformRecord(
         ray_address=args.address,
         dashboard_url=dashboard_url,

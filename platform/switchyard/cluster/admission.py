@@ -40,12 +40,17 @@ class Admission:
     def workload_id(self) -> str:
         return self.grant.workload_id
 
-    def worker_label_selectors(self) -> list[dict[str, str]]:
-        """One selector per worker (one worker per granted GPU), in bundle order."""
-        return [{RAY_NODE_ID_KEY: p.node_id} for p in self.grant.placements for _ in range(p.gpus)]
+    def worker_label_selectors(self, gpus_per_worker: int = 1) -> list[dict[str, str]]:
+        """One selector per worker (each holding `gpus_per_worker` granted GPUs), in bundle order."""
+        return [
+            {RAY_NODE_ID_KEY: p.node_id} for p in self.grant.placements for _ in range(p.gpus // gpus_per_worker)
+        ]
 
-    def release(self, finished: bool) -> None:
-        ray.get(self.scheduler.release.remote(self.grant.lease_id, finished))
+    def release(self, finished: bool) -> bool:
+        """Give the GPUs back. True when the workload was requeued (it was preempted and has not
+        finished): `admit(None, workload_id=...)` then waits for its next grant."""
+        requeued: bool = ray.get(self.scheduler.release.remote(self.grant.lease_id, finished))
+        return requeued
 
     def report_checkpoint(self) -> None:
         self.scheduler.report_checkpoint.remote(self.workload_id)  # fire and forget: advisory
@@ -61,11 +66,31 @@ def scheduler_handle() -> Any:
         raise NoScheduler(f"no {SCHEDULER_ACTOR!r} actor in namespace {NAMESPACE!r}") from None
 
 
-def admit(submission: WorkloadSubmission | None, poll_s: float = 1.0, timeout_s: float | None = None) -> Admission:
-    """Block until the scheduler grants this job its GPUs; claim the lease for this Ray job."""
+def launched_workload() -> str | None:
+    """The workload this job was launched for by the scheduler, if it was."""
+    return os.environ.get(WORKLOAD_ENV)
+
+
+def submit(submission: WorkloadSubmission) -> str:
+    """Queue a workload with the scheduler without waiting; `admit(None, workload_id=...)` waits."""
+    workload_id: str = ray.get(scheduler_handle().submit.remote(submission))
+    return workload_id
+
+
+def admit(
+    submission: WorkloadSubmission | None,
+    poll_s: float = 1.0,
+    timeout_s: float | None = None,
+    *,
+    workload_id: str | None = None,
+) -> Admission:
+    """Block until the scheduler grants this job its GPUs; claim the lease for this Ray job.
+
+    The workload is `workload_id` when given (one already submitted, or requeued after a
+    preemption), else the one the scheduler launched this job for, else `submission`, queued now."""
     scheduler = scheduler_handle()
     ray_job = ray.get_runtime_context().get_job_id()
-    workload_id = os.environ.get(WORKLOAD_ENV)
+    workload_id = workload_id or launched_workload()
     if workload_id is None:
         if submission is None:
             raise ValueError("a job started outside the scheduler must describe what it asks for")
@@ -88,10 +113,16 @@ def admit(submission: WorkloadSubmission | None, poll_s: float = 1.0, timeout_s:
         time.sleep(poll_s)
 
 
-def gang_bundles(gpus: int, gpus_per_node: int = 8) -> tuple[int, ...]:
-    """One bundle per node: whole nodes, then the remainder (a 12-GPU job is (8, 4))."""
-    full, rest = divmod(gpus, gpus_per_node)
-    return (gpus_per_node,) * full + ((rest,) if rest else ())
+def gang_bundles(gpus: int, gpus_per_node: int = 8, gpus_per_worker: int = 1) -> tuple[int, ...]:
+    """One bundle per node: whole nodes, then the remainder (a 12-GPU job is (8, 4)). A node
+    holds whole workers only (12 GPUs as 4 workers x 3: (6, 6))."""
+    if gpus % gpus_per_worker:
+        raise ValueError(f"{gpus} GPUs are not whole workers of {gpus_per_worker} GPUs")
+    per_node = gpus_per_node // gpus_per_worker * gpus_per_worker
+    if per_node == 0:
+        raise ValueError(f"a worker of {gpus_per_worker} GPUs does not fit a node of {gpus_per_node}")
+    full, rest = divmod(gpus, per_node)
+    return (per_node,) * full + ((rest,) if rest else ())
 
 
 def training_submission(
@@ -103,10 +134,11 @@ def training_submission(
     checkpoint_interval_s: float | None = None,
     entrypoint: str | None = None,
     workload_id: str | None = None,
+    gpus_per_worker: int = 1,
 ) -> WorkloadSubmission:
-    """The gang a training job asks for: one GPU per worker, packed on as few nodes as possible,
+    """The gang a training job asks for: its workers' GPUs, packed on as few nodes as possible,
     all in one node group (NCCL rings across node groups are what topology-aware placement avoids)."""
-    bundles = gang_bundles(gpus)
+    bundles = gang_bundles(gpus, gpus_per_worker=gpus_per_worker)
     return WorkloadSubmission(
         **({"workload_id": workload_id} if workload_id else {}),
         team=team,

@@ -17,6 +17,8 @@ from ray import serve
 
 from switchyard.cluster.record import GATEWAY_APP, NAMESPACE, SCHEDULER_ACTOR
 from switchyard.cluster.scheduler_actor import SchedulerActor
+from switchyard.cluster.serve_configs import PLATFORM_APPS, max_replicas
+from switchyard.scheduler.core.config import load_policy_file
 
 log = logging.getLogger(__name__)
 
@@ -41,14 +43,34 @@ def start_scheduler(policies_dir: Path, state_dir: Path, dashboard_url: str | No
     ).remote(str(policies_dir), str(state_dir), dashboard_url)
 
 
-def deploy_gateway(policies_dir: Path, state_dir: Path, port: int, import_path: str = GATEWAY_IMPORT_PATH) -> str:
+def local_model_args(policies_dir: Path, gpus_per_replica: int) -> dict[str, str]:
+    """The gateway app's args that put the local model on GPUs in the inference pool: its
+    replicas count against team `inference`, so their bound is that team's inference quota."""
+    if gpus_per_replica <= 0:
+        return {}
+    policy = load_policy_file(policies_dir / "scheduler.yaml").to_policy()
+    bound = max_replicas(policy, PLATFORM_APPS[GATEWAY_APP], gpus_per_replica)
+    return {"local_model_gpus": str(gpus_per_replica), "local_model_max_replicas": str(bound)}
+
+
+def deploy_gateway(
+    policies_dir: Path,
+    state_dir: Path,
+    port: int,
+    import_path: str = GATEWAY_IMPORT_PATH,
+    local_model_gpus: int = 0,
+    app_args: dict[str, str] | None = None,
+) -> str:
     """Deploy the gateway app; returns its URL. Serve keeps the HTTP port it was first started
-    with, so on a cluster where Serve already runs the app is reached at that port."""
+    with, so on a cluster where Serve already runs the app is reached at that port. With
+    `local_model_gpus`, the local model's replicas take that many GPUs each, in the inference
+    pool (the deployment waits until the scheduler has GPUs for its first replica)."""
     serve.start(http_options={"host": "127.0.0.1", "port": port})
     from ray.serve.context import _get_global_client
 
     port = _get_global_client().http_config.port
-    app = _import_builder(import_path)({"policies_dir": str(policies_dir), "state_dir": str(state_dir)})
+    args = {"policies_dir": str(policies_dir), "state_dir": str(state_dir)}
+    app = _import_builder(import_path)({**args, **local_model_args(policies_dir, local_model_gpus), **(app_args or {})})
     serve.run(app, name=GATEWAY_APP, route_prefix="/", blocking=False)
     return f"http://127.0.0.1:{port}"
 

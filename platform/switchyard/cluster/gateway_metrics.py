@@ -38,6 +38,12 @@ class RayGatewayMetrics:
         self.circuit_state = Gauge(
             "switchyard_gateway_circuit_state", "0 closed, 0.5 half-open, 1 open.", tag_keys=("provider",)
         )
+        # Ray exports a Counter with a `_total` suffix: Prometheus sees switchyard_gateway_shed_total.
+        self.sheds = Counter(
+            "switchyard_gateway_shed",
+            "Requests refused by admission control (503 overloaded), by team, flow, priority and reason.",
+            tag_keys=("team", "flow", "priority", "reason"),
+        )
         self.latency = Histogram(
             "switchyard_gateway_stage_ms",
             "Gateway stage latency in ms.",
@@ -63,3 +69,6 @@ class RayGatewayMetrics:
 
     def stage_latency(self, stage: str, ms: float) -> None:
         self.latency.observe(ms, {"stage": stage})
+
+    def shed(self, team: str, flow: str, priority: str, reason: str) -> None:
+        self.sheds.inc(1.0, {"team": team, "flow": flow, "priority": priority, "reason": reason})

@@ -43,7 +43,9 @@ def short_temp_dir(state_dir: Path) -> Path:
     return Path(tempfile.gettempdir()) / f"sy-{digest}"
 
 
-def run_head(state_dir: Path, policies_dir: Path, gpus: int, cpus: int, demo: bool) -> None:
+def run_head(
+    state_dir: Path, policies_dir: Path, gpus: int, cpus: int, demo: bool, local_model_gpus: int = 0
+) -> None:
     temp_dir = short_temp_dir(state_dir)
     temp_dir.mkdir(exist_ok=True)
     os.environ.update(PLATFORM_ENV)
@@ -76,7 +78,9 @@ def run_head(state_dir: Path, policies_dir: Path, gpus: int, cpus: int, demo: bo
         dashboard = context.dashboard_url
         scheduler = start_scheduler(policies_dir, state_dir, f"http://{dashboard}" if dashboard else None)
         ray.get(scheduler.ping.remote(), timeout=60)
-        gateway_url = deploy_gateway(policies_dir, state_dir, free_port())
+        gateway_url = deploy_gateway(
+            policies_dir, state_dir, free_port(), local_model_gpus=local_model_gpus, app_args=_app_args(state_dir, demo)
+        )
         write_record(
             state_dir,
             PlatformRecord(
@@ -104,6 +108,19 @@ def run_head(state_dir: Path, policies_dir: Path, gpus: int, cpus: int, demo: bo
             clear_record(state_dir)
 
 
+def _app_args(state_dir: Path, demo: bool) -> dict[str, str]:
+    """The gateway app's knobs. The local model serves the newest checkpoint of the demo's
+    training job when there is one; the demo scales Serve in seconds, not minutes, so the whole
+    story (burst -> scale up -> reclaim -> burst ends -> scale down -> resume) fits its run."""
+    args = {"checkpoints_dir": str(state_dir / "train" / "checkpoints")}
+    if demo:
+        # Two replicas from the start, so the burst adds one at a time up to the quota of 3.
+        args.update(
+            {"local_model_min_replicas": "2", "local_model_upscale_delay_s": "2", "local_model_downscale_delay_s": "8"}
+        )
+    return args
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--state-dir", required=True)
@@ -111,9 +128,10 @@ def main() -> None:
     parser.add_argument("--gpus", type=int, required=True)
     parser.add_argument("--cpus", type=int, required=True)
     parser.add_argument("--demo", action="store_true")
+    parser.add_argument("--local-model-gpus", type=int, default=0)
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    run_head(Path(args.state_dir), Path(args.policies), args.gpus, args.cpus, args.demo)
+    run_head(Path(args.state_dir), Path(args.policies), args.gpus, args.cpus, args.demo, args.local_model_gpus)
 
 
 if __name__ == "__main__":

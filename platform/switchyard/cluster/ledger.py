@@ -27,6 +27,7 @@ from ray.exceptions import ActorUnavailableError, RayActorError
 from ray.util.metrics import Gauge
 
 from switchyard.budgets.admission import Admissions
+from switchyard.budgets.charge_journal import ChargeJournal
 from switchyard.budgets.db import ledger_url, open_database
 from switchyard.budgets.leased_gate import LeasedBudgetGate
 from switchyard.budgets.ledger import BudgetLedger, Charge, HoldRequest, LineStatus, SoftAlert, SpendRow
@@ -156,12 +157,15 @@ def gateway_budget_gate(policies: PolicyStore, state_dir: str) -> LeasedBudgetGa
     """The budget gate of one gateway replica: leases from the shared ledger actor.
 
     The ledger's store is `$SWITCHYARD_LEDGER_URL`, else `ledger.db` in the state directory.
-    Call `await gate.aclose()` when the replica stops, so its queued charges are sent and its
-    leases returned at once (otherwise they expire after `LeaseConfig.ttl_s`).
+    Charges are journaled under `<state>/budgets/journal/` before each response; call
+    `await gate.recover()` before taking traffic (it sends what dead replicas on this host
+    journaled) and `await gate.aclose()` when the replica stops, so its queued charges are
+    sent and its leases returned at once (otherwise they expire after `LeaseConfig.ttl_s`).
     """
     actor = ledger_actor(ledger_url(Path(state_dir)))
     holder = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
-    return LeasedBudgetGate(Admissions(lambda: policies.current), ActorLedgerClient(actor), holder)
+    journal = ChargeJournal(Path(state_dir) / "budgets" / "journal", holder)
+    return LeasedBudgetGate(Admissions(lambda: policies.current), ActorLedgerClient(actor), holder, journal=journal)
 
 
 class ActorSpendSource:

@@ -20,10 +20,12 @@ from typing import Any
 
 import ray
 
+from switchyard.cluster.autoscale import CapacityRequest, capacity_request
 from switchyard.cluster.enforcement import GpuAccounting, account, stop_unleased, summarize
 from switchyard.cluster.job_launcher import JobLauncher, LaunchedJob
 from switchyard.cluster.scheduler_journal import SchedulerJournal
 from switchyard.cluster.scheduler_metrics import SchedulerMetrics
+from switchyard.cluster.serve_pool import ServePool, is_pool_workload
 from switchyard.scheduler.api import LeaseGrant, Notice, Placement, WorkloadSubmission
 from switchyard.scheduler.core import Decisions, LeaseState, Node, Scheduler
 from switchyard.scheduler.core.config import load_policy_file
@@ -61,6 +63,10 @@ class LiveState:
     launched: dict[str, LaunchedJob] = field(default_factory=dict)
     attempts: dict[str, int] = field(default_factory=dict)
     queued_since: dict[str, float] = field(default_factory=dict)
+    # Leases the scheduler ended itself (grace period over, node lost) whose workload stayed
+    # queued and is not one it launches: lease id -> workload. The job still holding that
+    # lease id says, when it releases it, whether it will come back for the workload.
+    ended: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -71,6 +77,7 @@ class _Effects:
     admitted: list[str] = field(default_factory=list)  # workloads whose old notices must go
     notify: list[Notice] = field(default_factory=list)
     stop: list[LaunchedJob] = field(default_factory=list)
+    stop_claimed: list[tuple[str, str]] = field(default_factory=list)  # workload, Ray job that claimed it
 
 
 @ray.remote(max_concurrency=16)
@@ -87,7 +94,9 @@ class SchedulerActor:
         self._launcher = JobLauncher(dashboard_url) if dashboard_url else None
         self._stop_unleased = stop_unleased_gpus
         self._metrics = SchedulerMetrics()
+        self._serve_pool = ServePool(self._policy, self._journal)  # Serve's GPU replicas as inference workloads
         self._lock = threading.Lock()
+        self._nodes_lock = threading.Lock()  # one node refresh at a time: a stale list must not undo a newer one
         self._started_at = time.time()
         restored = self._journal.load()
         self._state: LiveState = (
@@ -97,9 +106,13 @@ class SchedulerActor:
             log.warning("scheduler restored: %d leases, %d queued", len(restored.grants), restored.core.pending_count())
         self._accounting: GpuAccounting | None = None
         self._last_nodes = 0.0
-        self._last_audit = 0.0
+        self._last_capacity = 0.0
+        self._capacity_requested: CapacityRequest | None = None  # None: not asked yet in this incarnation
         self._stopping = threading.Event()
         threading.Thread(target=self._run, name="scheduler-tick", daemon=True).start()
+        # The audit reads Ray's state API (slow under load): on its own thread, so it never
+        # delays an admission or the handling of a lost node.
+        threading.Thread(target=self._run_audit, name="scheduler-audit", daemon=True).start()
 
     # ------------------------------------------------------------------ interface
     def submit(self, submission: WorkloadSubmission) -> str:
@@ -109,14 +122,15 @@ class SchedulerActor:
             self._state.submissions[submission.workload_id] = submission
             self._state.queued_since[submission.workload_id] = now
             self._save()
-        self._journal.event(
-            "submitted",
-            submission.workload_id,
-            submission.team,
-            now,
-            gpus=sum(submission.bundles),
-            priority_class=submission.priority_class,
-        )
+            # Inside the lock: the next tick may admit it, and "admitted" must follow "submitted".
+            self._journal.event(
+                "submitted",
+                submission.workload_id,
+                submission.team,
+                now,
+                gpus=sum(submission.bundles),
+                priority_class=submission.priority_class,
+            )
         return submission.workload_id
 
     def lease(self, workload_id: str) -> LeaseGrant | None:
@@ -134,20 +148,30 @@ class SchedulerActor:
 
     def release(self, lease_id: str, finished: bool = True) -> bool:
         now = time.time()
+        # A job whose run failed because a node died releases as finished (it crashed). Ray knows
+        # the node is gone by then: handle the loss first, so the workload is requeued, not ended.
+        self._refresh_nodes(now)
         with self._lock:
             workload = self._workload_of(lease_id)
             if workload is None:
-                return False
+                return self._release_ended(lease_id, finished, now)
             requeued = self._state.core.release(lease_id, now, finished=finished)
             self._forget_lease(workload, requeued, now)
             self._save()
-        team = self._state.submissions[workload].team if workload in self._state.submissions else ""
-        self._journal.event("requeued" if requeued else "released", workload, team, now, lease_id=lease_id)
+            # Inside the lock, as for "submitted": a requeued workload may be admitted next tick.
+            self._journal.event("requeued" if requeued else "released", workload, self._team_of(workload), now,
+                                lease_id=lease_id)
         return requeued
 
     def preemption_notice(self, workload_id: str) -> Notice | None:
         with self._lock:
             return self._state.notices.get(workload_id)
+
+    def report_resume(self, workload_id: str, step: int, checkpoint: str) -> None:
+        """The job restored `checkpoint` at `step`: the event log shows where a preempted or
+        requeued job picked up (operators, and the demo's cause chain)."""
+        self._journal.event("resumed", workload_id, self._team_of(workload_id), time.time(), step=step,
+                            checkpoint=checkpoint)
 
     def report_checkpoint(self, workload_id: str) -> None:
         with self._lock:
@@ -162,7 +186,7 @@ class SchedulerActor:
             if workload_id not in self._state.grants:
                 self._drop_workload(workload_id)
             self._save()
-        self._journal.event("cancelled", workload_id, "", now)
+            self._journal.event("cancelled", workload_id, self._team_of(workload_id), now)
 
     def list_workloads(self) -> list[dict[str, Any]]:
         with self._lock:
@@ -192,6 +216,7 @@ class SchedulerActor:
         with self._lock:
             snap = self._state.core.snapshot(now)
             pending = [p.request.workload_id for p in self._state.core.pending()]
+            serve_pool = self._serve_pool.report(self._state, now)
         accounting = self._accounting
         return {
             "total_gpus": snap.total_gpus,
@@ -201,6 +226,7 @@ class SchedulerActor:
             "leases": [asdict(lease) for lease in snap.leases],
             "pending": pending,
             "outside_leases": summarize(accounting) if accounting is not None else None,
+            "serve_pool": serve_pool,
         }
 
     def ping(self) -> float:
@@ -215,20 +241,30 @@ class SchedulerActor:
             except Exception:  # a bad tick must not kill the scheduler; it is logged with its traceback
                 log.exception("scheduler tick failed")
 
+    def _run_audit(self) -> None:
+        while not self._stopping.wait(self.AUDIT_S):
+            try:
+                self._audit_gpu_use()
+            except Exception:  # as for a tick: logged, and the next audit runs
+                log.exception("GPU audit failed")
+
     def _tick(self, now: float) -> None:
         if now - self._last_nodes >= self.NODE_REFRESH_S:
-            self._sync_nodes(cluster_gpu_nodes(), now)
+            self._refresh_nodes(now)
             self._last_nodes = now
+        replicas = self._serve_pool.observe(now)  # Ray's view of Serve's replicas, when due (I/O: unlocked)
         with self._lock:
+            pool_changed = replicas is not None and self._serve_pool.reconcile(self._state, replicas, now)
             decisions = self._state.core.schedule(now)
+            self._serve_pool.record(self._state, decisions, now)  # before the notices it causes
             effects = self._apply(decisions, now) if decisions else _Effects()
-            if decisions:
+            if decisions or pool_changed:
                 self._save()
             self._export_gauges(now)
         self._carry_out(effects, now)
-        if now - self._last_audit >= self.AUDIT_S:
-            self._last_audit = now
-            self._audit_gpu_use()
+        if now - self._last_capacity >= self.NODE_REFRESH_S:
+            self._last_capacity = now
+            self._request_capacity()
 
     def _apply(self, decisions: Decisions, now: float) -> _Effects:
         effects = _Effects()
@@ -273,18 +309,19 @@ class SchedulerActor:
                 lost_gpu_s=round(notice.lost_gpu_seconds, 1),
             )
         for stop in decisions.stops:
-            # A victim that checkpointed after its notice is already on its way out: let it
-            # exit cleanly. Stop the Ray job only when the grace period ran out or on cancel.
-            if stop.workload_id in s.launched and stop.reason != "checkpointed after notice":
-                effects.stop.append(s.launched[stop.workload_id])
+            # Stop orders come when the grace period ran out or on cancel: stop the Ray job.
+            job_gone = self._stop_job_of(stop.workload_id, effects)
             team = s.submissions[stop.workload_id].team
             self._journal.event("stop_order", stop.workload_id, team, now, reason=stop.reason)
             lease = s.core.leases().get(stop.lease_id)
             if lease is not None:
-                # Its GPUs go back now, requeueing it unless it was cancelled.
-                finished = stop.reason == "cancelled" or lease.state is not LeaseState.PREEMPTING
+                # Its GPUs go back now, requeueing it unless it was cancelled or its job, which
+                # the scheduler did not launch and cannot relaunch, is being stopped.
+                finished = stop.reason == "cancelled" or lease.state is not LeaseState.PREEMPTING or job_gone
                 requeued = s.core.release(stop.lease_id, now, finished=finished)
                 self._forget_lease(stop.workload_id, requeued, now)
+                if requeued and stop.workload_id not in s.launched:
+                    s.ended[stop.lease_id] = stop.workload_id
                 self._journal.event(
                     "requeued" if requeued else "released", stop.workload_id, team, now, lease_id=stop.lease_id
                 )
@@ -295,13 +332,25 @@ class SchedulerActor:
 
         channel = GcsPreemptionChannel()
         for workload in effects.admitted:
-            # A requeued job's last notice must not stop its next run at the first step.
-            channel.clear(workload)
+            # A requeued job's last notice must not stop its next run at the first step. Serve
+            # replicas have no channel (and ids a channel key cannot hold): an exception here
+            # used to abort the whole tick's effects, notices to victims included.
+            if not is_pool_workload(workload):
+                channel.clear(workload)
         for notice in effects.notify:
             channel.send_notice(notice.workload_id, notice.reason, notice.stop_deadline)
         for job in effects.stop:
-            if self._launcher is not None:
-                self._launcher.stop(job)
+            if self._launcher is not None and self._launcher.stop(job):
+                self._journal.event("job_stopped", job.workload_id, self._team_of(job.workload_id), now,
+                                    ray_job=job.submission_id)
+        for workload, ray_job in effects.stop_claimed:
+            stopped = self._launcher.stop_ray_job(ray_job) if self._launcher is not None else None
+            if stopped is None:
+                # A driver started by hand: Ray offers no way to stop it from here. Its GPUs now
+                # count as use outside any lease (the audit reports and, if configured, frees them).
+                log.warning("workload %s: cannot stop Ray job %s (not a submitted job)", workload, ray_job)
+            else:
+                self._journal.event("job_stopped", workload, self._team_of(workload), now, ray_job=stopped)
         for workload, lease_id, attempt in effects.launch:
             sub = self._state.submissions[workload]
             if self._launcher is None or sub.entrypoint is None:
@@ -311,6 +360,23 @@ class SchedulerActor:
             with self._lock:
                 self._state.launched[workload] = job
                 self._save()
+
+    def _request_capacity(self) -> None:
+        """Ask Ray's autoscaler for room for the gangs that wait for capacity, or clear the request
+        when none does (see `switchyard.cluster.autoscale`). Only when it changes: each call
+        replaces the last."""
+        from ray.autoscaler.sdk import request_resources
+
+        with self._lock:
+            core = self._state.core
+            request = capacity_request(
+                (lease.request.bundles for lease in core.leases().values()), core.waiting_for_capacity()
+            )
+        if request == self._capacity_requested:
+            return
+        request_resources(bundles=list(request.bundles), bundle_label_selectors=list(request.label_selectors))
+        self._capacity_requested = request
+        log.info("autoscaler request: %d GPU bundles", len(request.bundles))
 
     def _audit_gpu_use(self) -> None:
         with self._lock:
@@ -332,8 +398,13 @@ class SchedulerActor:
                         log.warning("enforcement: stopped Ray job %s (%s)", stopped, holding.job_id)
 
     # ------------------------------------------------------------------ helpers (lock held)
+    def _refresh_nodes(self, now: float) -> None:
+        with self._nodes_lock:
+            self._sync_nodes(cluster_gpu_nodes(), now)
+
     def _sync_nodes(self, nodes: list[Node], now: float) -> None:
         seen = {n.name: n for n in nodes}
+        orphaned: list[LaunchedJob] = []  # launched jobs that lost a node: relaunched when readmitted
         with self._lock:
             s = self._state
             changed = False
@@ -343,8 +414,12 @@ class SchedulerActor:
                 for lease_id in lost:
                     workload = self._workload_of(lease_id)
                     if workload is not None:
+                        if workload in s.launched:
+                            orphaned.append(s.launched[workload])
+                        else:
+                            s.ended[lease_id] = workload
                         self._forget_lease(workload, True, now)
-                        self._journal.event("node_lost", workload, s.submissions[workload].team, now, node=name)
+                        self._journal.event("node_lost", workload, self._team_of(workload), now, node=name)
                 changed = True
             for name, node in seen.items():
                 if name not in s.nodes:
@@ -353,6 +428,52 @@ class SchedulerActor:
             s.nodes = seen
             if changed:
                 self._save()
+        for job in orphaned:
+            # Its workers on other nodes would keep their GPUs, and its driver would run on:
+            # stopped before the requeued workload is launched again.
+            if self._launcher is not None and self._launcher.stop(job):
+                self._journal.event("job_stopped", job.workload_id, self._team_of(job.workload_id), now,
+                                    ray_job=job.submission_id)
+
+    def _team_of(self, workload_id: str) -> str:
+        sub = self._state.submissions.get(workload_id)
+        return sub.team if sub is not None else ""
+
+    def _stop_job_of(self, workload_id: str, effects: _Effects) -> bool:
+        """Queue the stop of the Ray job running on `workload_id`'s lease: the job the scheduler
+        launched, else the job that claimed the lease, unless that Ray job also claimed other
+        leases (a Tune sweep's trials share their driver's job: one trial must not end the
+        sweep). Returns True when the job stopped is one the scheduler cannot relaunch."""
+        s = self._state
+        if workload_id in s.launched:
+            effects.stop.append(s.launched[workload_id])
+            return False
+        job = s.claims.get(workload_id)
+        if job is None or any(j == job for w, j in s.claims.items() if w != workload_id):
+            return False
+        effects.stop_claimed.append((workload_id, job))
+        return True
+
+    def _release_ended(self, lease_id: str, finished: bool, now: float) -> bool:
+        """A job releases a lease the scheduler already ended (grace period over, node lost). If it
+        has finished, nothing will come back for its requeued workload: withdraw it, wherever it
+        is now (queued, or admitted again and unclaimed). Returns True when the workload stays
+        queued for the job to come back for (what `release` says of a requeued workload)."""
+        workload = self._state.ended.pop(lease_id, None)
+        if workload is None:
+            return False
+        if finished:
+            try:
+                self._state.core.cancel(workload, now)
+            except KeyError:
+                log.info("workload %s of ended lease %s is gone already", workload, lease_id)
+            else:
+                if workload not in self._state.grants:
+                    self._drop_workload(workload)
+                self._journal.event("cancelled", workload, self._team_of(workload), now,
+                                    reason="its job finished after the scheduler ended its lease")
+        self._save()
+        return not finished
 
     def _workload_of(self, lease_id: str) -> str | None:
         return next((w for w, g in self._state.grants.items() if g.lease_id == lease_id), None)
@@ -366,10 +487,18 @@ class SchedulerActor:
             s.queued_since[workload_id] = now
         else:
             s.launched.pop(workload_id, None)
+            self._forget_ended(workload_id)
 
     def _drop_workload(self, workload_id: str) -> None:
         for table in (self._state.grants, self._state.notices, self._state.claims, self._state.queued_since):
             table.pop(workload_id, None)
+        self._forget_ended(workload_id)
+
+    def _forget_ended(self, workload_id: str) -> None:
+        """The workload is done: no job will come back for it through an ended lease."""
+        ended = self._state.ended
+        for lease_id in [lid for lid, w in ended.items() if w == workload_id]:
+            del ended[lease_id]
 
     def _grant(
         self, lease_id: str, sub: WorkloadSubmission, placement: tuple[str, ...], borrowing: bool, now: float

@@ -12,18 +12,45 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from ray import serve
+from ray.serve.exceptions import BackPressureError
 from ray.serve.handle import DeploymentHandle
 
-from switchyard.gateway.providers.base import Completion, Delta, ProviderCall, ProviderError
+from switchyard.gateway.providers.base import Completion, Delta, ProviderCall, ProviderError, ProviderOverloaded
 from switchyard.gateway.providers.registry import InClusterFactory
 from switchyard.gateway.seams import Usage
 from switchyard.policy.models import ErrorClass, Provider
 
 
 class ServeHandleProvider:
-    def __init__(self, name: str, handle: DeploymentHandle) -> None:
+    """A chat backend behind a Serve handle: one bound into this app, or a deployment looked up
+    by name on first use (`lookup`), so a provider whose deployment is not running (another
+    app not deployed yet, the local model's CPU replica when the model is not on GPUs) fails
+    its calls with a clear error instead of failing the gateway replica's start."""
+
+    def __init__(
+        self,
+        name: str,
+        handle: DeploymentHandle | None = None,
+        lookup: tuple[str, str] | None = None,
+    ) -> None:
+        if (handle is None) == (lookup is None):
+            raise ValueError("a ServeHandleProvider needs exactly one of a handle or (app, deployment)")
         self.name = name
         self._handle = handle
+        self._lookup = lookup
+
+    def _resolve(self) -> DeploymentHandle:
+        if self._handle is None:
+            assert self._lookup is not None
+            app, deployment = self._lookup
+            try:
+                self._handle = serve.get_deployment_handle(deployment, app_name=app)
+            except Exception as exc:  # noqa: BLE001  (converted: Serve raises several types here)
+                raise ProviderError(
+                    ErrorClass.CONNECTION,
+                    f"{self.name}: deployment {deployment!r} of app {app!r} is not running ({type(exc).__name__})",
+                ) from None
+        return self._handle
 
     async def complete(self, call: ProviderCall) -> Completion:
         payload: dict[str, Any] = {
@@ -34,10 +61,20 @@ class ServeHandleProvider:
         }
         if call.temperature is not None:
             payload["temperature"] = call.temperature
+        handle = self._resolve()
         try:
-            data = await self._handle.chat.remote(payload)
+            data = await handle.chat.remote(payload)
+        except BackPressureError as exc:
+            # The deployment's queue is full (`max_queued_requests`): busy, not broken.
+            queued, max_queued = _queue_depth(exc)
+            raise ProviderOverloaded(
+                f"{self.name}'s request queue is full",
+                queued=queued,
+                max_queued=max_queued,
+                retry_after_s=getattr(exc, "retry_after_s", None),
+            ) from None
         except Exception as exc:  # noqa: BLE001  (converted, not swallowed: see below)
-            # Serve raises RayActorError, DeploymentUnavailableError, BackPressureError, ...:
+            # Serve raises RayActorError, DeploymentUnavailableError, ...:
             # all mean "this backend cannot answer now", which fallback rules call connection.
             raise ProviderError(
                 ErrorClass.CONNECTION, f"{self.name} failed in-cluster ({type(exc).__name__})"
@@ -63,6 +100,13 @@ class ServeHandleProvider:
         return None
 
 
+def _queue_depth(exc: BackPressureError) -> tuple[int, int]:
+    """(queued, max_queued) from the error's constructor arguments, which Serve keeps in
+    `args` so they survive pickling; (0, 0) if a future Serve changes them."""
+    queued, max_queued = (*exc.args, 0, 0)[:2]
+    return (queued, max_queued) if isinstance(queued, int) and isinstance(max_queued, int) else (0, 0)
+
+
 def in_cluster_factory(app_name: str, bound: dict[str, DeploymentHandle] | None = None) -> InClusterFactory:
     """Handles for kinds `serve` and `local`: a handle bound into this app by deployment name,
     else `serve.get_deployment_handle` (`deployment: "<app>/<deployment>"` or a name in this app)."""
@@ -73,6 +117,6 @@ def in_cluster_factory(app_name: str, bound: dict[str, DeploymentHandle] | None 
         if target in bound:
             return ServeHandleProvider(name, bound[target])
         app, _, deployment = target.rpartition("/")
-        return ServeHandleProvider(name, serve.get_deployment_handle(deployment, app_name=app or app_name))
+        return ServeHandleProvider(name, lookup=(app or app_name, deployment))
 
     return make

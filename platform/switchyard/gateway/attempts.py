@@ -17,7 +17,14 @@ from typing import Generic, TypeVar
 from switchyard.gateway.circuit import CircuitBoard
 from switchyard.gateway.contracts import OutputContracts
 from switchyard.gateway.metrics import GatewayMetrics
-from switchyard.gateway.providers.base import ChatProvider, Completion, Delta, ProviderCall, ProviderError
+from switchyard.gateway.providers.base import (
+    ChatProvider,
+    Completion,
+    Delta,
+    ProviderCall,
+    ProviderError,
+    ProviderOverloaded,
+)
 from switchyard.gateway.routing import Candidate, falls_back
 from switchyard.gateway.seams import Attempt, RequestContext
 from switchyard.policy.models import ErrorClass
@@ -277,7 +284,8 @@ class AttemptRunner:
                     ]
                     continue
                 return error, ErrorClass.INVALID_OUTPUT.value, contract_problem
-            breaker.record(error.error_class)
+            overloaded = isinstance(error, ProviderOverloaded)
+            breaker.record(None if overloaded else error.error_class)  # busy is not broken
             self.metrics.attempt_failed(cand.provider, error.error_class.value)
             log.attempts.append(
                 Attempt(
@@ -290,7 +298,7 @@ class AttemptRunner:
                     error.message,
                 )
             )
-            if error.error_class in RETRYABLE and retries < self.retry.retries_per_candidate:
+            if error.error_class in RETRYABLE and not overloaded and retries < self.retry.retries_per_candidate:
                 pause = self.retry.backoff(retries, error.retry_after_s, self.rng)
                 if self.clock() + pause + self.retry.min_attempt_s < ctx.deadline_at:
                     retries += 1

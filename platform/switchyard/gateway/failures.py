@@ -14,6 +14,7 @@ from switchyard.gateway.errors import (
     Unavailable,
 )
 from switchyard.gateway.planning import Plan
+from switchyard.gateway.providers.base import ProviderOverloaded
 from switchyard.policy.models import ErrorClass
 
 
@@ -29,6 +30,12 @@ def chain_error(plan: Plan, failed: ChainFailed, chain: ChainLog) -> GatewayErro
         return Unavailable("no_candidate", "no provider could be tried for this flow")
     skipped = "".join(f"; not tried: {s.model} ({s.reason})" for s in plan.route.skipped)
     detail = f"tried: {tried}{skipped}"
+    if isinstance(err, ProviderOverloaded):
+        # Retry-After is the pipeline's to add: it knows the observed service time.
+        return Unavailable(
+            "overloaded",
+            f"the model's request queue is full ({err.queued} waiting); no other candidate answered; {detail}",
+        )
     match err.error_class:
         case ErrorClass.INVALID_OUTPUT:
             return ContractViolation(

@@ -49,26 +49,50 @@ class LocalChatModel:
         self, checkpoints: str | Path | None = None, preset: str = "tiny", model_version: str = "switchyard-gpt-tiny"
     ) -> None:
         self.tokenizer = ByteTokenizer()
-        config = GPTConfig.preset(preset)
-        found = newest_checkpoint(Path(checkpoints)) if checkpoints else None
+        self._root = Path(checkpoints) if checkpoints else None
+        self._preset = preset
+        self._version = model_version
+        self._lock = threading.Lock()  # generate() is not re-entrant on one module copy
+        self._unloadable: str | None = None
+        self.model, self.loaded = self._load(newest_checkpoint(self._root) if self._root else None)
+        log.info("local model %s loaded from %s", self.loaded.model_version, self.loaded.source)
+
+    def _load(self, found: Path | None) -> tuple[GPT, LoadedFrom]:
+        config = GPTConfig.preset(self._preset)
         if found is not None:
             config = self._config_from(found, config)
         torch.manual_seed(SEED)
-        self.model = GPT(config).eval()
-        self.loaded = LoadedFrom("seeded-init", None, f"{model_version}@seed{SEED}")
-        if found is not None:
-            try:
-                state = {"model": self.model.state_dict()}
-                with warnings.catch_warnings():
-                    # One process reads the whole checkpoint on purpose; DCP warns about exactly that.
-                    warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-                    dcp.load(state, checkpoint_id=str(found), no_dist=True)
-                self.model.load_state_dict(state["model"])
-                self.loaded = LoadedFrom("checkpoint", str(found), f"{model_version}@{found.name}")
-            except (CheckpointException, RuntimeError, ValueError, KeyError, OSError) as exc:
-                log.error("checkpoint %s cannot be loaded, serving the seeded initialisation: %s", found, exc)
-        self._lock = threading.Lock()  # generate() is not re-entrant on one module copy
-        log.info("local model %s loaded from %s", self.loaded.model_version, self.loaded.source)
+        model = GPT(config).eval()
+        seeded = LoadedFrom("seeded-init", None, f"{self._version}@seed{SEED}")
+        if found is None:
+            return model, seeded
+        try:
+            state = {"model": model.state_dict()}
+            with warnings.catch_warnings():
+                # One process reads the whole checkpoint on purpose; DCP warns about exactly that.
+                warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+                dcp.load(state, checkpoint_id=str(found), no_dist=True)
+            model.load_state_dict(state["model"])
+            return model, LoadedFrom("checkpoint", str(found), f"{self._version}@{found.name}")
+        except (CheckpointException, RuntimeError, ValueError, KeyError, OSError) as exc:
+            log.error("checkpoint %s cannot be loaded, serving the seeded initialisation: %s", found, exc)
+            return model, seeded
+
+    def refresh(self) -> bool:
+        """Serve the newest complete checkpoint if a newer one appeared (a training job of the
+        same model checkpointed). Loads beside the current model and swaps; a checkpoint that
+        cannot be loaded leaves the current one serving. True when the model changed."""
+        found = newest_checkpoint(self._root) if self._root else None
+        if found is None or str(found) in (self.loaded.path, self._unloadable):
+            return False
+        model, loaded = self._load(found)
+        if loaded.source != "checkpoint":
+            self._unloadable = str(found)  # logged once by _load; not retried every refresh
+            return False
+        with self._lock:
+            self.model, self.loaded = model, loaded
+        log.info("local model now serves %s", loaded.model_version)
+        return True
 
     @staticmethod
     def _config_from(found: Path, default: GPTConfig) -> GPTConfig:

@@ -24,6 +24,10 @@ class GatewayMetrics(Protocol):
 
     def stage_latency(self, stage: str, ms: float) -> None: ...
 
+    def shed(self, team: str, flow: str, priority: str, reason: str) -> None:
+        """A request refused by admission control (503 `overloaded`)."""
+        ...
+
 
 class InMemoryMetrics:
     """Counters a replica keeps for its own `status` endpoint (and for tests)."""
@@ -34,6 +38,7 @@ class InMemoryMetrics:
         self.fallbacks: Counter[tuple[str, str, str]] = Counter()
         self.skips: Counter[tuple[str, str]] = Counter()
         self.circuit_changes: Counter[tuple[str, str]] = Counter()
+        self.sheds: Counter[tuple[str, str, str, str]] = Counter()
 
     def request(self, team: str, flow: str, status: int, provider: str | None) -> None:
         self.requests[(team, flow, status, provider or "none")] += 1
@@ -53,6 +58,9 @@ class InMemoryMetrics:
     def stage_latency(self, stage: str, ms: float) -> None:
         return None  # latency distributions are the Ray adapter's job (histograms)
 
+    def shed(self, team: str, flow: str, priority: str, reason: str) -> None:
+        self.sheds[(team, flow, priority, reason)] += 1
+
     def snapshot(self) -> dict[str, Any]:
         return {
             "attempt_failures": [
@@ -64,6 +72,10 @@ class InMemoryMetrics:
             "skipped": [{"provider": p, "reason": r, "count": n} for (p, r), n in sorted(self.skips.items())],
             "circuit_changes": [
                 {"provider": p, "state": s, "count": n} for (p, s), n in sorted(self.circuit_changes.items())
+            ],
+            "shed": [
+                {"team": t, "flow": f, "priority": p, "reason": r, "count": n}
+                for (t, f, p, r), n in sorted(self.sheds.items())
             ],
         }
 
@@ -97,3 +109,7 @@ class FanOutMetrics:
     def stage_latency(self, stage: str, ms: float) -> None:
         for s in self.sinks:
             s.stage_latency(stage, ms)
+
+    def shed(self, team: str, flow: str, priority: str, reason: str) -> None:
+        for s in self.sinks:
+            s.shed(team, flow, priority, reason)

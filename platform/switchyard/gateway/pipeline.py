@@ -1,6 +1,7 @@
 """The request pipeline, in the order of DESIGN.md's request path:
 
-authenticate -> resolve flow -> render prompt -> redact -> reserve budget and rate limit ->
+authenticate -> resolve flow -> render prompt -> admission control (shed when saturated) ->
+redact -> reserve budget and rate limit ->
 route (primary, fallbacks, circuits, retries, idempotency, deadline) -> validate the output
 contract -> settle -> audit -> respond with headers saying who answered and why.
 """
@@ -12,10 +13,12 @@ import logging
 import math
 import time
 import uuid
+import weakref
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from switchyard.gateway.admission_control import AdmissionController, Shed, Ticket
 from switchyard.gateway.attempts import AttemptRunner, ChainFailed, ChainLog, RetryPolicy
 from switchyard.gateway.auth import KeySnapshot
 from switchyard.gateway.circuit import CircuitBoard
@@ -37,7 +40,7 @@ from switchyard.gateway.idempotency import IdempotencyStore, StoredResponse, bod
 from switchyard.gateway.metrics import GatewayMetrics
 from switchyard.gateway.planning import Plan, Planner
 from switchyard.gateway.pool import ProviderPool
-from switchyard.gateway.providers.base import Delta, ProviderCall, ProviderError
+from switchyard.gateway.providers.base import Delta, ProviderCall, ProviderError, ProviderOverloaded
 from switchyard.gateway.seams import (
     AuditSink,
     AuditUnavailable,
@@ -47,6 +50,7 @@ from switchyard.gateway.seams import (
     OverBudget,
     RateLimited,
     Redacted,
+    RedactionSummary,
     Redactor,
     Reservation,
     Usage,
@@ -96,6 +100,7 @@ class GatewayParts:
     metrics: GatewayMetrics
     idempotency: IdempotencyStore
     circuits: CircuitBoard = field(default_factory=CircuitBoard)
+    admission: AdmissionController = field(default_factory=AdmissionController)
     retry: RetryPolicy = field(default_factory=RetryPolicy)
     clock: Callable[[], float] = time.time
     idempotency_poll_s: float = 0.02
@@ -214,9 +219,45 @@ class ChatPipeline:
             await store.abandon(ctx.team, key)  # failures are not stored: a retry may succeed
         return result
 
-    # ------------------------------------------------------------ one request
+    # ------------------------------------------------------------ admission control
 
     async def _execute(self, plan: Plan, hdr: dict[str, str]) -> Result:
+        """Admission first: a shed request costs nothing (no redaction, no budget, no upstream
+        call); like other refusals after the flow is known, it is counted and audited."""
+        ctx = plan.ctx
+        settings = plan.policy_set.org.gateway.admission
+        ticket = self.parts.admission.admit(settings, ctx.team, ctx.flow.priority, plan.route.candidates[0].provider)
+        if isinstance(ticket, Shed):
+            self.parts.metrics.shed(ctx.team, ctx.flow.flow, ticket.priority.value, ticket.reason)
+            err = Unavailable("overloaded", ticket.message(), headers={"retry-after": str(ticket.retry_after_s)})
+            nothing_sent = Redacted([], RedactionSummary("none"))
+            return await self._fail(plan, nothing_sent, _Outcome(503, error_code="overloaded"), err, hdr, ChainLog())
+        try:
+            result = await self._admitted(plan, hdr)
+        except BaseException:
+            ticket.release()
+            raise
+        if isinstance(result, StreamResult):
+            return StreamResult(result.headers, _release_after(result.body, ticket), result.status)
+        ticket.release()
+        return result
+
+    def _chain_error(self, plan: Plan, failed: ChainFailed, chain: ChainLog) -> GatewayError:
+        err = chain_error(plan, failed, chain)
+        cause = failed.error
+        if isinstance(cause, ProviderOverloaded) and err.code == "overloaded":
+            ctx = plan.ctx
+            provider = chain.attempts[-1].provider if chain.attempts else plan.route.candidates[0].provider
+            shed = self.parts.admission.backpressure(
+                plan.policy_set.org.gateway.admission, provider, ctx.flow.priority, cause.queued, cause.max_queued
+            )
+            err.headers["retry-after"] = str(max(shed.retry_after_s, math.ceil(cause.retry_after_s or 0)))
+            self.parts.metrics.shed(ctx.team, ctx.flow.flow, shed.priority.value, shed.reason)
+        return err
+
+    # ------------------------------------------------------------ one request
+
+    async def _admitted(self, plan: Plan, hdr: dict[str, str]) -> Result:
         ctx, flow, parts = plan.ctx, plan.ctx.flow, self.parts
         try:
             redacted = parts.redactor.redact(plan.messages, flow.data_class)
@@ -269,7 +310,7 @@ class ChatPipeline:
             )
         except ChainFailed as failed:
             await parts.budget.release(reservation)
-            err = chain_error(plan, failed, chain)
+            err = self._chain_error(plan, failed, chain)
             outcome = _Outcome(
                 err.status, "reserved", "invalid" if failed.contract_problem else "not_reached", error_code=err.code
             )
@@ -346,7 +387,7 @@ class ChatPipeline:
             )
         except ChainFailed as failed:
             await self.parts.budget.release(reservation)
-            err = chain_error(plan, failed, chain)
+            err = self._chain_error(plan, failed, chain)
             return await self._fail(
                 plan, redacted, _Outcome(err.status, "reserved", error_code=err.code), err, hdr, chain
             )
@@ -470,11 +511,34 @@ class ChatPipeline:
 
     def status(self) -> dict[str, Any]:
         snapshot = getattr(self.parts.metrics, "snapshot", None)
-        return {"circuits": self.parts.circuits.snapshot(), "counters": snapshot() if callable(snapshot) else {}}
+        return {
+            "circuits": self.parts.circuits.snapshot(),
+            "admission": self.parts.admission.snapshot(self.parts.policies().org.gateway.admission),
+            "counters": snapshot() if callable(snapshot) else {},
+        }
 
 
 def _error(err: GatewayError, hdr: dict[str, str]) -> JSONResult:
     return JSONResult(err.status, err.body(), {**hdr, **err.headers})
+
+
+def _release_after(body: AsyncIterator[bytes], ticket: Ticket) -> AsyncIterator[bytes]:
+    """The stream holds its admission slot until its last byte (or its failure)."""
+
+    async def relay() -> AsyncIterator[bytes]:
+        try:
+            async for chunk in body:
+                yield chunk
+        finally:
+            ticket.release()
+            close = getattr(body, "aclose", None)  # a client that left closes the body now, as before
+            if close is not None:
+                await close()
+
+    stream = relay()
+    # A stream the server never starts (the client left first) never runs `finally`.
+    weakref.finalize(stream, ticket.release)
+    return stream
 
 
 def _approx_tokens(text: str) -> int:

@@ -80,7 +80,9 @@ class OverBudget(Exception):
     def __init__(self, budget: str, spent_usd: float, limit_usd: float, resets_at: str) -> None:
         self.budget, self.spent_usd, self.limit_usd, self.resets_at = budget, spent_usd, limit_usd, resets_at
         super().__init__(
-            f"budget {budget} is exhausted: spent ${spent_usd:.4f} of ${limit_usd:.2f}; resets at {resets_at}"
+            # `g` formats: a $0.00001 budget reads as such, not as $0.00.
+            f"budget {budget} cannot fit this request: ${spent_usd:.6g} of ${limit_usd:.6g} already committed;"
+            f" resets at {resets_at}"
         )
 
 

@@ -14,7 +14,7 @@ from typing import Any
 
 from switchyard.policy.errors import PolicyViolation
 from switchyard.policy.layering import Layer, ResolvedFlow, flow_layers, resolve_flow
-from switchyard.policy.models import Bound, EffectiveFlow
+from switchyard.policy.models import Bound, EffectiveFlow, Priority
 from switchyard.policy.policy_set import PolicySet
 
 
@@ -22,6 +22,7 @@ def check_policy_set(ps: PolicySet) -> list[PolicyViolation]:
     violations: list[PolicyViolation] = []
     violations += _check_prompts(ps)
     violations += _check_catalog(ps)
+    violations += _check_admission(ps)
     for team_name, team in ps.teams.items():
         violations += _check_guardrails(ps, _team_layers(ps, team_name))
         if team.default_flow is not None and team.default_flow not in team.flows:
@@ -40,6 +41,7 @@ def check_policy_set(ps: PolicySet) -> list[PolicyViolation]:
                 violations += resolved
             else:
                 violations += _check_flow_references(ps, resolved)
+                violations += _check_priority(ps, resolved)
     return violations
 
 
@@ -143,6 +145,49 @@ def _check_catalog(ps: PolicySet) -> list[PolicyViolation]:
                     )
                 )
     return out
+
+
+def _check_admission(ps: PolicySet) -> list[PolicyViolation]:
+    adm = ps.org.gateway.admission
+    out: list[PolicyViolation] = []
+    for provider in sorted(adm.provider_max_in_flight):
+        if provider not in ps.providers.providers:
+            out.append(
+                PolicyViolation(
+                    "org.yaml",
+                    f"gateway.admission.provider_max_in_flight.{provider}",
+                    f"unknown provider {provider!r} (known: {', '.join(sorted(ps.providers.providers))})",
+                )
+            )
+    for team in sorted(adm.urgent_teams or ()):
+        if team not in ps.teams:
+            out.append(
+                PolicyViolation(
+                    "org.yaml",
+                    "gateway.admission.urgent_teams",
+                    f"unknown team {team!r} (no teams/{team}.yaml)",
+                )
+            )
+    return out
+
+
+def _check_priority(ps: PolicySet, resolved: ResolvedFlow) -> list[PolicyViolation]:
+    """Urgent flows are shed last, so the org names who may have them (`urgent_teams`)."""
+    flow = resolved.policy
+    allowed = ps.org.gateway.admission.urgent_teams
+    if flow.priority is not Priority.URGENT or allowed is None or flow.team in allowed:
+        return []
+    file, _, path = resolved.provenance.get(
+        "priority", f"{ps.team_file(flow.team)}: flows.{flow.flow}.priority"
+    ).partition(": ")
+    return [
+        PolicyViolation(
+            file,
+            path,
+            f"flow {flow.team}/{flow.flow} is urgent, but org.yaml gateway.admission.urgent_teams "
+            f"({', '.join(sorted(allowed)) or 'none'}) does not include team {flow.team!r}",
+        )
+    ]
 
 
 def _flow_models(flow: EffectiveFlow) -> Iterator[tuple[str, str]]:

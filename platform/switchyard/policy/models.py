@@ -11,7 +11,7 @@ from datetime import date
 from enum import StrEnum
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PositiveInt, field_validator, model_validator
 
 
 class Strict(BaseModel):
@@ -199,6 +199,14 @@ class FallbackCandidate(Strict):
         return v
 
 
+class Priority(StrEnum):
+    """How late a flow's requests are shed when the gateway is saturated (urgent last)."""
+
+    URGENT = "urgent"
+    STANDARD = "standard"
+    BATCH = "batch"
+
+
 class EvalGate(Strict):
     suite: str  # path under policies/evals/suites/
     threshold: float = Field(ge=0, le=1)
@@ -214,6 +222,7 @@ class FlowPolicy(Strict):
     output_schema: dict[str, Any] | None = None  # JSON Schema every answer must satisfy
     allow_free_messages: bool | None = None
     risk_tier: RiskTier | None = None
+    priority: Priority | None = None  # admission class; unset: standard
     data_class: str | None = None
     deadline_ms: int | None = Field(default=None, gt=0)
     max_tokens: int | None = Field(default=None, gt=0)
@@ -250,12 +259,48 @@ class Bound(Strict):
     subset_of: frozenset[str] | None = None  # sets may only shrink
 
 
+class ShedThresholds(Strict):
+    """Utilisation (requests in flight / capacity) at which each priority class is shed."""
+
+    batch: float = Field(default=0.5, gt=0, le=1)
+    standard: float = Field(default=0.85, gt=0, le=1)
+    urgent: float = Field(default=1.0, gt=0, le=1)
+
+    @model_validator(mode="after")
+    def _urgent_last(self) -> ShedThresholds:
+        if not self.batch <= self.standard <= self.urgent:
+            raise ValueError(
+                "thresholds must rise with priority, batch <= standard <= urgent, so urgent flows are shed "
+                f"last (got batch {self.batch}, standard {self.standard}, urgent {self.urgent})"
+            )
+        return self
+
+    def of(self, priority: Priority) -> float:
+        return float(getattr(self, priority.value))
+
+
+class AdmissionSettings(Strict):
+    """Per-replica load shedding in the gateway (docs/gateway.md, "Admission control")."""
+
+    max_in_flight: int = Field(default=200, gt=0)  # requests one replica works on at once
+    provider_max_in_flight: dict[str, PositiveInt] = {}  # per primary provider, per replica
+    shed_at: ShedThresholds = ShedThresholds()
+    team_max_share: float | None = Field(default=None, gt=0, le=1)  # of a lane, for non-urgent flows
+    urgent_teams: frozenset[str] | None = None  # teams whose flows may be urgent; unset: any team
+    max_retry_after_s: int = Field(default=30, gt=0)
+
+
+class GatewaySettings(Strict):
+    admission: AdmissionSettings = AdmissionSettings()
+
+
 class OrgPolicy(Strict):
     org: str
     budget: BudgetLimits = BudgetLimits()  # the org-wide cap
     rate_limit: RateLimit = RateLimit()
     defaults: FlowPolicy  # every flow starts from these
     guardrails: dict[str, Bound] = {}  # dotted field path -> bound, checked on teams and flows
+    gateway: GatewaySettings = GatewaySettings()  # replica-level knobs (admission control)
 
 
 class EffectiveFlow(Strict):
@@ -270,6 +315,7 @@ class EffectiveFlow(Strict):
     output_schema: dict[str, Any] | None = None
     allow_free_messages: bool = True
     risk_tier: RiskTier
+    priority: Priority = Priority.STANDARD
     data_class: str
     deadline_ms: int
     max_tokens: int

@@ -108,6 +108,8 @@ class RunContext:
     """Write a torch.profiler trace per rank here and print collective vs compute time."""
     on_engine: Callable[[TrainEngine], None] | None = None
     """Called once the engine is built (tests and benchmarks attach probes here)."""
+    on_resume: Callable[[int, str], None] | None = None
+    """Called with (step, checkpoint uri) once a checkpoint is restored."""
 
 
 def lr_at(step: int, optim: OptimSpec, total_steps: int) -> float:
@@ -294,6 +296,8 @@ class Trainer:
             step, data_state = self._restore(engine, resume)
             batches.load_state_dict(data_state)
             log.info("resumed from %s at step %d", resume.uri, step)
+            if ctx.on_resume is not None:
+                ctx.on_resume(step, resume.uri)
         sigterm = SigtermFlag()
         if ctx.handle_sigterm:
             sigterm.install()

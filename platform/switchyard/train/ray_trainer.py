@@ -70,7 +70,8 @@ def train_fn(config: dict[str, Any]) -> None:
     rank, world_size = context.get_world_rank(), context.get_world_size()
     work_dir = Path(tempfile.mkdtemp(prefix=f"switchyard-{spec.name}-r{rank}-"))
     run_uri = config["run_uri"]
-    on_published = _scheduler_reporter(config["workload_id"]) if config.get("workload_id") else None
+    workload_id = config.get("workload_id")
+    on_published = _scheduler_reporter(workload_id) if workload_id else None
     ctx = RunContext(
         rank=rank,
         world_size=world_size,
@@ -85,9 +86,18 @@ def train_fn(config: dict[str, Any]) -> None:
         min_poll_interval_s=float(config.get("min_poll_interval_s", 1.0)),
         prune=False,  # CheckpointConfig(num_to_keep) prunes under Ray
         stop_after_steps=config.get("stop_after_steps"),
+        on_resume=_resume_reporter(workload_id) if workload_id and rank == 0 else None,
     )
     result = Trainer(spec, ctx).run()
     log.info("rank %d finished: %s", rank, result.to_json())
+
+
+def _resume_reporter(workload_id: str) -> Callable[[int, str], None]:
+    """Tell the scheduler where the job resumed (its event log; fire and forget)."""
+    from switchyard.cluster.record import NAMESPACE, SCHEDULER_ACTOR
+
+    scheduler = ray.get_actor(SCHEDULER_ACTOR, namespace=NAMESPACE)
+    return lambda step, uri: scheduler.report_resume.remote(workload_id, step, uri)
 
 
 def _scheduler_reporter(workload_id: str) -> Callable[[], None]:
@@ -136,8 +146,8 @@ def run_on_ray(
     """Run `spec` with `TorchTrainer` on the connected Ray cluster; blocks until it ends.
 
     With `worker_label_selectors` (from the scheduler's lease: one per worker, naming its
-    node) every worker holds one granted GPU on the node the scheduler chose; `workload_id`
-    names the scheduler workload whose checkpoints are reported."""
+    node) every worker holds `spec.gpus_per_worker` granted GPUs on the node the scheduler
+    chose; `workload_id` names the scheduler workload whose checkpoints are reported."""
     storage = storage_path or spec.checkpoint.uri or str(state_dir() / "train" / "checkpoints")
     storage = storage.rstrip("/")
     job_id = job_id or spec.name
@@ -157,6 +167,10 @@ def run_on_ray(
         scaling_config=ScalingConfig(
             num_workers=len(worker_label_selectors) if worker_label_selectors else spec.num_workers,
             use_gpu=use_gpu,
+            # Ray's default is 1 CPU (+ 1 GPU with use_gpu); name both only when a worker holds more.
+            resources_per_worker=(
+                {"CPU": 1, "GPU": spec.gpus_per_worker} if use_gpu and spec.gpus_per_worker > 1 else None
+            ),
             label_selector=worker_label_selectors,
         ),
         run_config=RunConfig(

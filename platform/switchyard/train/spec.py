@@ -107,6 +107,9 @@ class JobSpec(_Spec):
     """Optimizer steps to train."""
     seed: int = 0
     num_workers: int = Field(default=2, ge=1)
+    gpus_per_worker: int = Field(default=1, ge=1, le=8)
+    """GPUs each worker holds (a worker that drives several GPUs itself); the job's lease is
+    `num_workers x gpus_per_worker` GPUs, and a worker never spans nodes."""
     use_gpu: bool = False
     log_every: int = Field(default=1, ge=1)
     init_from: str | None = None
@@ -132,6 +135,11 @@ class JobSpec(_Spec):
                     f"replicate_degree ({replicas}) with shard groups larger than one"
                 )
         return self
+
+    @property
+    def gpus(self) -> int:
+        """The GPUs the job asks the scheduler for."""
+        return self.num_workers * self.gpus_per_worker
 
     def with_changes(self, **changes: Any) -> JobSpec:
         """A copy with top-level or dotted fields replaced (`{"parallel.strategy": "zero2"}`)."""

@@ -33,6 +33,12 @@ def _client() -> Any:
     return boto3.client("s3")
 
 
+def _is_directory_marker(key: str) -> bool:
+    """An empty `dir/` object: what pyarrow's S3 filesystem (Ray Train's uploads) writes for a
+    directory. Not a file: downloading it would put a file where the directory must go."""
+    return key.endswith("/")
+
+
 def _join(*parts: str) -> str:
     return "/".join(p.strip("/") for p in parts if p.strip("/"))
 
@@ -69,7 +75,8 @@ class Location:
         paginator = _client().get_paginator("list_objects_v2")
         for page in paginator.paginate(Bucket=bucket, Prefix=prefix + "/"):
             for obj in page.get("Contents", []):
-                sizes[obj["Key"][len(prefix) + 1 :]] = int(obj["Size"])
+                if not _is_directory_marker(obj["Key"]):
+                    sizes[obj["Key"][len(prefix) + 1 :]] = int(obj["Size"])
         return sizes
 
     def read_bytes(self, name: str, relpath: str) -> bytes | None:
@@ -120,6 +127,8 @@ def download_prefix(uri: str, dest: Path) -> Path:
     for page in paginator.paginate(Bucket=bucket, Prefix=_join(prefix)):
         for obj in page.get("Contents", []):
             found = True
+            if _is_directory_marker(obj["Key"]):
+                continue
             rel = obj["Key"][len(_join(prefix)) :].lstrip("/")
             target = dest / rel
             if target.is_file() and target.stat().st_size == obj["Size"]:

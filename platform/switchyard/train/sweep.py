@@ -1,8 +1,13 @@
 """A Ray Tune sweep (learning rate x micro-batch size) over the same `Trainer` loop.
 
-Each trial trains the job on one CPU rank (a one-process gloo group, so every strategy's
-code path runs unchanged) and reports the loss per step to Tune. For multi-rank trials,
-run `run_on_ray` per configuration instead: one Tune trial per TorchTrainer.
+Without GPUs, each trial trains the job on one CPU rank (a one-process gloo group, so every
+strategy's code path runs unchanged) and reports the loss per step to Tune; no scheduler is
+involved. A trial that needs GPUs asks the platform's scheduler for them like any job: it
+submits a workload for its team and priority, waits in the queue (holding nothing), runs
+`run_on_ray` (one TorchTrainer worker per granted GPU, pinned to the granted nodes) and
+releases the lease when done or on failure. A preempted trial checkpoints, waits to be
+admitted again and resumes. The trial itself takes only a CPU from Tune: its GPUs come from
+the lease, never from Tune's own resource request, which the scheduler could not place.
 """
 
 from __future__ import annotations
@@ -50,15 +55,78 @@ def trial_fn(config: dict[str, Any]) -> None:
         dist.destroy_process_group()
 
 
-def run_sweep(spec: JobSpec, lrs: list[float], batch_sizes: list[int], *, storage_path: str) -> list[dict[str, Any]]:
-    """Grid over `lrs` x `batch_sizes`; rows sorted by final loss, best first."""
-    tuner = tune.Tuner(
-        tune.with_resources(trial_fn, {"cpu": 1}),
-        param_space={
-            "spec": spec.model_dump(mode="json"),
-            "lr": tune.grid_search(lrs),
-            "batch_size": tune.grid_search(batch_sizes),
+def leased_trial_fn(config: dict[str, Any]) -> None:
+    """One Tune trial on GPUs leased from the scheduler (see the module docstring)."""
+    from switchyard.cluster.admission import admit, submit, training_submission
+    from switchyard.train.ray_trainer import run_on_ray
+
+    trial = tune.get_context().get_trial_id().lower().replace("_", "-")
+    gpus = int(config["gpus_per_trial"])
+    spec = JobSpec.model_validate(config["spec"])
+    spec = spec.with_changes(
+        name=f"{spec.name[:40]}-{trial}"[:63],
+        num_workers=gpus,
+        **{
+            "optim.lr": config["lr"],
+            "data.micro_batch_size": config["batch_size"],
+            "checkpoint.save_final": True,  # run_on_ray reads the outcome from the last report
+            "checkpoint.resume": True,  # a preempted trial resumes where it stopped
         },
+    )
+    workload = submit(training_submission(spec.name, gpus, config["team"], config["priority_class"]))
+    while True:
+        admission = admit(None, workload_id=workload)
+        finished = True  # a failed trial gives its GPUs back for good
+        try:
+            result = run_on_ray(
+                spec,
+                storage_path=config["storage_path"],
+                job_id=workload,
+                worker_label_selectors=admission.worker_label_selectors(),
+                workload_id=workload,
+            )
+            finished = not result.resumable
+        finally:
+            requeued = admission.release(finished=finished)
+        if not requeued:
+            break
+    tune.report({"loss": result.loss, "step": result.step, "status": result.status, "workload_id": workload})
+
+
+def run_sweep(
+    spec: JobSpec,
+    lrs: list[float],
+    batch_sizes: list[int],
+    *,
+    storage_path: str,
+    gpus_per_trial: int = 0,
+    team: str | None = None,
+    priority_class: str = "training",
+) -> list[dict[str, Any]]:
+    """Grid over `lrs` x `batch_sizes`; rows sorted by final loss, best first. With
+    `gpus_per_trial`, each trial's GPUs are leased from the scheduler against `team`'s quota."""
+    if gpus_per_trial < 0:
+        raise ValueError(f"gpus_per_trial must be 0 (CPU trials) or more, got {gpus_per_trial}")
+    space: dict[str, Any] = {
+        "spec": spec.model_dump(mode="json"),
+        "lr": tune.grid_search(lrs),
+        "batch_size": tune.grid_search(batch_sizes),
+    }
+    if gpus_per_trial:
+        if not team:
+            raise ValueError("a sweep whose trials need GPUs needs a team: GPUs are granted against its quota")
+        trainable = tune.with_resources(leased_trial_fn, {"cpu": 1})
+        space.update(
+            gpus_per_trial=gpus_per_trial,
+            team=team,
+            priority_class=priority_class,
+            storage_path=f"{storage_path.rstrip('/')}/trials",
+        )
+    else:
+        trainable = tune.with_resources(trial_fn, {"cpu": 1})
+    tuner = tune.Tuner(
+        trainable,
+        param_space=space,
         tune_config=tune.TuneConfig(metric="loss", mode="min"),
         run_config=tune.RunConfig(name=f"{spec.name}-sweep", storage_path=storage_path, verbose=0),
     )
@@ -68,12 +136,13 @@ def run_sweep(spec: JobSpec, lrs: list[float], batch_sizes: list[int], *, storag
         if result.error is not None:
             raise RuntimeError(f"sweep trial {result.config} failed: {result.error}")
         metrics = result.metrics or {}
-        rows.append(
-            {
-                "lr": result.config["lr"],
-                "batch_size": result.config["batch_size"],
-                "loss": metrics["loss"],
-                "step": metrics["step"],
-            }
-        )
+        row = {
+            "lr": result.config["lr"],
+            "batch_size": result.config["batch_size"],
+            "loss": metrics["loss"],
+            "step": metrics["step"],
+        }
+        if "workload_id" in metrics:
+            row["workload_id"] = metrics["workload_id"]
+        rows.append(row)
     return sorted(rows, key=lambda r: r["loss"])

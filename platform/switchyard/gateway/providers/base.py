@@ -65,6 +65,18 @@ class ProviderError(Exception):
         self.retry_after_s = retry_after_s
 
 
+class ProviderOverloaded(ProviderError):
+    """An in-cluster model's request queue is full (Serve's `max_queued_requests`): the
+    provider is healthy but busy. It falls back like `rate_limited`, is not retried on the same
+    candidate (that would only add load) and does not count against the circuit; when nothing
+    else answers, the client gets 503 `overloaded` with Retry-After."""
+
+    def __init__(self, message: str, *, queued: int, max_queued: int, retry_after_s: float | None = None) -> None:
+        super().__init__(ErrorClass.RATE_LIMITED, message, status=503, retry_after_s=retry_after_s)
+        self.queued = queued
+        self.max_queued = max_queued
+
+
 class ChatProvider(Protocol):
     """One upstream. Implementations pool their connections and are safe to share."""
 

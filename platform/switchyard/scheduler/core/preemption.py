@@ -4,8 +4,10 @@ Who may be a victim (KUEUE and CHECKPOINT_AWARE modes):
   1. only a running lease (not one already preempting);
   2. of the preemptor's own quota entry: only a preemptible, lower-priority lease that has run
      its priority class's minimum runtime;
-  3. of another entry: only while that entry stays at or above its guarantee without the
-     victim (never taking a team below its guarantee), and either the preemptor is reclaiming
+  3. of another entry: only while that entry is borrowing (above its guarantee, counting GPUs
+     already being taken back); a gang cannot be split, so its whole lease goes even when that
+     takes the entry below its guarantee (Kueue's rule; otherwise a gang larger than what it
+     borrowed could never be reclaimed), and either the preemptor is reclaiming
      its own guarantee (any priority; minimum runtime does not protect borrowed GPUs) or the
      victim is preemptible, lower priority and past its minimum runtime.
 PRIORITY mode (the strict-priority baseline) keeps only the priority rule.
@@ -141,7 +143,7 @@ class VictimSelector:
                 if not cross:
                     if by_priority:
                         out.append(self._candidate(lease, key, False, PreemptionReason.PRIORITY, now))
-                elif room >= lease.gpus and (reclaiming or by_priority):
+                elif reclaiming or by_priority:  # `room` > 0: the team borrows; its gang goes whole
                     reason = PreemptionReason.RECLAIM if reclaiming else PreemptionReason.PRIORITY
                     out.append(self._candidate(lease, key, True, reason, now))
         out.sort(key=self._order_key(mode))
@@ -180,9 +182,11 @@ class VictimSelector:
         return (max(c.position for c in chosen), len(chosen))
 
     def _keeps_guarantee(self, c: _Candidate, taken: dict[QuotaKey, int]) -> bool:
+        """Another team's lease may go only while that team still borrows: a team at or below
+        its guarantee is off limits, but a borrowing gang is taken whole."""
         if not c.cross_team:
             return True
-        return self._book.reclaimable(c.key) - taken.get(c.key, 0) >= c.lease.gpus
+        return self._book.reclaimable(c.key) - taken.get(c.key, 0) > 0
 
     # -- how many -------------------------------------------------------------------------
     def _plan_single_node(

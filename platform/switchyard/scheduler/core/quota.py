@@ -13,6 +13,8 @@ from switchyard.scheduler.core.model import WorkloadClass
 from switchyard.scheduler.core.policy import Quota, Team
 
 QuotaKey = tuple[str, int]  # (team, index of the quota entry in Team.quotas)
+# The one refusal that more GPUs would lift: borrowing is capped by what the cluster can lend.
+NO_LENDABLE_CAPACITY = "no lendable capacity"
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,7 +101,7 @@ class QuotaBook:
             return Admission(False, True, "borrowing limit")
         kept = self._kept_back - self._floor(key, self._usage[key]) + self._floor(key, max(0, after))
         if kept > capacity:
-            return Admission(False, True, "no lendable capacity")
+            return Admission(False, True, NO_LENDABLE_CAPACITY)
         return Admission(True, True)
 
     def charge(self, key: QuotaKey, gpus: int) -> None:

@@ -30,7 +30,7 @@ from switchyard.scheduler.core.placement import NodePool
 from switchyard.scheduler.core.policy import Ordering, PreemptionMode, SchedulerPolicy
 from switchyard.scheduler.core.preemption import VictimPlan, VictimSelector
 from switchyard.scheduler.core.queue import GroupKey, PendingQueues
-from switchyard.scheduler.core.quota import QuotaBook
+from switchyard.scheduler.core.quota import NO_LENDABLE_CAPACITY, QuotaBook
 from switchyard.scheduler.core.snapshot import ClusterSnapshot, build_snapshot
 
 
@@ -68,7 +68,6 @@ class Scheduler:
         self._preempting: dict[str, Lease] = {}  # noticed leases, in notice order
         self._awaiting: dict[str, set[str]] = {}  # preemptor -> victim leases still holding GPUs
         self._stops: list[StopOrder] = []
-        self._checkpointed_after_notice: set[str] = set()
         self._preemptible_gpus: dict[int, int] = {}  # priority value -> GPUs in running leases
         self._next_victim_search: dict[tuple[object, ...], float] = {}  # shape -> retry time
         self._running: dict[tuple[str, int], dict[str, Lease]] = {}  # quota entry -> leases
@@ -102,7 +101,6 @@ class Scheduler:
         self._free_lease(lease, now)
         for waiting in self._awaiting.values():
             waiting.discard(lease_id)
-        self._checkpointed_after_notice.discard(lease_id)
         if lease.state is LeaseState.PREEMPTING and not finished:
             self._enqueue(
                 PendingWorkload(lease.request, lease.submitted_at, lease.submitted_at,
@@ -113,10 +111,13 @@ class Scheduler:
 
     def report_checkpoint(self, workload_id: str, now: float) -> None:
         lease = self._leases[self._lease_of[workload_id]]
+        # Only lost-work accounting. A checkpoint reported after a notice is no reason to end the
+        # lease early: it may be a periodic one that was already being written when the notice
+        # went out, from a job that has not seen the notice yet. Ending the lease then (as an
+        # earlier version did) freed GPUs the job still held; the demo caught the double booking.
+        # The job releases its lease itself once it has checkpointed and exited; the grace
+        # period bounds the wait.
         lease.last_checkpoint_at = now
-        if lease.state is LeaseState.PREEMPTING:
-            # Its work is saved: stop it now instead of waiting out the grace period.
-            self._checkpointed_after_notice.add(lease.lease_id)
 
     def add_node(self, node: Node, now: float) -> None:
         self._pool.add(node)
@@ -136,6 +137,47 @@ class Scheduler:
                 self._stop_awaiting(self._queues.get(workload).request)
         self._pool.remove(name)
         return [lease.lease_id for lease in lost]
+
+    def adopt(self, request: GangRequest, placement: tuple[str, ...], now: float) -> LeaseStart:
+        """Record as a lease a workload that already runs where something else put it (a Serve
+        replica that Ray placed itself), bundle i on node `placement[i]`. Allowed only onto
+        GPUs free in the ledger and within the workload's quota, so adopting never grants a
+        GPU twice; a queued workload of that id leaves the queue. Raises ValueError naming what
+        is wrong otherwise."""
+        self._validate(request)
+        workload = request.workload_id
+        if workload in self._lease_of:
+            raise ValueError(f"workload {workload!r} already holds lease {self._lease_of[workload]!r}")
+        if len(placement) != len(request.bundles):
+            raise ValueError(f"workload {workload!r}: {len(placement)} nodes for {len(request.bundles)} bundles")
+        need: dict[str, int] = {}
+        for node, size in zip(placement, request.bundles, strict=True):
+            need[node] = need.get(node, 0) + size
+        for node, gpus in need.items():
+            if node not in self._pool:
+                raise ValueError(f"workload {workload!r}: unknown node {node!r}")
+            if self._pool.free(node) < gpus:
+                raise ValueError(
+                    f"workload {workload!r}: node {node!r} has {self._pool.free(node)} GPUs free in the "
+                    f"ledger, {gpus} needed"
+                )
+        priority = self._priority[request.priority_class]
+        if self._knobs.enforce_quota:
+            may_borrow = self._knobs.borrowing and priority.preemptible
+            admission = self._book.check(self._key(request), request.gpus, self._pool.total_gpus, may_borrow)
+            if not admission.allowed:
+                raise ValueError(f"workload {workload!r}: over the quota of team {request.team!r} ({admission.reason})")
+            borrowing = admission.borrowing
+        else:
+            borrowing = False
+        if workload in self._queues:
+            pending = self._queues.get(workload)
+        else:
+            pending = PendingWorkload(request, submitted_at=now, queued_at=now)
+            self._enqueue(pending)
+        decisions = Decisions()
+        self._start(pending, placement, borrowing, now, decisions)
+        return decisions.starts[0]
 
     # -- the decision -------------------------------------------------------------------------
     def schedule(self, now: float) -> Decisions:
@@ -266,12 +308,9 @@ class Scheduler:
             if lease.stop_sent:
                 continue
             assert lease.stop_deadline is not None
-            if lease.lease_id in self._checkpointed_after_notice:
-                reason = "checkpointed after notice"
-            elif now >= lease.stop_deadline:
-                reason = "grace period over"
-            else:
+            if now < lease.stop_deadline:
                 continue
+            reason = "grace period over"
             lease.stop_sent = True
             decisions.stops.append(StopOrder(lease.lease_id, lease.request.workload_id, reason))
 
@@ -554,3 +593,20 @@ class Scheduler:
     def snapshot(self, now: float) -> ClusterSnapshot:
         return build_snapshot(self.policy, self._pool, self._book, self._usage, self._leases,
                               list(self._queues.items()), self._reserved, now)
+
+    def waiting_for_capacity(self) -> list[GangRequest]:
+        """Queued gangs that more GPUs would let start: within their quota (or refused only
+        because the cluster has no capacity left to lend) and not already waiting for
+        preemption victims to leave. What a driver asks an autoscaler for."""
+        out = []
+        for pending in self._queues.items():
+            request = pending.request
+            if self._awaiting.get(request.workload_id):
+                continue  # its GPUs are on their way: the victims are leaving
+            if self._knobs.enforce_quota:
+                may_borrow = self._knobs.borrowing and self._priority[request.priority_class].preemptible
+                admission = self._book.check(self._key(request), request.gpus, self._pool.total_gpus, may_borrow)
+                if not admission.allowed and admission.reason != NO_LENDABLE_CAPACITY:
+                    continue  # held back by its quota: more nodes would not admit it
+            out.append(request)
+        return out

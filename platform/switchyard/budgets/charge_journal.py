@@ -1,0 +1,147 @@
+"""A replica's write-ahead journal of charges it settled locally but has not yet sent.
+
+The leased gate batches charges to the ledger (`LeaseConfig.flush_every_s`), so a replica
+killed between a response and the next flush would take those charges with it: the ledger
+would count less than was spent, and the hold's expiry would hand the money out again.
+The journal closes that gap the way the audit spool does:
+
+- `append` writes one line per charge with a single `write(2)` before the response is
+  returned; a process crash (SIGKILL, OOM) loses nothing appended (the kernel has it);
+- the writer holds an exclusive `flock` on its journal for its whole life; once every
+  journaled charge has reached the ledger the file is truncated;
+- `recover_orphans` (run by the next gate to start on the host, before it takes traffic)
+  finds journals whose lock is free, sends their charges to their holds and deletes them.
+  Charges are idempotent by id, so a charge sent before the crash is never counted twice.
+
+A host crash can still lose the last `flush_every_s` of charges (no fsync per request);
+docs/budgets.md states the bound.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import fcntl
+import json
+import logging
+import os
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from switchyard.budgets.ledger import Charge
+
+log = logging.getLogger(__name__)
+
+SUFFIX = ".charges"
+
+SendCharges = Callable[[str, Sequence[Charge]], Awaitable[object]]
+"""`(hold_id, charges) -> ...`: record charges against a hold and close it."""
+
+
+def _file_name(holder: str) -> str:
+    # Holder ids are `host:pid:uuid`; keep the file name to safe characters.
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in holder) + SUFFIX
+
+
+class ChargeJournal:
+    def __init__(self, directory: Path, holder: str) -> None:
+        self.directory = directory
+        self.path = directory / _file_name(holder)
+        self._fd: int | None = None
+
+    def open(self) -> None:
+        """Create and lock the journal. Locked under a private name, then renamed, so a
+        recoverer never finds it unlocked and takes this live writer for a dead one."""
+        if self._fd is not None:
+            return
+        self.directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+        private = self.directory / f".{self.path.name}.new"
+        fd = os.open(private, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o600)
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        private.rename(self.path)
+        self._fd = fd
+
+    def append(self, hold_id: str, charge: Charge) -> None:
+        if self._fd is None:
+            self.open()
+        assert self._fd is not None
+        line = json.dumps({"hold": hold_id, "charge": dataclasses.asdict(charge)}, separators=(",", ":")) + "\n"
+        os.write(self._fd, line.encode())
+
+    def clear(self) -> None:
+        """Every journaled charge is in the ledger: start over (the caller guarantees it)."""
+        if self._fd is not None:
+            os.ftruncate(self._fd, 0)
+
+    def close(self) -> None:
+        """Remove the journal; only once every charge in it has reached the ledger."""
+        if self._fd is None:
+            return
+        self.path.unlink(missing_ok=True)
+        os.close(self._fd)
+        self._fd = None
+
+
+@dataclass(frozen=True)
+class RecoveryReport:
+    journals: int
+    charges: int
+    torn_lines: int  # a partial last line: its request never got a response
+    kept: int = 0  # journals whose charges could not be sent; left for the next recovery
+
+
+def read_journal(path: Path) -> tuple[dict[str, list[Charge]], int]:
+    """The charges of one journal, grouped by hold, and how many lines were torn."""
+    by_hold: dict[str, list[Charge]] = {}
+    torn = 0
+    for number, raw in enumerate(path.read_bytes().split(b"\n"), start=1):
+        if not raw:
+            continue
+        try:
+            entry = json.loads(raw)
+            by_hold.setdefault(entry["hold"], []).append(Charge(**entry["charge"]))
+        except (ValueError, KeyError, TypeError):
+            log.warning(
+                "charge journal %s line %d is torn (%d bytes); it was never acknowledged", path, number, len(raw)
+            )
+            torn += 1
+    return by_hold, torn
+
+
+async def recover_orphans(directory: Path, send: SendCharges) -> RecoveryReport:
+    """Send the charges of every journal whose writer is gone, then delete the journal.
+
+    A journal whose charges cannot be sent (ledger down, unknown hold) is logged and kept
+    for the next recovery: money is never dropped, and a replica still starts."""
+    journals = charges = torn = kept = 0
+    if not directory.is_dir():
+        return RecoveryReport(0, 0, 0)
+    for path in sorted(directory.glob(f"*{SUFFIX}")):
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except FileNotFoundError:
+            continue  # another recoverer finished it
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                continue  # a live writer (or a recoverer working on it)
+            if not path.exists():
+                continue  # another recoverer finished it while this one waited for the lock
+            by_hold, bad = read_journal(path)
+            try:
+                for hold_id, hold_charges in by_hold.items():
+                    await send(hold_id, hold_charges)
+            except Exception:
+                log.exception("cannot send the charges journaled in %s; kept for the next recovery", path)
+                kept += 1
+                continue
+            path.unlink()
+            journals += 1
+            charges += sum(len(c) for c in by_hold.values())
+            torn += bad
+        finally:
+            os.close(fd)
+    if journals:
+        log.info("recovered %d charges from %d journals of dead gateway replicas", charges, journals)
+    return RecoveryReport(journals, charges, torn, kept)

@@ -1,0 +1,180 @@
+"""The leased gate's charge journal: what a killed replica settled but never sent reaches the
+ledger through the next gate on the host, once, and a live replica's journal is left alone."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from _budget_helpers import shipped, wall_clock_ctx
+
+from switchyard.budgets.admission import Admissions
+from switchyard.budgets.charge_journal import ChargeJournal, recover_orphans
+from switchyard.budgets.db import SqliteDatabase
+from switchyard.budgets.leased_gate import LeaseConfig, LeasedBudgetGate
+from switchyard.budgets.ledger import BudgetLedger, Charge
+from switchyard.budgets.service import InProcessLedgerClient, LedgerService
+from switchyard.cli import main
+from switchyard.gateway.seams import Usage
+from switchyard.policy.keys import PLATFORM_TEAM, KeyStore
+from switchyard.policy.models import Role
+
+NEVER_FLUSH = LeaseConfig(flush_every_s=3600, flush_batch=10_000)  # charges stay local until close
+
+
+def _gate(tmp: Path, holder: str, ledger: BudgetLedger) -> LeasedBudgetGate:
+    ps = shipped()
+    return LeasedBudgetGate(
+        Admissions(lambda: ps),
+        InProcessLedgerClient(LedgerService(ledger)),
+        holder,
+        NEVER_FLUSH,
+        journal=ChargeJournal(tmp / "journal", holder),
+    )
+
+
+async def _spend(gate: LeasedBudgetGate, n: int) -> list[str]:
+    ps = shipped()
+    ids = []
+    for _ in range(n):
+        ctx = wall_clock_ctx(ps)
+        estimate = await gate.estimate(ctx, "gpt-4o-mini", [{"role": "user", "content": "hi"}], 16)
+        reservation = await gate.reserve(ctx, estimate)
+        await gate.settle(reservation, 0.000123, Usage(10, 5))
+        ids.append(ctx.request_id)
+    return ids
+
+
+def _die(journal: ChargeJournal | None) -> ChargeJournal:
+    """What a process death does to its journal: the fd (and so the flock) goes, the file stays."""
+    assert journal is not None and journal._fd is not None
+    os.close(journal._fd)
+    journal._fd = None
+    return journal
+
+
+async def test_a_dead_replicas_journaled_charges_reach_the_ledger_once(tmp_path: Path) -> None:
+    ledger = BudgetLedger(SqliteDatabase(tmp_path / "ledger.db"))
+    dead = _gate(tmp_path, "dead", ledger)
+    ids = await _spend(dead, 5)
+    assert ledger.charged_nanos() < 5 * 123_000, "the test needs charges that never left the replica"
+    journal = _die(dead.journal)
+
+    survivor = _gate(tmp_path, "survivor", ledger)
+    report = await survivor.recover()
+    assert (report.journals, report.charges, report.torn_lines, report.kept) == (1, 5, 0, 0)
+    assert ledger.charged_nanos() == 5 * 123_000
+    assert not journal.path.exists()
+    again = await survivor.recover()  # nothing left, and nothing counted twice
+    assert again.charges == 0 and ledger.charged_nanos() == 5 * 123_000
+    assert len(ids) == 5
+
+
+async def test_a_live_replicas_journal_is_left_alone(tmp_path: Path) -> None:
+    ledger = BudgetLedger(SqliteDatabase(tmp_path / "ledger.db"))
+    live = _gate(tmp_path, "live", ledger)
+    await _spend(live, 3)
+    sent_before = ledger.charged_nanos()
+    report = await _gate(tmp_path, "other", ledger).recover()
+    assert report.journals == 0 and ledger.charged_nanos() == sent_before < 3 * 123_000
+    await live.aclose()  # the live replica sends its own charges and removes its journal
+    assert ledger.charged_nanos() == 3 * 123_000
+    assert live.journal is not None and not live.journal.path.exists()
+
+
+async def test_the_journal_is_emptied_once_its_charges_are_in_the_ledger(tmp_path: Path) -> None:
+    ledger = BudgetLedger(SqliteDatabase(tmp_path / "ledger.db"))
+    gate = _gate(tmp_path, "replica", ledger)
+    await _spend(gate, 4)
+    assert gate.journal is not None
+    assert len(gate.journal.path.read_bytes().splitlines()) == 4
+    for lease in list(gate._leases.values()):
+        await gate._flush(lease, close=False)
+    await gate.maintain()
+    assert gate.journal.path.read_bytes() == b""
+    assert ledger.charged_nanos() == 4 * 123_000
+
+
+def test_a_journal_written_by_a_killed_process_is_recovered(tmp_path: Path) -> None:
+    """A real SIGKILL: a child process journals two charges (one line torn) and dies."""
+    ledger = BudgetLedger(SqliteDatabase(tmp_path / "ledger.db"))
+    ps = shipped()
+    gate = _gate(tmp_path, "probe", ledger)
+    # A hold in the ledger for the child's charges to land on.
+    ctx = wall_clock_ctx(ps)
+
+    async def hold() -> str:
+        est = await gate.estimate(ctx, "gpt-4o-mini", [{"role": "user", "content": "x"}], 16)
+        await gate.reserve(ctx, est)
+        return next(iter(gate._leases.values())).hold_id
+
+    hold_id = asyncio.run(hold())
+    charge = Charge("child-1", "support", "reply", "gpt-4o-mini", None, "2026-11-30", 7_000, 1, 1)
+    child = f"""
+import dataclasses, os, signal, sys
+from pathlib import Path
+from switchyard.budgets.charge_journal import ChargeJournal
+from switchyard.budgets.ledger import Charge
+j = ChargeJournal(Path({str(tmp_path / "journal")!r}), "child")
+c = Charge(**{dataclasses.asdict(charge)!r})
+j.append({hold_id!r}, c)
+j.append({hold_id!r}, dataclasses.replace(c, charge_id="child-2"))
+os.write(j._fd, b'{{"hold": "{hold_id}", "charge": {{"charge_id"')  # a write cut short
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+    proc = subprocess.run([sys.executable, "-c", child], check=False)
+    assert proc.returncode == -9
+
+    async def recover() -> tuple[int, int, int]:
+        r = await _gate(tmp_path, "next", ledger).recover()
+        return r.journals, r.charges, r.torn_lines
+
+    assert asyncio.run(recover()) == (1, 2, 1)
+    assert ledger.charged_nanos() == 14_000
+
+
+async def test_charges_on_an_unknown_hold_are_kept_not_dropped(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    journal = ChargeJournal(tmp_path / "journal", "ghost")
+    journal.append("no-such-hold", Charge("c1", "support", "reply", "m", None, "2026-11-30", 1, 1, 1))
+    _die(journal)
+    ledger = BudgetLedger(SqliteDatabase(tmp_path / "ledger.db"))
+    client = InProcessLedgerClient(LedgerService(ledger))
+
+    async def send(hold_id: str, charges: list[Charge]) -> None:
+        await client.settle(hold_id, charges, close=True)
+
+    report = await recover_orphans(tmp_path / "journal", send)  # type: ignore[arg-type]
+    assert report.kept == 1 and report.charges == 0
+    assert journal.path.exists(), "charges that could not be sent must stay on disk"
+    assert "no-such-hold" in caplog.text
+
+
+async def test_switchyard_audit_drain_sends_dead_replicas_charges(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The operator's command after a node's replica died and none restarted there."""
+    state = tmp_path / "state"
+    ledger = BudgetLedger(SqliteDatabase(state / "ledger.db"))
+    dead = LeasedBudgetGate(
+        Admissions(shipped),
+        InProcessLedgerClient(LedgerService(ledger)),
+        "dead",
+        NEVER_FLUSH,
+        journal=ChargeJournal(state / "budgets" / "journal", "dead"),
+    )
+    await _spend(dead, 3)
+    before = ledger.charged_nanos()
+    _die(dead.journal)
+    key = KeyStore.in_state_dir(state).create(PLATFORM_TEAM, Role.PLATFORM_ADMIN)[0]
+    code = await asyncio.to_thread(main, ["audit", "drain", "--json", "--state-dir", str(state), "--api-key", key])
+    out = json.loads(capsys.readouterr().out)
+    assert code == 0 and (out["charge_journals"], out["charges"], out["charge_journals_kept"]) == (1, 3, 0)
+    assert before < ledger.charged_nanos() == 3 * 123_000

@@ -1,0 +1,23 @@
+"""S3 folders as Ray Train leaves them: pyarrow's S3 filesystem writes an empty `dir/` object
+for each directory it creates, next to the files."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from switchyard.train.storage import Location
+
+
+def test_directory_markers_are_not_files(s3_bucket: str, tmp_path: Path) -> None:
+    import boto3
+
+    client = boto3.client("s3")
+    for key, body in [("run/step-2/", b""), ("run/step-2/a.pt", b"abc"), ("run/step-2/sub/", b""),
+                      ("run/step-2/sub/b.pt", b"de")]:
+        client.put_object(Bucket="ckpt", Key=key, Body=body)
+    location = Location(f"{s3_bucket}/run")
+    assert location.list_children() == ["step-2"]
+    assert location.file_sizes("step-2") == {"a.pt": 3, "sub/b.pt": 2}
+    local = location.fetch("step-2", tmp_path / "step-2")
+    assert (local / "a.pt").read_bytes() == b"abc" and (local / "sub" / "b.pt").read_bytes() == b"de"
+    assert sorted(str(p.relative_to(local)) for p in local.rglob("*") if p.is_file()) == ["a.pt", "sub/b.pt"]
