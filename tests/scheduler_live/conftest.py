@@ -28,6 +28,23 @@ teams:
 """
 
 
+def borrowing_policy(grace_s: float) -> str:
+    """The whole cluster is team prod's inference guarantee; research's training only borrows
+    it, so any inference request reclaims from training."""
+    return f"""
+version: 1
+policy: {{preemption_grace_s: {grace_s:g}}}
+priority_classes:
+  - {{name: production-inference, value: 1000, preemptible: false}}
+  - {{name: training, value: 100, preemptible: true, min_runtime_s: 0}}
+teams:
+  - name: prod
+    quotas: [{{classes: [inference], guaranteed_gpus: 16}}]
+  - name: research
+    quotas: [{{classes: [training], guaranteed_gpus: 0}}]
+"""
+
+
 def whole_node_inference(count: int, team: str = "prod") -> list[Any]:
     """Production-inference gangs of one whole 8-GPU node each: what reclaims borrowed GPUs."""
     from switchyard.scheduler.api import WorkloadSubmission

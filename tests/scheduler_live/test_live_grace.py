@@ -18,23 +18,12 @@ from ray.job_submission import JobStatus, JobSubmissionClient
 from switchyard.cluster.admission import RAY_NODE_ID_KEY, training_submission
 from switchyard.scheduler.api import WorkloadSubmission
 from switchyard.scheduler.core import PlacementStrategy, WorkloadClass
-from tests.scheduler_live.conftest import wait_for
+from tests.scheduler_live.conftest import borrowing_policy, wait_for
 from tests.scheduler_live.test_live_training import wait_job_end
 
 pytestmark = pytest.mark.ray  # each test ~10-15 s: two short Ray jobs
 
-POLICY = """
-version: 1
-policy: {preemption_grace_s: 2}
-priority_classes:
-  - {name: production-inference, value: 1000, preemptible: false}
-  - {name: training, value: 100, preemptible: true, min_runtime_s: 0}
-teams:
-  - name: prod       # the whole cluster is inference's guarantee; training only borrows it
-    quotas: [{classes: [inference], guaranteed_gpus: 16}]
-  - name: research
-    quotas: [{classes: [training], guaranteed_gpus: 0}]
-"""
+POLICY = borrowing_policy(grace_s=2)
 
 # Takes its lease (the one it was launched for, or a new one), holds the granted GPUs with an
 # actor pinned to the granted node, and never looks at a preemption notice. Launched a second

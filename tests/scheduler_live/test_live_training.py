@@ -17,22 +17,11 @@ from ray.job_submission import JobStatus, JobSubmissionClient
 from ray.util.state import list_actors
 
 from switchyard.cluster.admission import training_submission
-from tests.scheduler_live.conftest import wait_for, whole_node_inference
+from tests.scheduler_live.conftest import borrowing_policy, wait_for, whole_node_inference
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
-POLICY = """
-version: 1
-policy: {preemption_grace_s: 120}
-priority_classes:
-  - {name: production-inference, value: 1000, preemptible: false}
-  - {name: training, value: 100, preemptible: true, min_runtime_s: 0}
-teams:
-  - name: prod       # the whole cluster is inference's guarantee; training only borrows it
-    quotas: [{classes: [inference], guaranteed_gpus: 16}]
-  - name: research
-    quotas: [{classes: [training], guaranteed_gpus: 0}]
-"""
+POLICY = borrowing_policy(grace_s=120)
 
 
 @pytest.fixture
