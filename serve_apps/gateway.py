@@ -17,6 +17,7 @@ import asyncio
 import logging
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from pathlib import Path
 
 from fastapi import FastAPI, HTTPException, Request
 from ray import serve
@@ -32,6 +33,8 @@ from switchyard.cluster.ledger import gateway_budget_gate, gateway_spend_source
 from switchyard.cluster.serve_handle import in_cluster_factory
 from switchyard.gateway.auth import KeySnapshot
 from switchyard.gateway.circuit import CircuitBoard
+from switchyard.gateway.eval_signing import EvalSigner
+from switchyard.gateway.evalbook import EvalBook
 from switchyard.gateway.http import create_app
 from switchyard.gateway.metrics import FanOutMetrics, InMemoryMetrics
 from switchyard.gateway.pipeline import ChatPipeline, GatewayParts
@@ -89,9 +92,10 @@ class Gateway:
             metrics=metrics,
             idempotency=ActorIdempotencyStore(shared_actor()),
             circuits=CircuitBoard(on_change=lambda p, s: metrics.circuit_changed(p, s.value)),
+            evals=EvalBook(EvalSigner.in_state_dir(Path(state_dir))),
         )
         self.pipeline = ChatPipeline(self.parts)
-        self.refresher = Refresher(self.sources, keys)
+        self.refresher = Refresher(self.sources, keys, observe=metrics.config_refresh)
         self.routers = [
             gateway_audit_router(self.sources.policies, state_dir, lambda key: keys.verifier.verify(key)),
             spend_router(lambda: gateway_spend_source(state_dir), _bearer_principal(keys)),
@@ -103,7 +107,7 @@ class Gateway:
             lambda: self.pipeline,
             routers=self.routers,
             lifespan=self._lifespan,
-            policy_state=self.sources.policies.status,
+            policy_state=self.refresher.state,
         )
 
     @asynccontextmanager
@@ -120,6 +124,8 @@ class Gateway:
         await self.parts.providers.aclose()
 
     def check_health(self) -> None:
+        # The loop never ends by itself (every failure is caught, logged and shown as degraded);
+        # if it did, the replica would serve stale keys, so Serve replaces it.
         if self._refresh_task is not None and self._refresh_task.done():
             raise RuntimeError("the policy/key refresh loop stopped")
 

@@ -18,6 +18,8 @@ import yaml
 from switchyard.gateway.attempts import RetryPolicy
 from switchyard.gateway.auth import KeySnapshot
 from switchyard.gateway.circuit import BreakerSettings, CircuitBoard
+from switchyard.gateway.eval_signing import EvalSigner
+from switchyard.gateway.evalbook import EvalBook
 from switchyard.gateway.http import create_app
 from switchyard.gateway.idempotency import IdempotencyStore, InMemoryIdempotencyStore
 from switchyard.gateway.interim import CollectingAuditSink, InMemoryBudgetGate, PassthroughRedactor
@@ -119,6 +121,7 @@ def make_keys(state: Path) -> dict[str, str]:
     store = KeyStore.in_state_dir(state)
     keys = {team: store.create(team, Role.MEMBER)[0] for team in ("support", "payments", "qa", "demo")}
     keys["auditor"] = store.create("platform", Role.AUDITOR)[0]
+    keys["operator"] = store.create("platform", Role.PLATFORM_ADMIN)[0]
     revoked, record = store.create("qa", Role.MEMBER)
     store.revoke(record.key_id)
     keys["revoked"] = revoked
@@ -158,6 +161,15 @@ class Harness:
         self.clients.append(http)
         return http
 
+    async def status(self) -> dict[str, Any]:
+        """The health detail, read as an operator reads it (it needs a platform-admin key)."""
+        answer = await self.raw().get(
+            "/v1/switchyard/status", headers={"authorization": f"Bearer {self.keys['operator']}"}
+        )
+        assert answer.status_code == 200, answer.text
+        body: dict[str, Any] = answer.json()
+        return body
+
     async def aclose(self) -> None:
         for c in self.clients:
             await c.aclose()
@@ -191,5 +203,6 @@ def build_harness(
         idempotency=idempotency or InMemoryIdempotencyStore(),
         circuits=CircuitBoard(breaker or BreakerSettings(), on_change=metrics.circuit_changed),
         retry=RetryPolicy(base_backoff_s=0.001, max_backoff_s=0.01),
+        evals=EvalBook(EvalSigner.in_state_dir(state)),
     )
     return Harness(ChatPipeline(parts), parts, metrics, audit, budget, keys, local, store)

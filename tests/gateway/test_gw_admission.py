@@ -139,7 +139,7 @@ async def test_saturated_replica_sheds_batch_first_and_urgent_last(
             ("qa", "urgent-chat", "urgent", "capacity"): 1,
         }
         assert gw.metrics.requests[("qa", "batch-chat", 503, "none")] == 1
-        status = (await gw.raw().get("/v1/switchyard/status")).json()
+        status = await gw.status()
         assert status["admission"]["replica"] == {
             "in_flight": 4,
             "capacity": 4,
@@ -161,7 +161,7 @@ async def test_saturated_replica_sheds_batch_first_and_urgent_last(
         assert {(await t).http_response.status_code for t in held} == {200}
         raw = await ask(client, "batch-chat")  # the load is gone: batch is admitted again
         assert raw.parse().choices[0].message.content == "released"
-        status = (await gw.raw().get("/v1/switchyard/status")).json()
+        status = await gw.status()
         assert status["admission"]["replica"]["in_flight"] == 0
         assert status["admission"]["replica"]["completed"] == 5
     finally:

@@ -99,7 +99,7 @@ async def test_open_circuit_skips_the_provider_and_is_counted(
         assert len(upstreams.openai.received) == before  # not called while open
         assert gw.metrics.circuit_changes[("openai", "open")] == 1
         assert gw.metrics.skips[("openai", "circuit_open")] == 1
-        status = (await gw.raw().get("/v1/switchyard/status")).json()
+        status = await gw.status()
         assert status["circuits"]["openai"]["state"] == "open"
         # After open_s, one probe goes through; it succeeds and the circuit closes.
         upstreams.openai.sticky = None

@@ -13,6 +13,7 @@ import yaml
 from gw_fakes import FakeUpstreams, Fault
 from gw_harness import Harness
 
+from switchyard.gateway.eval_signing import EvalSigner
 from switchyard.gateway.evals import EvalRecord, EvalVerdict, record_path, write_record
 from switchyard.gateway.routing import plan_route
 from switchyard.policy.models import FallbackCandidate
@@ -46,7 +47,7 @@ async def test_5xx_falls_back_and_is_counted(gw: Harness, upstreams: FakeUpstrea
     assert gw.metrics.attempt_failures[("openai", "server_error")] == 2  # first try + one retry
     attempts = gw.audit.exchanges[-1].attempts
     assert [a.provider for a in attempts] == ["openai", "openai", "anthropic"]
-    status = (await gw.raw().get("/v1/switchyard/status")).json()
+    status = await gw.status()
     assert {"from": "openai", "to": "anthropic", "reason": "server_error", "count": 1} in status["counters"][
         "fallbacks"
     ]
@@ -178,6 +179,11 @@ def payments_record(gw: Harness) -> Iterator[Path]:
     gw.store.refresh()
 
 
+def _signed(gw_dirs: tuple[Path, Path, dict[str, str]], record: EvalRecord) -> EvalRecord:
+    """Signed with the harness state dir's key, as `switchyard eval run` signs what it writes."""
+    return EvalSigner.in_state_dir(gw_dirs[1]).sign(record, signed_by="operator-key-id")
+
+
 def _valid_record(gw: Harness) -> EvalRecord:
     ps = gw.store.current
     version = ps.prompts["payment-risk"].get(1)
@@ -224,9 +230,9 @@ async def test_high_risk_without_record_does_not_fall_back(
 
 
 async def test_high_risk_with_valid_record_falls_back(
-    gw: Harness, upstreams: FakeUpstreams, payments_record: Path
+    gw: Harness, upstreams: FakeUpstreams, payments_record: Path, gw_dirs: tuple[Path, Path, dict[str, str]]
 ) -> None:
-    write_record(payments_record, _valid_record(gw))
+    write_record(payments_record, _signed(gw_dirs, _valid_record(gw)))
     assert gw.store.refresh()
     upstreams.anthropic.sticky = Fault("status", status=500)
     upstreams.bedrock.reply = '{"escalate": true, "reason": "stolen card"}'
@@ -237,9 +243,13 @@ async def test_high_risk_with_valid_record_falls_back(
 
 @pytest.mark.parametrize("change", ["model_version", "prompt_sha256", "suite_sha256"])
 async def test_high_risk_with_stale_record_does_not_fall_back(
-    gw: Harness, upstreams: FakeUpstreams, payments_record: Path, change: str
+    gw: Harness,
+    upstreams: FakeUpstreams,
+    payments_record: Path,
+    change: str,
+    gw_dirs: tuple[Path, Path, dict[str, str]],
 ) -> None:
-    record = _valid_record(gw).model_copy(update={change: "0" * 12})
+    record = _signed(gw_dirs, _valid_record(gw).model_copy(update={change: "0" * 12}))
     write_record(payments_record, record)
     assert gw.store.refresh()
     upstreams.anthropic.sticky = Fault("status", status=500)
@@ -249,9 +259,9 @@ async def test_high_risk_with_stale_record_does_not_fall_back(
 
 
 async def test_record_below_threshold_does_not_count(
-    gw: Harness, upstreams: FakeUpstreams, payments_record: Path
+    gw: Harness, upstreams: FakeUpstreams, payments_record: Path, gw_dirs: tuple[Path, Path, dict[str, str]]
 ) -> None:
-    write_record(payments_record, _valid_record(gw).model_copy(update={"score": 0.5}))
+    write_record(payments_record, _signed(gw_dirs, _valid_record(gw).model_copy(update={"score": 0.5})))
     gw.store.refresh()
     upstreams.anthropic.sticky = Fault("status", status=500)
     with pytest.raises(openai.InternalServerError) as err:
@@ -264,3 +274,31 @@ async def test_shipped_suite_is_valid_yaml() -> None:
 
     suite = load_suite(Path(__file__).resolve().parents[2] / "policies" / "evals" / "suites" / "payment-risk.yaml")
     assert len(suite.cases) >= 2 and yaml.safe_dump(suite.model_dump())
+
+
+async def test_high_risk_with_unsigned_record_does_not_fall_back(
+    gw: Harness, upstreams: FakeUpstreams, payments_record: Path
+) -> None:
+    """Regression: records were unsigned YAML, so anyone who could write one under
+    policies/evals/records/ could make a high-risk flow fall back to an unproven model."""
+    write_record(payments_record, _valid_record(gw))  # every field right, but no signature
+    assert gw.store.refresh()
+    upstreams.anthropic.sticky = Fault("status", status=500)
+    with pytest.raises(openai.InternalServerError) as err:
+        await _dispute(gw)
+    assert "bedrock-claude-sonnet (unsigned_eval_record)" in err.value.message
+    assert not upstreams.bedrock.received
+
+
+async def test_high_risk_with_tampered_record_does_not_fall_back(
+    gw: Harness, upstreams: FakeUpstreams, payments_record: Path, gw_dirs: tuple[Path, Path, dict[str, str]]
+) -> None:
+    """A failing run's record, its score raised by hand afterwards: the signature no longer holds."""
+    failing = _signed(gw_dirs, _valid_record(gw).model_copy(update={"score": 0.5, "passed_cases": 1}))
+    write_record(payments_record, failing.model_copy(update={"score": 1.0, "passed_cases": 2}))
+    assert gw.store.refresh()
+    upstreams.anthropic.sticky = Fault("status", status=500)
+    with pytest.raises(openai.InternalServerError) as err:
+        await _dispute(gw)
+    assert "bedrock-claude-sonnet (bad_eval_signature)" in err.value.message
+    assert not upstreams.bedrock.received

@@ -97,3 +97,30 @@ def test_cli_check_lists_violations_and_exits_nonzero(policies_copy: Path, capsy
     assert main(["policy", "check", str(policies_copy)]) == 1
     out = capsys.readouterr().out
     assert "1 violation(s)" in out and "teams/search.yaml: budget.month_usd" in out
+
+
+def test_eval_threshold_below_the_org_floor(policies_copy: Path) -> None:
+    """A team may not pass its own high-risk fallbacks with a lax eval gate (org.yaml `min`)."""
+    edit(policies_copy / "teams/payments.yaml", "threshold: 0.95", "threshold: 0.5")
+    assert violations(policies_copy) == [
+        "teams/payments.yaml: flows.dispute-review.eval.threshold: the team sets 0.5, below the org floor "
+        "of 0.9 (org.yaml guardrails: min)"
+    ]
+    edit(policies_copy / "teams/payments.yaml", "threshold: 0.5", "threshold: 0.9")  # at the floor: allowed
+    load_policy_set(policies_copy)
+
+
+def test_min_floors_any_numeric_field(policies_copy: Path) -> None:
+    edit(policies_copy / "org.yaml", "guardrails:\n", "guardrails:\n  deadline_ms: {min: 1000, max: 120000}\n")
+    edit(policies_copy / "org.yaml", "  deadline_ms: {max: 120000}\n", "")
+    edit(policies_copy / "teams/ads.yaml", "  assistant:\n", "  assistant:\n    deadline_ms: 10\n")
+    assert any(
+        v.startswith("teams/ads.yaml: flows.assistant.deadline_ms: the team sets 10, below the org floor of 1000")
+        for v in violations(policies_copy)
+    )
+
+
+def test_a_floor_above_the_ceiling_is_an_error(policies_copy: Path) -> None:
+    edit(policies_copy / "org.yaml", "  max_tokens: {max: 8192}", "  max_tokens: {max: 8192, min: 9000}")
+    found = violations(policies_copy)
+    assert any("org.yaml: guardrails.max_tokens" in v and "min (9000.0) is above max" in v for v in found), found

@@ -9,9 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-import yaml
-from pydantic import ValidationError
-
+from switchyard.config_file import ConfigFileError, read_yaml, validate
 from switchyard.policy.models import DataClass, DataPolicies, ProviderCatalog, Role
 
 DATA_POLICIES_FILE = "data_policies.yaml"
@@ -27,24 +25,13 @@ def as_getter(source: DataPolicySource) -> Callable[[], DataPolicies]:
     return source
 
 
-class DataPolicyError(Exception):
-    """data_policies.yaml is missing or invalid; the message names the file and field."""
+class DataPolicyError(ConfigFileError):
+    """data_policies.yaml is missing or invalid; the message names the file, line and field."""
 
 
 def load_data_policies(policies: Path) -> DataPolicies:
     path = policies / DATA_POLICIES_FILE
-    try:
-        raw = yaml.safe_load(path.read_text())
-    except OSError as exc:
-        raise DataPolicyError(f"{path}: cannot read: {exc.strerror}") from exc
-    except yaml.YAMLError as exc:
-        raise DataPolicyError(f"{path}: not valid YAML: {exc}") from exc
-    try:
-        return DataPolicies.model_validate(raw)
-    except ValidationError as exc:
-        first = exc.errors(include_url=False)[0]
-        where = ".".join(str(x) for x in first["loc"])
-        raise DataPolicyError(f"{path}: {where}: {first['msg']}") from exc
+    return validate(read_yaml(path, error=DataPolicyError), DataPolicies, error=DataPolicyError)
 
 
 def providers_allowed(cls: DataClass, catalog: ProviderCatalog) -> frozenset[str]:

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from fastapi import APIRouter
 
+from switchyard.audit.analysis_pool import AnalysisProcessPool
 from switchyard.audit.builder import RecordBuilder
 from switchyard.audit.http import audit_router
 from switchyard.audit.query import AuditReader
@@ -58,7 +59,8 @@ def gateway_redactor(
 def gateway_audit_parts(
     policy_store: PolicyStore, state_dir: str | Path, on_backlog: Callable[[int], None] | None = None
 ) -> tuple[StoreAuditSink, PresidioRedactor]:
-    scrubber = TextScrubber()
+    # Large texts are analysed in a worker process, off the replica's event loop and GIL.
+    scrubber = TextScrubber(offload=AnalysisProcessPool())
     return (
         gateway_audit_sink(policy_store, state_dir, scrubber, on_backlog),
         gateway_redactor(policy_store, state_dir, scrubber),

@@ -41,11 +41,11 @@ def audit_router(reader: AuditReader, store: AuditStore, verify_key: Callable[[s
         try:
             since_ts = None if since is None else parse_since(since)
         except ValueError as exc:
-            raise HTTPException(422, str(exc)) from exc
+            raise HTTPException(400, str(exc)) from exc
         try:
             found = reader.query(who, AuditQuery(team, flow, since_ts, bodies, limit))
         except Forbidden as exc:
-            raise HTTPException(403, str(exc)) from exc
+            raise HTTPException(403, exc.public) from exc
         return {"records": found, "count": len(found)}
 
     @router.get("/verify")
@@ -54,7 +54,7 @@ def audit_router(reader: AuditReader, store: AuditStore, verify_key: Callable[[s
         try:
             authorize(who, Action.READ_AUDIT, None)
         except Forbidden as exc:
-            raise HTTPException(403, str(exc)) from exc
+            raise HTTPException(403, exc.public) from exc
         findings = store.verify()
         head_seq, head_hash = store.head()
         return {

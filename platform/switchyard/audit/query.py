@@ -6,6 +6,7 @@ every read that returns bodies appends an `AccessRecord` to the chain first, dur
 
 from __future__ import annotations
 
+import re
 import time
 import uuid
 from dataclasses import dataclass
@@ -103,16 +104,24 @@ _RELATIVE = {"s": 1, "m": 60, "h": 3600, "d": 86_400}
 def parse_since(text: str, now: float | None = None) -> float:
     """`--since`: unix seconds, an ISO 8601 time (UTC if no zone), or an age like 30m, 24h, 7d."""
     text = text.strip()
-    if text[-1:] in _RELATIVE and text[:-1].isdigit():
-        return (time.time() if now is None else now) - int(text[:-1]) * _RELATIVE[text[-1]]
-    if text.replace(".", "", 1).isdigit():
+    age = _AGE.fullmatch(text)
+    if age is not None:
+        return (time.time() if now is None else now) - int(age[1]) * _RELATIVE[age[2]]
+    if _UNIX.fullmatch(text):
         return float(text)
     try:
-        parsed = datetime.fromisoformat(text)
-    except ValueError as exc:
+        parsed = datetime.fromisoformat(text) if text.isascii() else None
+    except ValueError:
+        parsed = None
+    if parsed is None:
         # The value is not echoed: error bodies and logs must never carry request content.
         raise ValueError(
-            "since: expected unix seconds, an ISO 8601 time, or an age like 24h or 7d "
-            f"(got {len(text)} characters that are none of these)"
-        ) from exc
+            "since: expected unix seconds, an ISO 8601 time, or an age like 24h or 7d of at most "
+            f"{_MAX_AGE_DIGITS} digits (got {len(text)} characters that are none of these)"
+        )
     return (parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)).timestamp()
+
+
+_MAX_AGE_DIGITS = 6  # 999999d is ~2,700 years: any longer is a typo, and would overflow a float
+_AGE = re.compile(rf"([0-9]{{1,{_MAX_AGE_DIGITS}}})([smhd])", re.ASCII)
+_UNIX = re.compile(r"[0-9]{1,11}(\.[0-9]{1,9})?", re.ASCII)

@@ -18,6 +18,7 @@ from typing import Any, Literal
 from presidio_anonymizer import AnonymizerEngine
 from presidio_anonymizer.entities import OperatorConfig
 
+from switchyard.audit.analysis_pool import AnalysisProcessPool
 from switchyard.audit.data_policy import DataPolicySource, as_getter
 from switchyard.audit.presidio_engine import ENTITIES, offline_analyzer
 from switchyard.audit.restore import PlaceholderRestorer
@@ -47,8 +48,18 @@ class _Numbering:
 class TextScrubber:
     """Find and replace personal data in text with Presidio (analyzer + anonymizer)."""
 
-    def __init__(self, analyzer: Any | None = None, cache_size: int = 256) -> None:
+    def __init__(
+        self,
+        analyzer: Any | None = None,
+        cache_size: int = 256,
+        offload: AnalysisProcessPool | None = None,
+        offload_chars: int = 16_384,
+    ) -> None:
+        """`offload`: where texts longer than `offload_chars` are analysed (another process,
+        so a large text does not take the GIL from the gateway's event loop)."""
         self._analyzer = analyzer if analyzer is not None else offline_analyzer()
+        self._offload = offload
+        self._offload_chars = offload_chars
         self._anonymizer = AnonymizerEngine()
         self._recent: OrderedDict[bytes, list[Any]] = OrderedDict()
         self._cache_size = cache_size
@@ -84,9 +95,13 @@ class TextScrubber:
             if cached is not None:
                 self._recent.move_to_end(digest)
                 return cached
-        results: list[Any] = self._analyzer.analyze(
-            text=text, language="en", entities=list(ENTITIES), score_threshold=SCORE_THRESHOLD
-        )
+        results: list[Any]
+        if self._offload is not None and len(text) > self._offload_chars:
+            results = self._offload.analyze(text, ENTITIES, SCORE_THRESHOLD)
+        else:
+            results = self._analyzer.analyze(
+                text=text, language="en", entities=list(ENTITIES), score_threshold=SCORE_THRESHOLD
+            )
         with self._cache_lock:
             self._recent[digest] = results
             if len(self._recent) > self._cache_size:

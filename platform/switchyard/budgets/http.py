@@ -18,7 +18,7 @@ from switchyard.policy.keys import Principal
 from switchyard.policy.models import Role
 from switchyard.policy.roles import Action, Forbidden, authorize
 
-DAY = re.compile(r"^\d{4}-\d{2}-\d{2}$")
+DAY = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}", re.ASCII)
 
 
 def spend_router(source: Callable[[], SpendSource], authenticate: Callable[[Request], Principal]) -> APIRouter:
@@ -30,12 +30,13 @@ def spend_router(source: Callable[[], SpendSource], authenticate: Callable[[Requ
         who = authenticate(request)
         if team is None and who.role is Role.TEAM_ADMIN:
             team = who.team
-        if since is not None and not DAY.match(since):
-            raise HTTPException(400, f"query parameter `since`: expected YYYY-MM-DD, got {since!r}")
+        if since is not None and not DAY.fullmatch(since):
+            # The value is not echoed: error bodies never carry what was sent.
+            raise HTTPException(400, f"query parameter `since`: expected YYYY-MM-DD ({len(since)} characters sent)")
         try:
             authorize(who, Action.READ_SPEND, team)
         except Forbidden as exc:
-            raise HTTPException(403, str(exc)) from exc
+            raise HTTPException(403, exc.public) from exc
         return spend_report(source(), team, since)
 
     return router

@@ -37,16 +37,22 @@ def ensure_admin_key(state: Path) -> str | None:
     return key
 
 
-def principal(args: argparse.Namespace) -> Principal:
-    state = state_dir(args.state_dir)
-    key = args.api_key or os.environ.get(API_KEY_ENV)
+def operator_key(state: Path, given: str | None) -> str | None:
+    """The key a command acts with: `given`, else $SWITCHYARD_API_KEY, else the admin key file."""
+    key = given or os.environ.get(API_KEY_ENV)
     if not key and (state / ADMIN_KEY_FILE).exists():
         key = (state / ADMIN_KEY_FILE).read_text().strip()
+    return key or None
+
+
+def principal(args: argparse.Namespace) -> Principal:
+    state = state_dir(args.state_dir)
+    key = operator_key(state, args.api_key)
     if not key:
         raise NotAuthenticated(f"no key: pass --api-key or set ${API_KEY_ENV}")
     found = KeyStore.in_state_dir(state).verify(key)
     if found is None:
-        raise NotAuthenticated("the key is unknown or revoked")
+        raise NotAuthenticated("the key is unknown, revoked or expired")
     return found
 
 

@@ -2,8 +2,11 @@
 candidate model and write the record that lets a high-risk flow fall back to it.
 
 The record goes to `policies/evals/records/<team>/<flow>/<model>.yaml`; review and commit it
-like any policy change. Exit code 0 when the score meets the flow's threshold, 1 when not
-(the record is written either way: a failing score is evidence too).
+like any policy change. It is signed with the state directory's eval signing key and names the
+key that ran it (`signed_by`): the gateway ignores a record without a valid signature. Only a
+principal that may manage the team's policies (a platform admin) may run it. Exit code 0 when
+the score meets the flow's threshold, 1 when not (the record is written either way: a failing
+score is evidence too); 3 when the key may not.
 """
 
 from __future__ import annotations
@@ -13,8 +16,10 @@ import asyncio
 import os
 from typing import Any
 
+from switchyard.cli._auth import NotAuthenticated, add_auth_args, require
 from switchyard.cli._output import fail, print_json
 from switchyard.gateway.eval_runner import EvalSetupError, run_suite
+from switchyard.gateway.eval_signing import EvalSigner, EvalSigningKeyError
 from switchyard.gateway.evals import EvalFileError, record_path, write_record
 from switchyard.gateway.providers.base import ChatProvider, Completion, ProviderCall
 from switchyard.gateway.providers.inprocess import InProcessProvider
@@ -26,6 +31,8 @@ from switchyard.policy.layering import resolve_flow
 from switchyard.policy.loader import load_policy_set
 from switchyard.policy.models import ProviderKind
 from switchyard.policy.policy_set import PolicySet
+from switchyard.policy.roles import Action, Forbidden
+from switchyard.state import state_dir
 
 
 def register(subparsers: Any) -> None:
@@ -37,6 +44,7 @@ def register(subparsers: Any) -> None:
     run.add_argument("--policies", help="policy directory (default: the repo's policies/)")
     run.add_argument("--checkpoints", help="checkpoint directory for the local model (default: seeded init)")
     run.add_argument("--timeout", type=float, default=60.0, help="seconds per case")
+    add_auth_args(run)
     run.set_defaults(handler=run_eval)
 
 
@@ -66,6 +74,11 @@ def run_eval(args: argparse.Namespace) -> int:
     team, _, flow_name = args.flow.partition("/")
     if not flow_name:
         return fail(f"--flow must be TEAM/FLOW, got {args.flow!r}")
+    try:
+        # A signed record is what lets a high-risk flow fall back: a policy change, not a team's own.
+        who = require(args, Action.MANAGE_POLICY, team)
+    except (NotAuthenticated, Forbidden) as exc:
+        return fail(str(exc), 3)
     root = policies_dir(args.policies)
     try:
         ps = load_policy_set(root)
@@ -89,6 +102,10 @@ def run_eval(args: argparse.Namespace) -> int:
         record = asyncio.run(go())
     except (EvalSetupError, EvalFileError) as exc:
         return fail(str(exc))
+    try:
+        record = EvalSigner.in_state_dir(state_dir(args.state_dir)).sign(record, signed_by=who.key_id)
+    except (OSError, EvalSigningKeyError) as exc:
+        return fail(f"cannot sign the eval record: {exc}")
     path = record_path(root, team, flow_name, args.candidate)
     write_record(path, record)
     print_json({"record": os.path.relpath(path), **record.model_dump(), "passed": record.score >= record.threshold})

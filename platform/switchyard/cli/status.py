@@ -6,6 +6,7 @@ import argparse
 import os
 from typing import Any
 
+from switchyard.cli._auth import operator_key
 from switchyard.cli._output import fail, print_json, print_table
 from switchyard.cluster.record import read_record
 from switchyard.state import state_dir
@@ -14,6 +15,7 @@ from switchyard.state import state_dir
 def register(subparsers: Any) -> None:
     p = subparsers.add_parser("status", help="nodes, GPU division, Serve apps, queues, policy state")
     p.add_argument("--state-dir", help="state directory (default: $SWITCHYARD_STATE_DIR or .switchyard)")
+    p.add_argument("--api-key", help="operator key (default: $SWITCHYARD_API_KEY, then the state dir's admin key)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(handler=run)
 
@@ -33,7 +35,7 @@ def run(args: argparse.Namespace) -> int:
 
     ray.init(address=record.ray_address, namespace=NAMESPACE, logging_level="WARNING", log_to_driver=False)
     try:
-        info = collect(record)
+        info = collect(record, operator_key(state, args.api_key))
     finally:
         ray.shutdown()
     if args.json:
@@ -82,9 +84,11 @@ def render(info: dict[str, Any]) -> None:
     print("\nGateway / policy")
     if gw.get("ok"):
         pol = gw.get("policy", {})
+        keys = pol.get("keys", {})
         print(
-            f"  policy {str(pol.get('fingerprint', ''))[:12]}  teams {len(pol.get('teams', []))}  "
-            f"last error: {pol.get('last_error') or 'none'}"
+            f"  policy {str(pol.get('fingerprint', ''))[:12]} ({pol.get('state', '?')})  "
+            f"teams {len(pol.get('teams', []))}  last error: {pol.get('last_error') or 'none'}"
         )
+        print(f"  keys ({keys.get('state', '?')})  last error: {keys.get('last_error') or 'none'}")
     else:
         print(f"  {gw.get('error')}")

@@ -44,6 +44,16 @@ class RayGatewayMetrics:
             "Requests refused by admission control (503 overloaded), by team, flow, priority and reason.",
             tag_keys=("team", "flow", "priority", "reason"),
         )
+        self.config_degraded = Gauge(
+            "switchyard_gateway_config_degraded",
+            "1 while the replica serves the last good policies or keys because the current ones fail to load.",
+            tag_keys=("source",),
+        )
+        self.refresh_failures = Counter(
+            "switchyard_gateway_config_refresh_failures",
+            "Refreshes of policies or keys that failed (the last good set stayed in force).",
+            tag_keys=("source",),
+        )
         self.latency = Histogram(
             "switchyard_gateway_stage_ms",
             "Gateway stage latency in ms.",
@@ -72,3 +82,8 @@ class RayGatewayMetrics:
 
     def shed(self, team: str, flow: str, priority: str, reason: str) -> None:
         self.sheds.inc(1.0, {"team": team, "flow": flow, "priority": priority, "reason": reason})
+
+    def config_refresh(self, source: str, ok: bool) -> None:
+        self.config_degraded.set(0.0 if ok else 1.0, {"source": source})
+        if not ok:
+            self.refresh_failures.inc(1.0, {"source": source})

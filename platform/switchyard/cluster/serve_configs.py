@@ -27,6 +27,7 @@ from typing import Any
 import yaml
 
 from switchyard.cluster.record import GATEWAY_APP
+from switchyard.config_file import read_yaml
 from switchyard.scheduler.core import SchedulerPolicy, WorkloadClass
 from switchyard.scheduler.core.config import load_policy_file
 
@@ -145,16 +146,8 @@ def check_team_configs(configs: Mapping[str, Mapping[str, Any]], policy: Schedul
 
 
 def load_configs(paths: Sequence[str | Path]) -> dict[str, dict[str, Any]]:
-    out: dict[str, dict[str, Any]] = {}
-    for path in paths:
-        try:
-            data = yaml.safe_load(Path(path).read_text())
-        except (OSError, yaml.YAMLError) as err:
-            raise ValueError(f"{path}: cannot read: {err}") from None
-        if not isinstance(data, dict):
-            raise ValueError(f"{path}: a Serve config is a mapping with `applications`")
-        out[str(path)] = data
-    return out
+    """Each file's parsed mapping, by path; `ConfigFileError` (a ValueError) naming the file and line."""
+    return {str(path): read_yaml(path).data for path in paths}
 
 
 def merge_team_configs(paths: Sequence[str | Path], policy: SchedulerPolicy) -> dict[str, Any]:

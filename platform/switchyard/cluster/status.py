@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+import urllib.error
 import urllib.request
 from typing import Any
 
@@ -75,16 +76,22 @@ def scheduler_status() -> dict[str, Any]:
     return result
 
 
-def gateway_health(url: str) -> dict[str, Any]:
+def gateway_health(url: str, api_key: str | None) -> dict[str, Any]:
+    """The gateway's health detail (policy state, circuits), which needs an operator key."""
+    if not api_key:
+        return {"ok": False, "error": "no operator key to read the gateway's status with (pass --api-key)"}
+    request = urllib.request.Request(f"{url}/v1/switchyard/status", headers={"Authorization": f"Bearer {api_key}"})
     try:
-        with urllib.request.urlopen(f"{url}/healthz", timeout=5) as resp:
+        with urllib.request.urlopen(request, timeout=5) as resp:
             body: dict[str, Any] = json.loads(resp.read())
-            return body
+            return {"ok": True, **body}
+    except urllib.error.HTTPError as exc:
+        return {"ok": False, "error": f"the gateway at {url} refused the status request (HTTP {exc.code})"}
     except OSError as exc:
         return {"ok": False, "error": f"gateway not reachable at {url}: {exc}"}
 
 
-def collect(record: PlatformRecord) -> dict[str, Any]:
+def collect(record: PlatformRecord, api_key: str | None = None) -> dict[str, Any]:
     """Everything `switchyard status` shows. The caller has connected to the cluster."""
     return {
         "ray_address": record.ray_address,
@@ -94,5 +101,5 @@ def collect(record: PlatformRecord) -> dict[str, Any]:
         "gpus": gpu_division(record.ray_address),
         "serve": serve_apps(),
         "scheduler": scheduler_status(),
-        "gateway": gateway_health(record.gateway_url),
+        "gateway": gateway_health(record.gateway_url, api_key),
     }

@@ -1,7 +1,8 @@
 """Who is calling: the bearer key checked against an in-memory snapshot of the key hashes.
 
 The snapshot (`KeyStore.verifier()`) is replaced when the key database changes (the app
-polls `KeyStore.mtime()` in the background), so no request reads SQLite.
+polls `KeyStore.mtime()` in the background), so no request reads SQLite. Expiry is checked
+against the clock at each request, since a key expiring does not change the database.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ class KeySnapshot:
             raise Unauthenticated("invalid_authorization", "the Authorization header must be `Bearer <key>`")
         principal = self.verifier.verify(key.strip())
         if principal is None:
-            raise Unauthenticated("invalid_api_key", "the API key is unknown or revoked")
+            raise Unauthenticated("invalid_api_key", "the API key is unknown, revoked or expired")
         if not allowed(principal, Action.CALL_GATEWAY, principal.team):
             raise NotAllowed(
                 "role_not_allowed",

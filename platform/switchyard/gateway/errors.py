@@ -6,6 +6,7 @@ error body or log line cannot leak a prompt.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 
@@ -86,3 +87,16 @@ class Unavailable(GatewayError):
 class DeadlineExceeded(GatewayError):
     status = 504
     type = "timeout_error"
+
+
+class PayloadTooLarge(GatewayError):
+    status = 413
+    type = "invalid_request_error"
+
+
+def json_path(loc: Sequence[str | int]) -> str:
+    """A field's location as a JSON path (`messages[0].content`), for `param` and messages."""
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out or "body"

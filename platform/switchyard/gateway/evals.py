@@ -4,7 +4,8 @@ A suite (`policies/evals/suites/<name>.yaml`) lists cases: prompt variables, opt
 messages, and what the answer must contain. A record
 (`policies/evals/records/<team>/<flow>/<candidate>.yaml`) says how a candidate scored, bound
 to the candidate's model version, the prompt version's content hash and the suite's sha256.
-When any of the three changes the record is stale, and the candidate is not a fallback.
+When any of the three changes the record is stale, and the candidate is not a fallback. A
+record counts only when signed with the state directory's eval signing key (`eval_signing.py`).
 """
 
 from __future__ import annotations
@@ -16,7 +17,9 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
+
+from switchyard.config_file import ConfigFileError, read_yaml, validate
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -51,6 +54,10 @@ class EvalRecord(BaseModel):
     cases: int
     passed_cases: int
     run_at: str
+    # Who ran it and the proof: see `switchyard.gateway.eval_signing`. A record without a valid
+    # signature is ignored, so no fallback rests on a record anyone could have written.
+    signed_by: str | None = None  # the key id of the operator principal that ran the suite
+    signature: str | None = None  # "hmac-sha256:<hex>" over every other field
 
 
 class EvalFileError(Exception):
@@ -79,14 +86,9 @@ def load_record(path: Path) -> EvalRecord:
 
 def _load(path: Path, model: type[M]) -> M:
     try:
-        raw = yaml.safe_load(path.read_text())
-    except (OSError, yaml.YAMLError) as exc:
-        raise EvalFileError(f"{path}: cannot be read as YAML ({type(exc).__name__})") from None
-    try:
-        return model.model_validate(raw)
-    except ValidationError as exc:
-        err = exc.errors(include_input=False, include_url=False)[0]
-        raise EvalFileError(f"{path}: {'.'.join(str(x) for x in err['loc'])}: {err['msg']}") from None
+        return validate(read_yaml(path), model)
+    except ConfigFileError as exc:  # callers catch EvalFileError: the same message, naming file, line and field
+        raise EvalFileError(str(exc)) from None
 
 
 def write_record(path: Path, record: EvalRecord) -> None:
@@ -99,7 +101,9 @@ def write_record(path: Path, record: EvalRecord) -> None:
 @dataclass(frozen=True)
 class EvalVerdict:
     ok: bool
-    reason: str  # "eval_passed", "no_eval_record", "stale_eval_record:<what>", "eval_below_threshold"
+    # "eval_passed", "no_eval_record", "unsigned_eval_record", "bad_eval_signature",
+    # "stale_eval_record:<what>", "eval_below_threshold"
+    reason: str
 
 
 def judge_record(

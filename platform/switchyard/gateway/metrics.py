@@ -28,6 +28,11 @@ class GatewayMetrics(Protocol):
         """A request refused by admission control (503 `overloaded`)."""
         ...
 
+    def config_refresh(self, source: str, ok: bool) -> None:
+        """One refresh of `source` (`policies` or `keys`): False while the replica serves the
+        last good set because the current one cannot be loaded (degraded)."""
+        ...
+
 
 class InMemoryMetrics:
     """Counters a replica keeps for its own `status` endpoint (and for tests)."""
@@ -39,6 +44,8 @@ class InMemoryMetrics:
         self.skips: Counter[tuple[str, str]] = Counter()
         self.circuit_changes: Counter[tuple[str, str]] = Counter()
         self.sheds: Counter[tuple[str, str, str, str]] = Counter()
+        self.refresh_failures: Counter[str] = Counter()
+        self.degraded: dict[str, bool] = {}
 
     def request(self, team: str, flow: str, status: int, provider: str | None) -> None:
         self.requests[(team, flow, status, provider or "none")] += 1
@@ -61,6 +68,11 @@ class InMemoryMetrics:
     def shed(self, team: str, flow: str, priority: str, reason: str) -> None:
         self.sheds[(team, flow, priority, reason)] += 1
 
+    def config_refresh(self, source: str, ok: bool) -> None:
+        self.degraded[source] = not ok
+        if not ok:
+            self.refresh_failures[source] += 1
+
     def snapshot(self) -> dict[str, Any]:
         return {
             "attempt_failures": [
@@ -77,6 +89,7 @@ class InMemoryMetrics:
                 {"team": t, "flow": f, "priority": p, "reason": r, "count": n}
                 for (t, f, p, r), n in sorted(self.sheds.items())
             ],
+            "config_refresh_failures": dict(sorted(self.refresh_failures.items())),
         }
 
 
@@ -113,3 +126,7 @@ class FanOutMetrics:
     def shed(self, team: str, flow: str, priority: str, reason: str) -> None:
         for s in self.sinks:
             s.shed(team, flow, priority, reason)
+
+    def config_refresh(self, source: str, ok: bool) -> None:
+        for s in self.sinks:
+            s.config_refresh(source, ok)

@@ -41,6 +41,7 @@ from switchyard.gateway.metrics import GatewayMetrics
 from switchyard.gateway.planning import Plan, Planner
 from switchyard.gateway.pool import ProviderPool
 from switchyard.gateway.providers.base import Delta, ProviderCall, ProviderError, ProviderOverloaded
+from switchyard.gateway.redaction_pool import RedactionPool
 from switchyard.gateway.seams import (
     AuditSink,
     AuditUnavailable,
@@ -56,6 +57,7 @@ from switchyard.gateway.seams import (
     Usage,
 )
 from switchyard.gateway.wire import chunk_body, completion_body, sse
+from switchyard.policy.keys import Principal
 from switchyard.policy.models import ErrorClass, RiskTier
 from switchyard.policy.policy_set import PolicySet
 
@@ -104,6 +106,10 @@ class GatewayParts:
     retry: RetryPolicy = field(default_factory=RetryPolicy)
     clock: Callable[[], float] = time.time
     idempotency_poll_s: float = 0.02
+    # The eval records behind high-risk fallbacks; pass one with the state dir's signing key
+    # (`EvalBook(EvalSigner.in_state_dir(state))`): the default trusts no record.
+    evals: EvalBook = field(default_factory=EvalBook)
+    redaction_workers: int = 1  # threads for large messages (see `RedactionPool`)
 
 
 @dataclass
@@ -124,8 +130,9 @@ class _Outcome:
 class ChatPipeline:
     def __init__(self, parts: GatewayParts) -> None:
         self.parts = parts
-        self.planner = Planner(parts.keys, EvalBook())
+        self.planner = Planner(parts.keys, parts.evals)
         self.contracts = OutputContracts()
+        self.redaction = RedactionPool(parts.redaction_workers)
         self.runner = AttemptRunner(
             parts.providers.get, parts.circuits, parts.metrics, self.contracts, parts.retry, parts.clock
         )
@@ -134,14 +141,15 @@ class ChatPipeline:
 
     # ------------------------------------------------------------ entry point
 
-    async def handle(self, raw: bytes, headers: Mapping[str, str]) -> Result:
+    async def handle(self, raw: bytes, headers: Mapping[str, str], principal: Principal | None = None) -> Result:
+        """`principal`: the caller, when the HTTP layer authenticated before reading `raw`."""
         request_id = uuid.uuid4().hex
         now = self.parts.clock()
         hdr = {H_REQUEST_ID: request_id, H_PROVIDER: "none", H_MODEL: "none", H_PROMPT: "none", H_FALLBACK: "none"}
         ps = self.parts.policies()
         self.parts.providers.sync(ps)
         try:
-            plan = self.planner.plan(ps, raw, headers, request_id, now)
+            plan = self.planner.plan(ps, raw, headers, request_id, now, principal)
         except GatewayError as exc:
             # Not audited: before a flow is resolved there is no flow policy to audit under.
             self.parts.metrics.request("unknown", "unknown", exc.status, None)
@@ -260,7 +268,12 @@ class ChatPipeline:
     async def _admitted(self, plan: Plan, hdr: dict[str, str]) -> Result:
         ctx, flow, parts = plan.ctx, plan.ctx.flow, self.parts
         try:
-            redacted = parts.redactor.redact(plan.messages, flow.data_class)
+            remaining_s = ctx.deadline_at - parts.clock()
+            redacted = await self.redaction.redact(parts.redactor, plan.messages, flow.data_class, remaining_s)
+        except DeadlineExceeded as exc:
+            nothing_sent = Redacted([], RedactionSummary("none"))
+            outcome = _Outcome(504, error_code=exc.code)
+            return await self._fail(plan, nothing_sent, outcome, exc, hdr, ChainLog())
         except Exception:  # fail closed: nothing leaves unredacted when the redactor breaks
             log.exception("redaction failed for request %s (data class %s)", ctx.request_id, flow.data_class)
             parts.metrics.request(ctx.team, flow.flow, 503, None)

@@ -5,7 +5,7 @@ first microseconds), and the same for streaming and non-streaming requests."""
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -16,6 +16,7 @@ from switchyard.gateway.prompting import CompiledPrompts, VariableSchemas, choos
 from switchyard.gateway.routing import Route, pick_primary, plan_route
 from switchyard.gateway.seams import RequestContext
 from switchyard.gateway.wire import ChatRequest, parse_chat_request
+from switchyard.policy.keys import Principal
 from switchyard.policy.layering import resolve_flow
 from switchyard.policy.models import EffectiveFlow, ModelEntry
 from switchyard.policy.policy_set import PolicySet
@@ -68,7 +69,8 @@ def _resolve(ps: PolicySet, team: str, flow: str) -> EffectiveFlow:
     if flow not in policy.flows:
         raise NotAllowed(
             "flow_not_allowed",
-            f"team {team!r} has no flow {flow!r} (flows: {', '.join(sorted(policy.flows)) or 'none'})",
+            f"team {team!r} has no flow of the name in {FLOW_HEADER} "
+            f"(flows: {', '.join(sorted(policy.flows)) or 'none'})",
             param=FLOW_HEADER,
         )
     resolved = resolve_flow(ps, team, flow)
@@ -84,9 +86,18 @@ class Planner:
         self.prompts = CompiledPrompts()
         self.schemas = VariableSchemas()
 
-    def plan(self, ps: PolicySet, raw: bytes, headers: Mapping[str, str], request_id: str, now: float) -> Plan:
-        principal = self.keys.authenticate(headers)
-        request = parse_chat_request(raw)
+    def plan(
+        self,
+        ps: PolicySet,
+        raw: bytes,
+        headers: Mapping[str, str],
+        request_id: str,
+        now: float,
+        principal: Principal | None = None,
+    ) -> Plan:
+        """`principal`: the caller, when the HTTP layer authenticated before reading the body."""
+        principal = principal or self.keys.authenticate(headers)
+        request = parse_chat_request(raw, ps.org.gateway.limits)
         team = ps.teams.get(principal.team)
         flow_name = headers.get(FLOW_HEADER) or (team.default_flow if team is not None else None)
         if not flow_name:
@@ -102,6 +113,7 @@ class Planner:
         rendered = render_messages(
             self.prompts, flow, version, request.variables, [m.as_text() for m in request.messages]
         )
+        check_text_size(rendered.messages, flow.data_class, ps.data.classes[flow.data_class].max_text_chars)
         prompt_sha = self.prompts.sha256(flow.prompt_id, version)
 
         def judge(f: EffectiveFlow, model: str, entry: ModelEntry) -> EvalVerdict:
@@ -123,6 +135,18 @@ class Planner:
             stream=request.stream,
         )
         return Plan(ctx, request, ps, list(rendered.messages), route, max_tokens)
+
+
+def check_text_size(messages: Sequence[Mapping[str, str]], data_class: str, limit: int) -> None:
+    """The data class's cap on message text, which also bounds the redactor's work."""
+    total = sum(len(m.get("content", "")) for m in messages)
+    if total > limit:
+        raise BadRequest(
+            "text_too_long",
+            f"messages: {total} characters of text (prompt included) exceed the {limit} allowed "
+            f"for data class {data_class!r}",
+            param="messages",
+        )
 
 
 def deadline_ms(flow: EffectiveFlow, headers: Mapping[str, str]) -> int:

@@ -111,8 +111,9 @@ def render_messages(
         )
     ref, _, system, fixed = prompts.get(flow.prompt_id, version)
     try:
-        messages = [{"role": "system", "content": system.render(**variables)}]
-        messages += [{"role": role, "content": t.render(**variables)} for role, t in fixed]
+        # The mapping, not **variables: a variable named `self` must not collide with render's.
+        messages = [{"role": "system", "content": system.render(variables)}]
+        messages += [{"role": role, "content": t.render(variables)} for role, t in fixed]
     except TemplateError as exc:
         # The sandbox refused something, or a variable the template needs is missing.
         raise BadRequest(

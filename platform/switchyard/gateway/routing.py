@@ -52,7 +52,8 @@ def pick_primary(ps: PolicySet, flow: EffectiveFlow, requested: str) -> str:
     allowed = ", ".join(["auto", flow.model, *sorted(flow.allowed_models)])
     raise NotAllowed(
         "model_not_allowed",
-        f"flow {flow.team}/{flow.flow} does not allow model {requested!r} (allowed: {allowed})",
+        # The name sent is not repeated: error bodies never echo what a client sent.
+        f"flow {flow.team}/{flow.flow} does not allow the requested model (allowed: {allowed})",
         param="model",
     )
 

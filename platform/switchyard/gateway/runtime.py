@@ -2,16 +2,20 @@
 
 Policies are re-read every `refresh_s` (never per request; an invalid change is rejected by
 `PolicyStore` and the last valid set stays). The key snapshot is replaced when the key
-database's mtime changes.
+database's mtime changes. A failure of either is logged, counted and shown as degraded in
+the health detail; it never stops the loop.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import sqlite3
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from switchyard.gateway.auth import KeySnapshot
 from switchyard.policy.keys import KeyStore
@@ -35,25 +39,62 @@ class Sources:
 
 
 class Refresher:
-    def __init__(self, sources: Sources, snapshot: KeySnapshot, refresh_s: float = 2.0) -> None:
+    """Policies and keys refresh independently: a policy directory that cannot be read never
+    holds back a key revocation, and a locked key database never holds back a policy change.
+    Nothing that goes wrong ends the loop; each failure is logged and reported to `observe`."""
+
+    def __init__(
+        self,
+        sources: Sources,
+        snapshot: KeySnapshot,
+        refresh_s: float = 2.0,
+        observe: Callable[[str, bool], None] | None = None,
+    ) -> None:
         self.sources = sources
         self.snapshot = snapshot
         self.refresh_s = refresh_s
+        self.observe = observe or (lambda source, ok: None)
+        self.keys_error: str | None = None
+
+    def refresh_policies(self) -> None:
+        self.sources.policies.refresh()  # never raises; keeps the last good set on failure
+        self.observe("policies", not self.sources.policies.degraded)
+
+    def refresh_keys(self) -> None:
+        try:
+            mtime = self.sources.keys.mtime()
+            if mtime != self.snapshot.version:
+                self.snapshot.replace(self.sources.keys.verifier(), mtime)
+                log.info("key snapshot refreshed (%d keys)", len(self.snapshot.verifier.entries))
+        except Exception as exc:
+            # The snapshot in force stays; revocations wait for the next successful read.
+            expected = isinstance(exc, OSError | sqlite3.Error)
+            log.error("key refresh failed, keeping the key snapshot in force: %s", exc, exc_info=not expected)
+            self.keys_error = f"{type(exc).__name__}: {exc}"
+            self.observe("keys", False)
+            return
+        self.keys_error = None
+        self.observe("keys", True)
+
+    def state(self) -> dict[str, Any]:
+        """The policy store's status plus the key snapshot's, for the health detail."""
+        return {
+            **self.sources.policies.status(),
+            "keys": {"state": "degraded" if self.keys_error else "ok", "last_error": self.keys_error},
+        }
 
     def refresh_once(self) -> None:
-        self.sources.policies.refresh()
-        mtime = self.sources.keys.mtime()
-        if mtime != self.snapshot.version:
-            self.snapshot.replace(self.sources.keys.verifier(), mtime)
-            log.info("key snapshot refreshed (%d keys)", len(self.snapshot.verifier.entries))
+        self.refresh_keys()
+        self.refresh_policies()
 
     async def run(self) -> None:
         while True:
             await asyncio.sleep(self.refresh_s)
             started = time.monotonic()
-            try:
-                # File hashing and SQLite reads block: keep them off the event loop.
-                await asyncio.to_thread(self.refresh_once)
-            except OSError as exc:
-                log.error("policy/key refresh failed, keeping what is in force: %s", exc)
+            # File hashing and SQLite reads block: keep them off the event loop.
+            for step in (self.refresh_keys, self.refresh_policies):
+                try:
+                    await asyncio.to_thread(step)
+                except Exception:  # a bug in one step: logged, and the loop goes on
+                    log.exception("%s failed; the loop goes on with what is in force", step.__name__)
             log.debug("refresh took %.1f ms", (time.monotonic() - started) * 1000)

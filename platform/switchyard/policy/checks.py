@@ -4,7 +4,11 @@ Guardrails (org.yaml `guardrails`) say how far a team may move a field: `locked`
 not be set by a team at all; bounded ones may only be tightened (a lower budget, a shorter
 retention, a higher data class, fewer providers). They are checked on every team-wide field
 and on every layer of every flow, and a violation names the file, the field, the team's value
-and the org rule.
+and the org rule. A `min` is a floor for the same fields: `eval.threshold: {min: 0.9}` stops a
+team from passing its own high-risk fallbacks with a lax eval gate.
+
+The team name `platform` is reserved: auditor and platform-admin keys belong to it, and a team
+admin of a policy team by that name would share a team with the operator's keys.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from switchyard.policy.errors import PolicyViolation
+from switchyard.policy.keys import PLATFORM_TEAM
 from switchyard.policy.layering import Layer, ResolvedFlow, flow_layers, resolve_flow
 from switchyard.policy.models import Bound, EffectiveFlow, Priority
 from switchyard.policy.policy_set import PolicySet
@@ -24,6 +29,15 @@ def check_policy_set(ps: PolicySet) -> list[PolicyViolation]:
     violations += _check_catalog(ps)
     violations += _check_admission(ps)
     for team_name, team in ps.teams.items():
+        if team_name == PLATFORM_TEAM:
+            violations.append(
+                PolicyViolation(
+                    ps.team_file(team_name),
+                    "team",
+                    f"the team name {PLATFORM_TEAM!r} is reserved for the platform's own auditor and "
+                    "platform-admin keys; give the team another name",
+                )
+            )
         violations += _check_guardrails(ps, _team_layers(ps, team_name))
         if team.default_flow is not None and team.default_flow not in team.flows:
             violations.append(
@@ -82,8 +96,11 @@ def _check_guardrails(ps: PolicySet, layers: list[Layer]) -> list[PolicyViolatio
 def _violates(ps: PolicySet, bound: Bound, value: Any) -> str | None:
     if bound.locked:
         return f"is locked by org.yaml guardrails; the team sets {value!r}"
-    if bound.max is not None and isinstance(value, int | float) and value > bound.max:
+    numeric = isinstance(value, int | float) and not isinstance(value, bool)
+    if bound.max is not None and numeric and value > bound.max:
         return f"the team sets {value}, above the org cap of {bound.max} (org.yaml guardrails: max)"
+    if bound.min is not None and numeric and value < bound.min:
+        return f"the team sets {value}, below the org floor of {bound.min} (org.yaml guardrails: min)"
     if bound.min_class is not None and isinstance(value, str):
         if value not in ps.data.classes:
             return f"unknown data class {value!r} (known: {', '.join(sorted(ps.data.classes))})"

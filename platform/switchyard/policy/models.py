@@ -159,6 +159,9 @@ class DataClass(Strict):
     encrypt_bodies: bool = False
     retention_days: int = Field(default=30, gt=0)
     body_readers: frozenset[Role] = frozenset({Role.TEAM_ADMIN, Role.AUDITOR, Role.PLATFORM_ADMIN})
+    # Characters of message text one request of this class may carry; for redacted classes it
+    # also bounds the redactor's work. The default (~500k tokens) is past every context window.
+    max_text_chars: int = Field(default=2_000_000, gt=0)
 
 
 class DataPolicies(Strict):
@@ -255,8 +258,15 @@ class Bound(Strict):
 
     locked: bool = False  # may not be set below the org at all
     max: float | None = None  # numeric ceiling (budgets, retention)
+    min: float | None = None  # numeric floor (e.g. eval.threshold: a team may only demand more)
     min_class: str | None = None  # data class floor, by rank
     subset_of: frozenset[str] | None = None  # sets may only shrink
+
+    @model_validator(mode="after")
+    def _floor_below_ceiling(self) -> Bound:
+        if self.min is not None and self.max is not None and self.min > self.max:
+            raise ValueError(f"min ({self.min}) is above max ({self.max}): no value could satisfy both")
+        return self
 
 
 class ShedThresholds(Strict):
@@ -290,8 +300,20 @@ class AdmissionSettings(Strict):
     max_retry_after_s: int = Field(default=30, gt=0)
 
 
+class RequestLimits(Strict):
+    """Checked before any work is done on a request (docs/gateway.md, "Request limits").
+
+    The defaults admit anything that fits a model's context window, base64 images included:
+    a 20 MB image is ~27 MB of JSON."""
+
+    max_body_bytes: int = Field(default=32 * 1024 * 1024, gt=0)  # answered 413 past this
+    max_messages: int = Field(default=2048, gt=0)
+    max_json_depth: int = Field(default=32, gt=0)  # of `variables`, the one free-form field
+
+
 class GatewaySettings(Strict):
     admission: AdmissionSettings = AdmissionSettings()
+    limits: RequestLimits = RequestLimits()
 
 
 class OrgPolicy(Strict):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,9 @@ class PolicySet:
     prompts: dict[str, PromptTemplate]
     scheduler: dict[str, Any]  # validated by switchyard.scheduler's own schema
     file_hashes: dict[str, str] = field(default_factory=dict)  # relative path -> sha256
+    sources: Mapping[str, bytes] = field(default_factory=dict, compare=False, repr=False)
+    """Relative path -> the exact bytes parsed (and hashed), for every file, evals/ included:
+    what the store keeps as the last good set. Not part of equality or the fingerprint."""
 
     def team_file(self, team: str) -> str:
         return f"teams/{team}.yaml"

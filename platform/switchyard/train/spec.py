@@ -1,6 +1,7 @@
 """The job spec researchers write: pydantic models loaded from YAML.
 
-A bad file fails with the file, the field and the reason (`JobSpecError`). The spec is
+A bad file fails with the file, the line, the field and the reason (`JobSpecError`, read
+through `switchyard.config_file`). The spec is
 plain data; the trainer (`switchyard.train.loop`) and the Ray adapter read it.
 """
 
@@ -9,15 +10,15 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from switchyard.config_file import ConfigFileError, read_yaml, validate
 from switchyard.models import GPTConfig
 from switchyard.train.strategy import CheckpointMode, Offload, Strategy, WrapGranularity
 
 
-class JobSpecError(ValueError):
-    """A job spec that cannot be run; the message names the file and the field."""
+class JobSpecError(ConfigFileError):
+    """A job spec that cannot be run; the message names the file, the line and the field."""
 
 
 class _Spec(BaseModel):
@@ -154,20 +155,5 @@ class JobSpec(_Spec):
 
 
 def load_job_spec(path: str | Path) -> JobSpec:
-    """Read and validate a YAML job spec; errors name the file and the field."""
-    path = Path(path)
-    try:
-        raw = yaml.safe_load(path.read_text())
-    except OSError as exc:
-        raise JobSpecError(f"{path}: cannot read job spec: {exc.strerror}") from exc
-    except yaml.YAMLError as exc:
-        raise JobSpecError(f"{path}: not valid YAML: {exc}") from exc
-    if not isinstance(raw, dict):
-        raise JobSpecError(f"{path}: a job spec must be a mapping, got {type(raw).__name__}")
-    try:
-        return JobSpec.model_validate(raw)
-    except ValidationError as exc:
-        problems = "; ".join(
-            f"{'.'.join(str(p) for p in err['loc']) or '<root>'}: {err['msg']}" for err in exc.errors()
-        )
-        raise JobSpecError(f"{path}: {problems}") from exc
+    """Read and validate a YAML job spec; errors name the file, the line and the field."""
+    return validate(read_yaml(path, error=JobSpecError), JobSpec, error=JobSpecError)

@@ -1,16 +1,16 @@
 """The schema of `policies/scheduler.yaml` (pydantic) and its conversion to a SchedulerPolicy.
 
-A bad file fails with the file, the field path and pydantic's reason.
+A bad file fails with the file, the line, the field path and pydantic's reason
+(read through `switchyard.config_file`).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from switchyard.config_file import ConfigFileError, read_yaml, validate
 from switchyard.scheduler.core.model import WorkloadClass
 from switchyard.scheduler.core.policy import (
     DEFAULT_PRIORITY_CLASSES,
@@ -24,8 +24,8 @@ from switchyard.scheduler.core.policy import (
 )
 
 
-class PolicyFileError(ValueError):
-    """scheduler.yaml is unreadable or invalid; the message names the file and field."""
+class PolicyFileError(ConfigFileError):
+    """scheduler.yaml is unreadable or invalid; the message names the file, line and field."""
 
 
 class _Strict(BaseModel):
@@ -104,20 +104,5 @@ def _team(spec: TeamSpec) -> Team:
     return Team(spec.name, quotas, weight)
 
 
-def parse_policy(data: Any, source: str) -> SchedulerFile:
-    try:
-        return SchedulerFile.model_validate(data)
-    except ValidationError as err:
-        problems = "; ".join(
-            f"{'.'.join(str(p) for p in e['loc']) or '<root>'}: {e['msg']}" for e in err.errors()
-        )
-        raise PolicyFileError(f"{source}: {problems}") from None
-
-
 def load_policy_file(path: str | Path) -> SchedulerFile:
-    path = Path(path)
-    try:
-        data = yaml.safe_load(path.read_text())
-    except (OSError, yaml.YAMLError) as err:
-        raise PolicyFileError(f"{path}: cannot read: {err}") from None
-    return parse_policy(data, str(path))
+    return validate(read_yaml(path, error=PolicyFileError), SchedulerFile, error=PolicyFileError)
