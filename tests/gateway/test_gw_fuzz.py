@@ -147,8 +147,9 @@ def _check(case: Any, served: Served) -> None:
         assert set(body) == {"error"} and {"type", "code", "message", "param"} <= set(body["error"]), (
             f"{seed}: {resp.status_code} not in OpenAI's error shape: {resp.text[:300]}"
         )
-        echoed = [s for s in _sent_strings(case) if s in resp.text and s not in served.known]
-        assert not echoed, f"{seed}: the error echoes what was sent: {echoed[:3]!r} in {resp.text[:300]}"
+        message = str(body["error"]["message"])  # type and code are fixed vocabulary
+        echoed = [s for s in _sent_strings(case) if s in message and s not in served.known]
+        assert not echoed, f"{seed}: the error echoes what was sent: {echoed[:3]!r} in {message[:300]}"
     for exchange in list(served.harness.audit.exchanges)[before:]:
         budget_ms = (exchange.ctx.deadline_at - exchange.ctx.received_at) * 1000
         assert exchange.latency_ms <= budget_ms + SLACK_MS, (
