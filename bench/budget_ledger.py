@@ -29,9 +29,10 @@ from switchyard.budgets.db import SQLITE_PREFIX, open_database
 from switchyard.budgets.direct_gate import DirectBudgetGate
 from switchyard.budgets.leased_gate import LeasedBudgetGate
 from switchyard.budgets.ledger import BudgetLedger, Charge, HoldRequest
+from switchyard.budgets.money import usd_to_nanos
 from switchyard.budgets.resolve import BudgetLine
 from switchyard.budgets.service import InProcessLedgerClient, LedgerClient, LedgerService
-from switchyard.gateway.seams import BudgetGate, RequestContext, Usage
+from switchyard.gateway.seams import Bill, BudgetGate, RequestContext, Usage
 from switchyard.paths import repo_root
 from switchyard.policy.layering import ResolvedFlow, resolve_flow
 from switchyard.policy.models import DataPolicies, OrgPolicy, ProviderCatalog, RateLimit, TeamPolicy
@@ -97,7 +98,9 @@ async def gate_run(gates: list[BudgetGate], ps: PolicySet, n: int, concurrency: 
         async with sem:
             t0 = time.perf_counter()
             r = await gate.reserve(ctxs[i], est)
-            await gate.settle(r, est.usd, Usage(est.input_tokens, est.max_output_tokens))
+            await gate.settle(
+                r, [Bill(est.model, Usage(est.input_tokens, est.max_output_tokens), usd_to_nanos(est.usd))]
+            )
             latencies.append(time.perf_counter() - t0)
 
     t0 = time.perf_counter()

@@ -74,9 +74,12 @@ class Gateway:
         replica = serve.get_replica_context().replica_id.unique_id
         # Money and audit are never best-effort: the shared ledger and the durable audit store,
         # or the replica does not start.
-        self.budget = budget = gateway_budget_gate(self.sources.policies, state_dir)
         self.audit, redactor = gateway_audit_parts(self.sources.policies, state_dir, SpoolBacklogGauge(replica).set)
         audit = self.audit
+        # End users are named by their audit pseudonym in the ledger and the idempotency store
+        # too, so erasing a subject unlinks all three.
+        pseudonym = audit.builder.keyring.pseudonym_for
+        self.budget = budget = gateway_budget_gate(self.sources.policies, state_dir, pseudonym)
         self.local_metrics = InMemoryMetrics()
         metrics = FanOutMetrics(self.local_metrics, RayGatewayMetrics())
         keys = self.sources.key_snapshot()
@@ -92,6 +95,7 @@ class Gateway:
             metrics=metrics,
             idempotency=ActorIdempotencyStore(shared_actor()),
             circuits=CircuitBoard(on_change=lambda p, s: metrics.circuit_changed(p, s.value)),
+            pseudonym=pseudonym,
             evals=EvalBook(EvalSigner.in_state_dir(Path(state_dir))),
         )
         self.pipeline = ChatPipeline(self.parts)
@@ -117,6 +121,7 @@ class Gateway:
         self._refresh_task = asyncio.get_running_loop().create_task(self.refresher.run())
         yield
         self._refresh_task.cancel()
+        await self.pipeline.drain()  # streams whose clients left are still settling and auditing
         # Send queued charges and return budget slices now rather than letting them expire;
         # commit what the audit spool has acknowledged.
         await self.budget.aclose()

@@ -30,6 +30,7 @@ from switchyard.audit.record import RequestRecord
 from switchyard.audit.redaction import PresidioRedactor
 from switchyard.audit.sink import StoreAuditSink
 from switchyard.audit.store import AuditStore
+from switchyard.audit.subject_keys import SubjectKeyring
 from switchyard.budgets.money import usd_to_nanos
 from switchyard.gateway.auth import KeySnapshot
 from switchyard.gateway.circuit import CircuitBoard
@@ -157,7 +158,8 @@ async def test_gateway_with_redaction_and_audit(tmp_path: Path) -> None:
     assert store.verify() == []
     requests = [r for r in records if isinstance(r, RequestRecord)]
     by_flow = {r.flow: r for r in requests}
-    assert by_flow["reply"].redaction.mode == "reversible" and by_flow["reply"].user == "cust-17"
+    cust = SubjectKeyring(state / "audit" / "keys.db").pseudonym_for("support", "cust-17")
+    assert by_flow["reply"].redaction.mode == "reversible" and by_flow["reply"].user == cust  # a pseudonym
     assert by_flow["reply"].redaction.entity_counts["EMAIL_ADDRESS"] == 1
     assert by_flow["dispute-review"].risk_tier == "high" and by_flow["dispute-review"].contract_result == "valid"
     settled = sum(usd for _, gate in replicas for _, usd, _ in gate.settled)

@@ -3,15 +3,11 @@
 from __future__ import annotations
 
 import json
-import socket
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import boto3
 import pytest
 from _audit_helpers import make_exchange
-from moto.server import ThreadedMotoServer
 
 from switchyard.audit.builder import RecordBuilder
 from switchyard.audit.chain import ChainRow, verify_rows
@@ -20,30 +16,6 @@ from switchyard.audit.redaction import TextScrubber
 from switchyard.audit.store import AuditStore
 from switchyard.audit.subject_keys import SubjectKeyring
 from switchyard.policy.models import DataPolicies
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-@pytest.fixture(scope="module")
-def s3_endpoint() -> Iterator[str]:
-    port = _free_port()
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-    server.start()
-    yield f"http://127.0.0.1:{port}"
-    server.stop()
-
-
-@pytest.fixture
-def s3(s3_endpoint: str, monkeypatch: pytest.MonkeyPatch) -> Any:
-    # Dummy credentials, only for this test: moto accepts any.
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
-    monkeypatch.delenv("AWS_PROFILE", raising=False)
-    return boto3.client("s3", endpoint_url=s3_endpoint, region_name="us-east-1")
 
 
 @pytest.fixture
@@ -57,11 +29,16 @@ def store(tmp_path: Path, data_policies: DataPolicies, scrubber: TextScrubber) -
 def test_sealed_segments_go_to_a_locked_bucket(s3: Any, store: AuditStore) -> None:
     s3.create_bucket(Bucket="audit-locked", ObjectLockEnabledForBucket=True)
     assert [s.last_seq for s in store.seal_segments(size=3)] == [3, 6]  # 7th waits for a full segment
-    keys = export_sealed(store, s3, S3Target("audit-locked", retention_days=30))
+    *keys, head_key = export_sealed(store, s3, S3Target("audit-locked", retention_days=30))
     assert keys == ["audit/segment-00000001-1-3.jsonl", "audit/segment-00000002-4-6.jsonl"]
     head = s3.head_object(Bucket="audit-locked", Key=keys[0])
     assert head["ObjectLockMode"] == "COMPLIANCE" and head["ObjectLockRetainUntilDate"] is not None
     assert head["Metadata"]["last-seq"] == "3"
+    # The chain head, unsealed 7th entry included, is anchored next to the segments, locked too.
+    assert head_key == "audit/head-000000000007.json"
+    anchor = json.loads(s3.get_object(Bucket="audit-locked", Key=head_key)["Body"].read())
+    assert (anchor["seq"], anchor["hash"]) == store.head()
+    assert s3.head_object(Bucket="audit-locked", Key=head_key)["ObjectLockMode"] == "COMPLIANCE"
     # The exported entries verify on their own, and link up across segments.
     rows = []
     for key in keys:
@@ -81,6 +58,6 @@ def test_a_bucket_without_object_lock_still_gets_segments(
     s3.create_bucket(Bucket="audit-plain")
     store.seal_segments(size=5, include_partial=True)
     keys = export_sealed(store, s3, S3Target("audit-plain", prefix="x/"))
-    assert len(keys) == 2
+    assert len(keys) == 3  # two segments and the head
     assert "ObjectLockMode" not in s3.head_object(Bucket="audit-plain", Key=keys[0])
     assert "no object lock" in caplog.text

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import sqlite3
 from pathlib import Path
 
@@ -42,7 +43,8 @@ def test_record_carries_the_issue_fields(parts: tuple[AuditStore, SubjectKeyring
     [stored] = store.find(team="support")
     record = stored.entry
     assert isinstance(record, RequestRecord)
-    assert record.request_id == rid and record.schema_version == 1
+    assert record.request_id == rid and record.schema_version == 2
+    assert record.user is not None and record.user.startswith("p-") and record.subject == record.user
     assert record.prompt_ref == "support-reply@2#abcdef123456" and record.provider == "openai"
     assert record.attempts[0].model_version == "gpt-4o-mini-2024-07-18"
     assert record.tokens is not None and record.tokens.prompt == 40 and record.cost_usd == 0.0012
@@ -157,7 +159,7 @@ def test_erasure_makes_bodies_unreadable_and_the_chain_still_verifies(
     before = reader.query(AUDITOR, AuditQuery(team="support", with_bodies=True))
     assert all("<EMAIL_ADDRESS>" in v["bodies"]["output"] for v in before)
 
-    erase_subject(store, keyring, "support", "u-erase", erased_by="aud1")
+    asyncio.run(erase_subject(store, keyring, "support", "u-erase", erased_by="aud1"))
 
     after = reader.query(AUDITOR, AuditQuery(team="support", with_bodies=True))
     bodies = {v["request_id"]: v["bodies"] for v in after if v["kind"] == "request"}
@@ -176,7 +178,7 @@ def test_the_erased_key_is_gone_from_the_key_file(parts: tuple[AuditStore, Subje
     store, keyring, builder = parts
     _fill(store, builder, 1, user="u-gone")
     _, key = keyring.key_for("support/u-gone")
-    erase_subject(store, keyring, "support", "u-gone", erased_by="aud1")
+    asyncio.run(erase_subject(store, keyring, "support", "u-gone", erased_by="aud1"))
     assert key not in keyring.path.read_bytes()
 
 
@@ -205,8 +207,37 @@ def test_deleting_a_body_before_its_retention_is_found(parts: tuple[AuditStore, 
     assert [f.problem for f in store.verify()] == ["body_edited"]
 
 
-def test_full_storage_keeps_the_text(parts: tuple[AuditStore, SubjectKeyring, RecordBuilder]) -> None:
-    store, _, builder = parts
+def test_full_storage_keeps_the_text_sealed(
+    parts: tuple[AuditStore, SubjectKeyring, RecordBuilder], data_policies: DataPolicies
+) -> None:
+    store, keyring, builder = parts
     [rid] = _fill(store, builder, 1, flow=make_flow(data_class="internal"))
     body = store.body(rid, "input")
-    assert body is not None and EMAIL.encode() in body  # internal: stored in full, by policy
+    assert body is not None and EMAIL.encode() not in body  # sealed under the subject's key
+    [view] = AuditReader(store, keyring, data_policies).query(AUDITOR, AuditQuery(team="support", with_bodies=True))
+    assert EMAIL in view["bodies"]["input"]  # internal: stored in full, by policy
+
+
+def test_erasure_deletes_the_plaintext_bodies_of_schema_1_records(
+    parts: tuple[AuditStore, SubjectKeyring, RecordBuilder],
+) -> None:
+    """Records written before schema 2 named the subject in clear and kept `internal` bodies
+    unencrypted: erasure deletes those bodies, says so in its record, and verify accepts it."""
+    store, keyring, builder = parts
+    [rid] = _fill(store, builder, 1, flow=make_flow(data_class="internal"), user="u-old")
+    record = store.find()[0].entry
+    assert isinstance(record, RequestRecord)
+    legacy = record.model_copy(
+        update={
+            "schema_version": 1,
+            "user": "u-old",
+            "subject": "support/u-old",
+            "input": record.input.model_copy(update={"encrypted": False, "key_id": None}),
+        }
+    )
+    _tamper(store, "DELETE FROM entries")
+    _tamper(store, "DELETE FROM bodies")
+    store.append([legacy])
+    erasure = asyncio.run(erase_subject(store, keyring, "support", "u-old", erased_by="aud1"))
+    assert erasure.bodies_removed == (rid,) and store.body(rid, "input") is None
+    assert [f.problem for f in store.verify()] == []

@@ -8,10 +8,9 @@ import random
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from switchyard.budgets.money import usd_to_nanos
 from switchyard.budgets.periods import utc
-from switchyard.budgets.pricing import actual_cost_usd
-from switchyard.gateway.seams import BudgetGate, OverBudget, RateLimited, RequestContext, Usage
+from switchyard.budgets.pricing import usage_cost_nanos
+from switchyard.gateway.seams import Bill, BudgetGate, OverBudget, RateLimited, RequestContext, Usage
 from switchyard.policy.models import ProviderCatalog
 
 MESSAGES = [{"role": "user", "content": "Where is my parcel? It was due on Monday."}]
@@ -53,10 +52,10 @@ async def one_request(
         out.released += 1
         return
     usage = Usage(round(est.input_tokens * usage_factor), round(est.max_output_tokens * usage_factor))
-    actual = actual_cost_usd(catalog, model, usage, utc(ctx.received_at).date())
-    await gate.settle(reservation, actual, usage)
+    nanos = usage_cost_nanos(catalog, model, usage, utc(ctx.received_at).date())
+    await gate.settle(reservation, [Bill(model, usage, nanos)])
     out.ok.append(reservation.reservation_id)
-    out.settled_nanos += usd_to_nanos(actual)
+    out.settled_nanos += nanos
 
 
 async def run_load(

@@ -18,7 +18,7 @@ from switchyard.budgets.leased_gate import LeaseConfig, LeasedBudgetGate
 from switchyard.budgets.ledger import BudgetLedger
 from switchyard.budgets.money import nanos_to_usd, usd_to_nanos
 from switchyard.budgets.service import InProcessLedgerClient, LedgerService
-from switchyard.gateway.seams import BudgetGate, OverBudget, Usage
+from switchyard.gateway.seams import Bill, BudgetGate, OverBudget, Usage
 from switchyard.policy.models import BudgetLimits, RateLimit
 from switchyard.policy.policy_set import PolicySet
 
@@ -145,7 +145,7 @@ async def test_a_replica_hands_money_between_its_own_leases(tmp_path: Path) -> N
             r = await gate.reserve(ctx, est)
         except OverBudget:
             continue
-        await gate.settle(r, est.usd, Usage(est.input_tokens, est.max_output_tokens))
+        await gate.settle(r, [Bill(est.model, Usage(est.input_tokens, est.max_output_tokens), usd_to_nanos(est.usd))])
         ok += 1
     await gate.aclose()
     assert ok == 4  # exactly the team's budget, although alice's first lease took all of it
@@ -163,7 +163,9 @@ async def test_upkeep_sends_charges_and_returns_idle_and_prefetched_leases(tmp_p
         ctx = context(ps)
         est = await gate.estimate(ctx, "gpt-4o-mini", MESSAGES, 0)
         held = await gate.reserve(ctx, est)
-        await gate.settle(held, est.usd, Usage(est.input_tokens, est.max_output_tokens))
+        await gate.settle(
+            held, [Bill(est.model, Usage(est.input_tokens, est.max_output_tokens), usd_to_nanos(est.usd))]
+        )
     await asyncio.sleep(0)  # let the prefetch run
 
     def team() -> tuple[int, int]:

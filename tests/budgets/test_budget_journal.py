@@ -21,7 +21,7 @@ from switchyard.budgets.leased_gate import LeaseConfig, LeasedBudgetGate
 from switchyard.budgets.ledger import BudgetLedger, Charge
 from switchyard.budgets.service import InProcessLedgerClient, LedgerService
 from switchyard.cli import main
-from switchyard.gateway.seams import Usage
+from switchyard.gateway.seams import Bill, Usage
 from switchyard.policy.keys import PLATFORM_TEAM, KeyStore
 from switchyard.policy.models import Role
 
@@ -46,7 +46,7 @@ async def _spend(gate: LeasedBudgetGate, n: int) -> list[str]:
         ctx = wall_clock_ctx(ps)
         estimate = await gate.estimate(ctx, "gpt-4o-mini", [{"role": "user", "content": "hi"}], 16)
         reservation = await gate.reserve(ctx, estimate)
-        await gate.settle(reservation, 0.000123, Usage(10, 5))
+        await gate.settle(reservation, [Bill("gpt-4o-mini", Usage(10, 5), 123_000)])
         ids.append(ctx.request_id)
     return ids
 

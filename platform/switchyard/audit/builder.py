@@ -1,14 +1,14 @@
 """Turns an `Exchange` into an audit record and its stored bodies, per the flow's data class.
 
 This is where the data policy decides what is kept: full text, redacted text, a keyed hash,
-or nothing; encrypted under the subject's key where the class says so.
+or nothing. Whatever the class, a stored body is sealed under the subject's key and the
+record names the user only by the subject's pseudonym, so erasing the key leaves nothing
+of the subject readable or linkable.
 """
 
 from __future__ import annotations
 
-import functools
 import json
-from collections.abc import Callable
 from dataclasses import dataclass
 
 from switchyard.audit.data_policy import DataPolicySource, as_getter
@@ -24,6 +24,7 @@ from switchyard.audit.subject_keys import (
     SubjectKeyring,
     keyed_digest,
     plain_digest,
+    pseudonym,
     seal,
     subject_of,
 )
@@ -75,16 +76,17 @@ class RecordBuilder:
         if output_text is not None and cls.store_output is BodyStorage.REDACTED:
             output_text = self._scrub(output_text, counts)
         bodies: list[BodyBlob] = []
-        key = functools.cache(lambda: self.keyring.key_for(subject))  # one key read per record
-        stored_in = self._store(ctx.request_id, "input", input_text, cls.store_input, cls, key, bodies)
-        stored_out = self._store(ctx.request_id, "output", output_text, cls.store_output, cls, key, bodies)
+        key = self.keyring.key_for(subject)  # one key read per record
+        alias = pseudonym(key[1], subject)
+        stored_in = self._store(ctx.request_id, "input", input_text, cls.store_input, key, bodies)
+        stored_out = self._store(ctx.request_id, "output", output_text, cls.store_output, key, bodies)
         retention_days = min(cls.retention_days, ctx.flow.retention_days)
         record = RequestRecord(
             request_id=ctx.request_id,
             time=ctx.received_at,
             team=ctx.team,
-            user=ctx.user,
-            subject=subject,
+            user=None if ctx.user is None else alias,
+            subject=alias,
             flow=ctx.flow.flow,
             risk_tier=ctx.flow.risk_tier,
             data_class=ctx.flow.data_class,
@@ -147,20 +149,16 @@ class RecordBuilder:
         part: str,
         text: str | None,
         storage: BodyStorage,
-        cls: DataClass,
-        key_of_subject: Callable[[], tuple[str, bytes]],
+        subject_key: tuple[str, bytes],
         bodies: list[BodyBlob],
     ) -> StoredBody:
         if text is None or storage is BodyStorage.NONE:
             return StoredBody(storage=BodyStorage.NONE)
+        key_id, key = subject_key
         if storage is BodyStorage.HASH:
-            key_id, key = key_of_subject()
             return StoredBody(storage=storage, digest=keyed_digest(key, text), key_id=key_id)
-        if cls.encrypt_bodies:
-            key_id, key = key_of_subject()
-            data = seal(key, text, f"{request_id}/{part}")
-            bodies.append(BodyBlob(part, data))
-            return StoredBody(storage=storage, digest=plain_digest(data), encrypted=True, key_id=key_id)
-        data = text.encode()
+        # Sealed whatever the class's `encrypt_bodies` says: a plaintext body would outlive
+        # the erasure of its subject.
+        data = seal(key, text, f"{request_id}/{part}")
         bodies.append(BodyBlob(part, data))
-        return StoredBody(storage=storage, digest=plain_digest(data))
+        return StoredBody(storage=storage, digest=plain_digest(data), encrypted=True, key_id=key_id)

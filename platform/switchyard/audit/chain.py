@@ -29,7 +29,17 @@ class ChainRow:
 @dataclass(frozen=True)
 class Finding:
     seq: int
-    problem: Literal["edited", "deleted", "reordered", "broken_link", "body_edited", "truncated"]
+    problem: Literal[
+        "edited",
+        "deleted",
+        "reordered",
+        "broken_link",
+        "body_edited",
+        "truncated",  # entries that a sealed segment or an anchored head had are gone
+        "segment_deleted",  # a segment that an anchor or S3 knows was sealed has no row
+        "anchor_mismatch",  # an entry or segment row differs from what anchors.jsonl recorded
+        "s3_mismatch",  # the database and an S3 copy disagree
+    ]
     detail: str
 
     def __str__(self) -> str:

@@ -2,7 +2,9 @@
 
 Records are the chained payload: their canonical JSON is what the hash chain covers.
 Bodies are not in the record (only their digests), so retention and erasure can remove
-bodies while every record and every link still verifies.
+bodies while every record and every link still verifies. Nor is the id of the user a team
+sent: from schema 2 on, `user` and `subject` are pseudonyms under the subject's key
+(`subject_keys.pseudonym`), which erasure deletes.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from switchyard.policy.models import BodyStorage, ErrorClass, RiskTier, Role
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: `user` and `subject` are pseudonyms; 1 carried them as sent
 
 
 class _Frozen(BaseModel):
@@ -54,13 +56,13 @@ class StoredBody(_Frozen):
 
 
 class RequestRecord(_Frozen):
-    schema_version: Literal[1] = 1
+    schema_version: Literal[1, 2] = 2
     kind: Literal["request"] = "request"
     request_id: str
     time: float  # unix seconds the request was received
     team: str
-    user: str | None
-    subject: str  # whose key encrypts the bodies: "<team>/<user>" or "<team>/" for the team
+    user: str | None  # the subject's pseudonym when the request named a user, else None
+    subject: str  # pseudonym of the subject whose key seals the bodies: "<team>/<user>", or "<team>/"
     flow: str
     risk_tier: RiskTier
     data_class: str
@@ -99,17 +101,20 @@ class AccessRecord(_Frozen):
 
 
 class ErasureRecord(_Frozen):
-    """A subject's key was deleted: its bodies are unreadable from this point in the chain."""
+    """A subject's key was deleted: its bodies are unreadable from this point in the chain,
+    and the pseudonym its records carry is no longer linkable to anyone."""
 
-    schema_version: Literal[1] = 1
+    schema_version: Literal[1, 2] = 2
     kind: Literal["erasure"] = "erasure"
     request_id: str  # "erasure-<uuid>"
     time: float
     team: str
     flow: None = None
-    subject: str
+    subject: str | None  # the erased pseudonym; None when the subject had no key
     erased_by: str  # the key id that asked
     key_existed: bool
+    replays_purged: int | None = None  # stored idempotent answers deleted; None: no store reached
+    bodies_removed: tuple[str, ...] = ()  # request ids of schema-1 plaintext bodies it deleted
 
 
 AuditEntry = RequestRecord | AccessRecord | ErasureRecord

@@ -44,8 +44,12 @@ class StoreAuditSink:
         return self.spool
 
     async def record(self, exchange: Exchange, durable: bool) -> None:
-        # Redaction is CPU work (~ms): off the event loop.
-        pending = await asyncio.to_thread(self.builder.build, exchange)
+        try:
+            # Redaction is CPU work (~ms): off the event loop. It reads the subject keyring.
+            pending = await asyncio.to_thread(self.builder.build, exchange)
+        except (sqlite3.Error, OSError) as exc:
+            log.error("the audit record of request %s cannot be built: %s", exchange.ctx.request_id, exc)
+            raise AuditUnavailable(f"the subject keyring is unavailable ({type(exc).__name__})") from exc
         if durable or self.spool is None or exchange.ctx.flow.risk_tier is RiskTier.HIGH:
             try:
                 await asyncio.to_thread(self.store.append, [pending])
@@ -56,6 +60,10 @@ class StoreAuditSink:
                     exchange.ctx.request_id,
                     exc,
                 )
+                if self.spool is not None:
+                    # Not durable in the store, so the answer is withheld (503); but the request
+                    # may have been billed, so its record is kept for the store's return.
+                    await (await self._started_spool()).put(pending)
                 raise AuditUnavailable(f"the audit store is unavailable ({type(exc).__name__})") from exc
             return
         await (await self._started_spool()).put(pending)

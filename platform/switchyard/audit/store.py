@@ -4,6 +4,8 @@ One file (`<state>/audit/audit.db`, WAL, `synchronous=FULL`) shared by every wri
 host; an append takes SQLite's write lock (`BEGIN IMMEDIATE`), reads the chain head and links
 the new entries to it, so concurrent writers from several processes still form one chain.
 Entries are unique by request id: re-delivering a spooled record never makes a second one.
+Chain heads are also anchored outside the database (`anchors.py`), so `verify` can tell a
+chain cut at its tail from a short one.
 """
 
 from __future__ import annotations
@@ -15,9 +17,11 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from switchyard import sqlite_db
+from switchyard.audit.anchors import ANCHORS_FILE, AnchorLog, check_anchors
 from switchyard.audit.builder import BodyBlob, PendingEntry
 from switchyard.audit.chain import GENESIS, ChainRow, Finding, link_hash, verify_rows
-from switchyard.audit.record import AuditEntry, RequestRecord, canonical_json, parse_entry
+from switchyard.audit.record import AuditEntry, ErasureRecord, RequestRecord, canonical_json, parse_entry
 from switchyard.audit.subject_keys import plain_digest
 from switchyard.policy.models import BodyStorage
 
@@ -71,14 +75,15 @@ class StoredEntry:
 
 
 class AuditStore:
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, anchor_every_s: float = 1.0) -> None:
+        """`anchor_every_s`: the longest a committed entry waits to be anchored (one line of
+        `anchors.jsonl`, next to the database, per interval at most)."""
         self.path = path
+        self.anchors = AnchorLog(path.with_name(ANCHORS_FILE), anchor_every_s)
         path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         # One connection per store, used from worker threads one at a time.
         self._lock = threading.Lock()
-        self._db = sqlite3.connect(path, timeout=30, isolation_level=None, check_same_thread=False)
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=FULL")  # a committed record survives power loss
+        self._db = sqlite_db.connect(path, autocommit=True)  # WAL, synchronous=FULL
         self._db.executescript(_SCHEMA)
         path.chmod(0o600)
 
@@ -87,6 +92,7 @@ class AuditStore:
         return cls(state / "audit" / "audit.db")
 
     def close(self) -> None:
+        self.anchors.flush()
         with self._lock:
             self._db.close()
 
@@ -100,26 +106,28 @@ class AuditStore:
             try:
                 row = db.execute("SELECT hash FROM entries ORDER BY seq DESC LIMIT 1").fetchone()
                 prev = row[0] if row else GENESIS
-                added = 0
+                added, seq = 0, 0
                 for item in items:
                     entry, bodies = (item.record, item.bodies) if isinstance(item, PendingEntry) else (item, ())
                     if db.execute("SELECT 1 FROM entries WHERE request_id = ?", (entry.request_id,)).fetchone():
                         continue
-                    prev = self._insert(db, entry, bodies, prev)
+                    seq, prev = self._insert(db, entry, bodies, prev)
                     added += 1
                 db.execute("COMMIT")
             except BaseException:
                 db.execute("ROLLBACK")
                 raise
+        if added:
+            self.anchors.head(seq, prev)  # after the commit: an anchor never names a lost entry
         return added
 
     @staticmethod
-    def _insert(db: sqlite3.Connection, entry: AuditEntry, bodies: Sequence[BodyBlob], prev: str) -> str:
+    def _insert(db: sqlite3.Connection, entry: AuditEntry, bodies: Sequence[BodyBlob], prev: str) -> tuple[int, str]:
         payload = canonical_json(entry)
         digest = link_hash(prev, payload)
         team = entry.team
         flow = entry.flow
-        db.execute(
+        cur = db.execute(
             "INSERT INTO entries (request_id, kind, team, flow, time, payload, prev_hash, hash)"
             " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
             (entry.request_id, entry.kind, team, flow, entry.time, payload, prev, digest),
@@ -130,7 +138,8 @@ class AuditStore:
                 "INSERT INTO bodies VALUES (?, ?, ?, ?)",
                 (entry.request_id, body.part, body.data, expires),
             )
-        return digest
+        assert cur.lastrowid is not None  # an INSERT into a rowid table always sets it
+        return cur.lastrowid, digest
 
     # ------------------------------------------------------------ reading
 
@@ -179,6 +188,20 @@ class AuditStore:
 
     # ------------------------------------------------------------ retention
 
+    def remove_plaintext_bodies(self, team: str, subject: str) -> tuple[str, ...]:
+        """Erasure of a subject whose schema-1 records named it in clear (`<team>/<user>`)
+        and kept unencrypted bodies: delete those bodies. Returns their request ids (the
+        erasure record lists them, so verify knows why they are gone). Records written since
+        schema 2 carry a pseudonym and sealed bodies only: nothing of theirs matches."""
+        removed = []
+        for stored in self.find(team=team, limit=2**62):
+            entry = stored.entry
+            if isinstance(entry, RequestRecord) and entry.subject == subject and _has_plaintext(entry):
+                removed.append(entry.request_id)
+        with self._lock:
+            self._db.executemany("DELETE FROM bodies WHERE request_id = ?", [(rid,) for rid in removed])
+        return tuple(removed)
+
     def purge_expired_bodies(self, now: float | None = None) -> int:
         """Delete bodies past their class's retention; records (and the chain) stay."""
         with self._lock:
@@ -212,6 +235,8 @@ class AuditStore:
             except BaseException:
                 db.execute("ROLLBACK")
                 raise
+        for seg in sealed:
+            self.anchors.segment(seg.last_seq, seg.last_hash, seg.segment_no)
         return sealed
 
     def segments(self, unexported_only: bool = False) -> list[Segment]:
@@ -235,11 +260,14 @@ class AuditStore:
     # ------------------------------------------------------------ verification
 
     def verify(self, now: float | None = None) -> list[Finding]:
-        """Chain links, body digests, and the sealed segments' recorded heads."""
+        """Chain links, body digests, the sealed segments' recorded heads, and the heads
+        anchored in `anchors.jsonl` (the S3 copies: `export.verify_export`)."""
         rows = list(self.rows())
         findings = verify_rows(rows)
         by_seq = {r.seq: r for r in rows}
-        for seg in self.segments():
+        segments = self.segments()
+        findings.extend(self._verify_anchors(by_seq, segments))
+        for seg in segments:
             row = by_seq.get(seg.last_seq)
             if row is None or row.hash != seg.last_hash:
                 findings.append(
@@ -250,7 +278,25 @@ class AuditStore:
                     )
                 )
         findings.extend(self._verify_bodies(rows, time.time() if now is None else now))
-        return sorted(findings, key=lambda f: f.seq)
+        return distinct(findings)
+
+    def _verify_anchors(self, by_seq: dict[int, ChainRow], segments: list[Segment]) -> list[Finding]:
+        anchors, unreadable = self.anchors.read()
+        where = f"in {self.anchors.path.name}"
+        findings = [
+            Finding(0, "anchor_mismatch", f"line {n} of {self.anchors.path} is not an anchor") for n in unreadable
+        ]
+        if by_seq and not anchors:
+            findings.append(
+                Finding(
+                    max(by_seq),
+                    "anchor_mismatch",
+                    f"{self.anchors.path} anchors nothing although the chain has entries: it was deleted,"
+                    " or nothing was appended since anchoring began",
+                )
+            )
+        by_no = {seg.segment_no: (seg.last_seq, seg.last_hash) for seg in segments}
+        return findings + check_anchors(anchors, by_seq, by_no, where)
 
     def _verify_bodies(self, rows: list[ChainRow], now: float) -> list[Finding]:
         findings = []
@@ -259,9 +305,10 @@ class AuditStore:
                 (r[0], r[1]): bytes(r[2])
                 for r in self._db.execute("SELECT request_id, part, data FROM bodies").fetchall()
             }
-        for row in rows:
-            entry = parse_entry(row.payload)
-            if not isinstance(entry, RequestRecord):
+        entries = [(row, parse_entry(row.payload)) for row in rows]
+        erased = {rid for _, e in entries if isinstance(e, ErasureRecord) for rid in e.bodies_removed}
+        for row, entry in entries:
+            if not isinstance(entry, RequestRecord) or entry.request_id in erased:
                 continue
             for part, body in (("input", entry.input), ("output", entry.output)):
                 if body.storage not in (BodyStorage.FULL, BodyStorage.REDACTED):
@@ -278,3 +325,20 @@ class AuditStore:
                 elif data is not None and plain_digest(data) != body.digest:
                     findings.append(Finding(row.seq, "body_edited", f"the {part} body does not match its digest"))
         return findings
+
+
+def _has_plaintext(record: RequestRecord) -> bool:
+    return any(
+        b.storage in (BodyStorage.FULL, BodyStorage.REDACTED) and not b.encrypted for b in (record.input, record.output)
+    )
+
+
+def distinct(findings: list[Finding]) -> list[Finding]:
+    """In seq order, one finding per (seq, problem): several checks may see the same cut."""
+    seen: set[tuple[int, str]] = set()
+    kept = []
+    for f in sorted(findings, key=lambda f: f.seq):
+        if (f.seq, f.problem) not in seen:
+            seen.add((f.seq, f.problem))
+            kept.append(f)
+    return kept

@@ -4,17 +4,16 @@ turning ledger refusals into the seam's errors, and building the charge for a se
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from switchyard.budgets.ledger import Charge, HoldRefused
-from switchyard.budgets.money import nanos_to_usd, usd_to_nanos
-from switchyard.budgets.periods import utc
-from switchyard.budgets.pricing import model_entry, price_on
+from switchyard.budgets.money import nanos_to_usd
+from switchyard.budgets.periods import utc, utc_day
+from switchyard.budgets.pricing import estimate_call, price_on
 from switchyard.budgets.ratelimit import PermitDemand, PermitsRefused
 from switchyard.budgets.resolve import BudgetLine, applicable_budgets, applicable_rate_limits
-from switchyard.budgets.tokens import count_input_tokens
-from switchyard.gateway.seams import CostEstimate, OverBudget, RateLimited, RequestContext, Usage
+from switchyard.gateway.seams import Bill, CostEstimate, OverBudget, RateLimited, RequestContext
 from switchyard.policy.models import BudgetLimits
 from switchyard.policy.policy_set import PolicySet
 
@@ -29,25 +28,32 @@ class Admission:
     permits: tuple[PermitDemand, ...]
     ctx: RequestContext
     model: str
+    user: str | None = None  # the end user as the ledger names it (a pseudonym, see Admissions)
 
     @property
     def keys(self) -> tuple[str, ...]:
         return tuple(line.key for line in self.lines)
 
-    def charge(self, actual_usd: float, usage: Usage) -> Charge:
-        """The request's charge; its id is the reservation id, so it is counted at most once."""
-        return Charge(
-            charge_id=self.reservation_id,
-            team=self.ctx.team,
-            flow=self.ctx.flow.flow,
-            model=self.model,
-            user=self.ctx.user,
-            day=utc(self.ctx.received_at).strftime("%Y-%m-%d"),
-            nanos=usd_to_nanos(actual_usd),
-            prompt_tokens=usage.prompt_tokens,
-            completion_tokens=usage.completion_tokens,
-            cached_tokens=usage.cached_prompt_tokens,
-        )
+    def charges(self, bills: Sequence[Bill]) -> list[Charge]:
+        """The request's charges, one per billed attempt. The first is named by the
+        reservation (the request) id, the others `<id>.2`, `<id>.3`: each is counted at most
+        once, and all of them are found by the request id."""
+        day = utc(self.ctx.received_at).strftime("%Y-%m-%d")
+        return [
+            Charge(
+                charge_id=self.reservation_id if i == 1 else f"{self.reservation_id}.{i}",
+                team=self.ctx.team,
+                flow=self.ctx.flow.flow,
+                model=b.model,
+                user=self.user,
+                day=day,
+                nanos=b.nanos,
+                prompt_tokens=b.usage.prompt_tokens,
+                completion_tokens=b.usage.completion_tokens,
+                cached_tokens=b.usage.cached_prompt_tokens,
+            )
+            for i, b in enumerate(bills, start=1)
+        ]
 
 
 class Admissions:
@@ -58,30 +64,36 @@ class Admissions:
         policy: Callable[[], PolicySet],
         per_user: BudgetLimits | None = None,
         clock: Callable[[], float] = time.time,
+        pseudonym: Callable[[str, str], str] | None = None,
     ) -> None:
+        """`pseudonym(team, user)`: the name the ledger keeps for an end user (the audit
+        keyring's, which erasure destroys); without one, the user id as sent."""
         self._policy = policy
         self._per_user = per_user
         self.clock = clock
+        self._pseudonym = pseudonym
 
     def estimate(
         self, ctx: RequestContext, model: str, messages: list[dict[str, str]], max_tokens: int
     ) -> CostEstimate:
         """Input tokens by the model family's tokenizer estimate, plus `max_tokens` of output;
         a request without `max_tokens` (0 or less) gets the flow's cap, and none gets more."""
-        catalog = self._policy().providers
-        entry = model_entry(catalog, model)
         output = ctx.flow.max_tokens if max_tokens <= 0 else min(max_tokens, ctx.flow.max_tokens)
-        tokens = count_input_tokens(entry.family, messages)
-        nanos = price_on(catalog, model, utc(ctx.received_at).date()).estimate_nanos(tokens, output)
-        return CostEstimate(model, tokens, output, nanos_to_usd(nanos))
+        est = estimate_call(self._policy().providers, model, messages, output, utc_day(ctx.received_at))
+        return CostEstimate(model, est.input_tokens, output, nanos_to_usd(est.nanos))
 
     def admission(self, ctx: RequestContext, estimate: CostEstimate) -> Admission:
         ps = self._policy()
-        price = price_on(ps.providers, estimate.model, utc(ctx.received_at).date())
-        amount = price.estimate_nanos(estimate.input_tokens, estimate.max_output_tokens)
+        # The gateway's estimate covers its whole chain (`gateway.billing.chain_bound`); one
+        # without nanos is a single call to `estimate.model`.
+        amount = estimate.nanos
+        if amount is None:
+            price = price_on(ps.providers, estimate.model, utc_day(ctx.received_at))
+            amount = price.estimate_nanos(estimate.input_tokens, estimate.max_output_tokens)
+        user = ctx.user if ctx.user is None or self._pseudonym is None else self._pseudonym(ctx.team, ctx.user)
         # The period is the request's arrival, so its charge lands in the day it reserved on.
         lines = applicable_budgets(
-            ps, ctx.team, ctx.flow.flow, ctx.flow.budget, ctx.user, ctx.received_at, self._per_user
+            ps, ctx.team, ctx.flow.flow, ctx.flow.budget, user, ctx.received_at, self._per_user
         )
         requests, tokens = applicable_rate_limits(ps, ctx.team, ctx.flow.flow, ctx.flow.rate_limit)
         n_tokens = estimate.input_tokens + estimate.max_output_tokens
@@ -90,7 +102,7 @@ class Admissions:
         )
         # The reservation (and so the charge) is named by the request id: the ledger's charges
         # reconcile with the audit log one to one.
-        return Admission(ctx.request_id, lines, amount, permits, ctx, estimate.model)
+        return Admission(ctx.request_id, lines, amount, permits, ctx, estimate.model, user)
 
 
 def over_budget(refused: HoldRefused) -> OverBudget:

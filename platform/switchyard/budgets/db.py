@@ -17,6 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+from switchyard import sqlite_db
+
 SQLITE_PREFIX = "sqlite:///"
 POSTGRES_PREFIXES = ("postgresql://", "postgres://")
 
@@ -58,10 +60,8 @@ class SqliteDatabase:
         self.url = SQLITE_PREFIX + str(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         # Autocommit mode: transactions are explicit `BEGIN IMMEDIATE` below.
-        self._conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False, timeout=30)
-        self._conn.execute("PRAGMA journal_mode=WAL")
-        # FULL: a settled charge survives a power cut, not just a crash; money is never best-effort.
-        self._conn.execute("PRAGMA synchronous=FULL")
+        # WAL, synchronous=FULL (a settled charge survives a power cut): switchyard.sqlite_db.
+        self._conn = sqlite_db.connect(path, autocommit=True)
         self._lock = threading.Lock()
 
     @contextmanager

@@ -6,12 +6,14 @@ or a ledger in-process, where a round trip costs nothing.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from switchyard.budgets.admission import Admission, Admissions, over_budget, rate_limited
 from switchyard.budgets.ledger import HoldRefused, HoldRequest
 from switchyard.budgets.money import nanos_to_usd
 from switchyard.budgets.ratelimit import PermitsRefused
 from switchyard.budgets.service import LedgerClient
-from switchyard.gateway.seams import CostEstimate, RequestContext, Reservation, Usage
+from switchyard.gateway.seams import Bill, CostEstimate, RequestContext, Reservation
 
 # A request hold outlives the flow's deadline by this much before the ledger may expire it.
 HOLD_GRACE_S = 60.0
@@ -43,9 +45,9 @@ class DirectBudgetGate:
         self._open[a.reservation_id] = a
         return Reservation(a.reservation_id, nanos_to_usd(a.amount_nanos), a.keys)
 
-    async def settle(self, reservation: Reservation, actual_usd: float, usage: Usage) -> None:
+    async def settle(self, reservation: Reservation, bills: Sequence[Bill]) -> None:
         a = self._open[reservation.reservation_id]
-        await self.client.settle(a.reservation_id, [a.charge(actual_usd, usage)], close=True)
+        await self.client.settle(a.reservation_id, a.charges(bills), close=True)
         del self._open[reservation.reservation_id]  # only once recorded: a failed settle may be retried
 
     async def release(self, reservation: Reservation) -> None:

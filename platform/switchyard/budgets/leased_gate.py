@@ -30,7 +30,7 @@ from switchyard.budgets.money import nanos_to_usd
 from switchyard.budgets.ratelimit import PermitDemand, PermitsRefused
 from switchyard.budgets.resolve import BudgetLine
 from switchyard.budgets.service import Admitted, LedgerClient
-from switchyard.gateway.seams import CostEstimate, RequestContext, Reservation, Usage
+from switchyard.gateway.seams import Bill, CostEstimate, RequestContext, Reservation
 
 log = logging.getLogger(__name__)
 
@@ -42,8 +42,14 @@ class LeaseConfig:
     max_share: float = 0.25
     """...but never more than this fraction of the smallest remaining headroom, so replicas
     leave money for each other as a budget runs low."""
-    ttl_s: float = 30.0
-    """A lease not renewed for this long is expired by the ledger (its replica died)."""
+    ttl_s: float = 150.0
+    """A lease not renewed for this long is expired by the ledger (its replica died). It must
+    outlive every request that reserved from the lease (`check_lease_bound`)."""
+    renew_cutoff_s: float = 10.0
+    """A replica stops reserving from a lease whose last successful renewal is older than this
+    (it may be cut off from the ledger, which will soon expire the hold and re-grant it)."""
+    clock_skew_s: float = 5.0
+    """Allowance for the ledger's clock running ahead of the replica's."""
     flush_every_s: float = 0.25
     """Charges reach the ledger at most this late (also the renewal interval)."""
     flush_batch: int = 64
@@ -55,12 +61,26 @@ class LeaseConfig:
     """Rate-limit permits held locally: this many seconds of the limit's refill."""
 
 
+def check_lease_bound(config: LeaseConfig, longest_request_s: float) -> None:
+    """Refuse settings under which a hold could expire while a request that reserved from it
+    still runs (docs/budgets.md, "Leases and partitions"): the ledger would hand that money to
+    another replica and the late charge would overspend the budget."""
+    needed = config.renew_cutoff_s + longest_request_s + config.flush_every_s + config.clock_skew_s
+    if config.ttl_s < needed:
+        raise ValueError(
+            f"lease ttl_s={config.ttl_s:g} must be at least renew_cutoff_s ({config.renew_cutoff_s:g}) + the longest"
+            f" flow deadline ({longest_request_s:g}) + flush_every_s ({config.flush_every_s:g}) + clock_skew_s"
+            f" ({config.clock_skew_s:g}) = {needed:g}"
+        )
+
+
 @dataclass
 class _Lease:
     hold_id: str
     lines: tuple[BudgetLine, ...]
     granted: int
     last_used: float
+    renewed_at: float  # when the ledger last confirmed the hold (granted or renewed)
     used: int = 0  # in-flight estimates plus charges
     in_flight: dict[str, int] = field(default_factory=dict)  # reservation id -> amount
     pending: list[Charge] = field(default_factory=list)
@@ -130,14 +150,15 @@ class LeasedBudgetGate:
         self._maybe_prefetch(a, lease)
         return Reservation(a.reservation_id, nanos_to_usd(a.amount_nanos), a.keys)
 
-    async def settle(self, reservation: Reservation, actual_usd: float, usage: Usage) -> None:
+    async def settle(self, reservation: Reservation, bills: Sequence[Bill]) -> None:
         a, lease = self._open.pop(reservation.reservation_id)
-        charge = a.charge(actual_usd, usage)
+        charges = a.charges(bills)
         # The estimate leaves the lease's in-flight part; the actual cost stays as used.
-        lease.used += charge.nanos - lease.in_flight.pop(a.reservation_id)
+        lease.used += sum(c.nanos for c in charges) - lease.in_flight.pop(a.reservation_id)
         if self.journal is not None:
-            self.journal.append(lease.hold_id, charge)
-        lease.pending.append(charge)
+            for charge in charges:
+                self.journal.append(lease.hold_id, charge)
+        lease.pending.extend(charges)
         await self._after_request(lease)
 
     async def release(self, reservation: Reservation) -> None:
@@ -152,7 +173,7 @@ class LeasedBudgetGate:
         lock = self._locks.setdefault(a.keys, asyncio.Lock())
         async with lock:  # one lease request per set of lines at a time; the rest wait and share it
             lease = self._leases.get(a.keys)
-            if lease is not None and lease.available >= a.amount_nanos:
+            if lease is not None and lease.available >= a.amount_nanos and not self._stale(lease):
                 return lease
             retiring = None
             if lease is not None:
@@ -176,7 +197,8 @@ class LeasedBudgetGate:
             raise over_budget(result)
         if isinstance(result, PermitsRefused) or result.hold is None:
             raise AssertionError(f"the ledger answered a budget-only hold with {result!r}")
-        return _Lease(result.hold.hold_id, a.lines, result.hold.amount_nanos, self.admissions.clock())
+        now = self.admissions.clock()
+        return _Lease(result.hold.hold_id, a.lines, result.hold.amount_nanos, now, now)
 
     # ------------------------------------------------------------ prefetching the next lease
 
@@ -197,11 +219,12 @@ class LeasedBudgetGate:
             return None
         if not isinstance(result, Admitted) or result.hold is None:
             return None  # refused: the request that needs it will be refused with the details
-        return _Lease(result.hold.hold_id, a.lines, result.hold.amount_nanos, self.admissions.clock())
+        now = self.admissions.clock()
+        return _Lease(result.hold.hold_id, a.lines, result.hold.amount_nanos, now, now)
 
     async def _take_prefetched(self, a: Admission) -> _Lease | None:
         lease = await self._drop_prefetched(a.keys, keep=True)
-        if lease is None or lease.available >= a.amount_nanos:
+        if lease is None or (lease.available >= a.amount_nanos and not self._stale(lease)):
             return lease
         self._retire(lease)  # too small for this request: give it back
         await self._close_retired(lease)
@@ -241,6 +264,10 @@ class LeasedBudgetGate:
             self.config.max_share,
         )
         return await self.client.admit((), hold)
+
+    def _stale(self, lease: _Lease) -> bool:
+        """Not renewed for `renew_cutoff_s`: the ledger may expire it before a new request ends."""
+        return self.admissions.clock() - lease.renewed_at > self.config.renew_cutoff_s
 
     def _retire(self, lease: _Lease) -> None:
         """Stop reserving from a lease (its in-flight requests still settle against it)."""
@@ -367,6 +394,8 @@ class LeasedBudgetGate:
     async def maintain(self) -> None:
         now = self.admissions.clock()
         await self.client.renew(self.holder, self.config.ttl_s)
+        for lease in (*self._leases.values(), *self._retired.values()):
+            lease.renewed_at = now  # one renewal extends every hold of this replica
         for lease in list(self._leases.values()):
             if not lease.in_flight and now - lease.last_used > self.config.idle_close_s:
                 self._retire(lease)

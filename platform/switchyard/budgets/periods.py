@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, date, datetime, timedelta
 from enum import StrEnum
 
 
@@ -13,6 +13,11 @@ class Period(StrEnum):
 
 def utc(ts: float) -> datetime:
     return datetime.fromtimestamp(ts, tz=UTC)
+
+
+def utc_day(ts: float) -> date:
+    """The UTC calendar day of a Unix time: the day whose price and budgets apply."""
+    return utc(ts).date()
 
 
 def period_label(period: Period, ts: float) -> str:

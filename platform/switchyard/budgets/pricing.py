@@ -1,16 +1,22 @@
-"""Prices from the provider catalog (`policies/providers.yaml`) and the cost of a call.
+"""The one money path: prices from the provider catalog (`policies/providers.yaml`), the cost
+of a call and the estimate before it, in integer nano-dollars.
 
 The price that applies is the latest entry whose effective date is on or before the UTC day
-of the call. Cached input tokens are part of `prompt_tokens` (as OpenAI and Anthropic report
-them) and are billed at the cached price where the model has one.
+of the call. A model with no such entry has no price: every function here raises
+`UnknownPrice` rather than answering zero, so a call is never free by omission
+(`switchyard policy check` rejects a flow that can reach such a model today). Cached input
+tokens are part of `prompt_tokens` (as OpenAI and Anthropic report them) and are billed at the
+cached price where the model has one, else at the input price.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import date
 
-from switchyard.budgets.money import per_token_nanos
+from switchyard.budgets.money import nanos_to_usd, per_token_nanos
+from switchyard.budgets.tokens import count_input_tokens
 from switchyard.gateway.seams import Usage
 from switchyard.policy.models import ModelEntry, ProviderCatalog
 
@@ -38,6 +44,16 @@ class TokenPrice:
         return input_tokens * self.input + max_output_tokens * self.output
 
 
+@dataclass(frozen=True)
+class CallEstimate:
+    """The most a call may cost before it is made: estimated input, the output cap, its price."""
+
+    model: str
+    input_tokens: int
+    max_output_tokens: int
+    nanos: int
+
+
 def model_entry(catalog: ProviderCatalog, model: str) -> ModelEntry:
     try:
         return catalog.models[model]
@@ -47,8 +63,8 @@ def model_entry(catalog: ProviderCatalog, model: str) -> ModelEntry:
         ) from None
 
 
-def price_on(catalog: ProviderCatalog, model: str, day: date) -> TokenPrice:
-    entry = model_entry(catalog, model)
+def entry_price(model: str, entry: ModelEntry, day: date) -> TokenPrice:
+    """`entry`'s price on `day` (`model` is its catalog name, for the error message)."""
     price = entry.price_on(day)
     if price is None:
         first = entry.prices[0].effective.isoformat() if entry.prices else "never"
@@ -60,6 +76,26 @@ def price_on(catalog: ProviderCatalog, model: str, day: date) -> TokenPrice:
     return TokenPrice(model, inp, per_token_nanos(price.output_per_mtok), cached)
 
 
+def price_on(catalog: ProviderCatalog, model: str, day: date) -> TokenPrice:
+    return entry_price(model, model_entry(catalog, model), day)
+
+
+def usage_cost_nanos(catalog: ProviderCatalog, model: str, usage: Usage, day: date) -> int:
+    """What a call cost, from the usage the provider reported, at `model`'s price on `day`."""
+    return price_on(catalog, model, day).cost_nanos(usage)
+
+
+def estimate_call(
+    catalog: ProviderCatalog, model: str, messages: Sequence[dict[str, str]], max_output_tokens: int, day: date
+) -> CallEstimate:
+    """Input tokens by the model's tokenizer family (`tokens.count_input_tokens`, which errs
+    high) plus `max_output_tokens`, every input token at the uncached price."""
+    entry = model_entry(catalog, model)
+    input_tokens = count_input_tokens(entry.family, messages)
+    nanos = entry_price(model, entry, day).estimate_nanos(input_tokens, max_output_tokens)
+    return CallEstimate(model, input_tokens, max_output_tokens, nanos)
+
+
 def actual_cost_usd(catalog: ProviderCatalog, model: str, usage: Usage, day: date) -> float:
-    """What a call cost, from the usage the provider reported. The gateway passes this to settle."""
-    return price_on(catalog, model, day).cost_nanos(usage) / 1e9
+    """`usage_cost_nanos` in USD, for callers that still speak floats."""
+    return nanos_to_usd(usage_cost_nanos(catalog, model, usage, day))

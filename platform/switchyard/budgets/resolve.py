@@ -6,6 +6,12 @@ one and the request names an end user, a per-user budget. A lower layer may only
 the team's limit is capped by the org's guardrail and cap, and the flow's by the team's (the
 loader already rejects a team above the guardrail; clamping here keeps the ledger safe even
 for a policy set that was loaded without checks).
+
+A limit a layer leaves out is inherited, per period: a team's is the guardrail's `max` (capped
+by the org cap, `team_ceiling`), a flow's or a user's is the team's effective limit. So a team
+without a `budget` is held to the guardrail, not only to the org cap. Only limits a flow or user
+sets get a ledger line of their own: an inherited one equals the team's limit over a subset of
+the team's spend, so the team line already refuses everything it would.
 """
 
 from __future__ import annotations
@@ -46,10 +52,21 @@ def _min(*values: float | None) -> float | None:
 
 
 def _clamped(limits: BudgetLimits | None, ceiling: BudgetLimits) -> BudgetLimits:
+    """The limits a layer sets, each capped by the ceiling; those it leaves out stay unset."""
     own = limits or BudgetLimits()
     return BudgetLimits(
         day_usd=_min(own.day_usd, ceiling.day_usd) if own.day_usd is not None else None,
         month_usd=_min(own.month_usd, ceiling.month_usd) if own.month_usd is not None else None,
+        soft_alerts=own.soft_alerts,
+    )
+
+
+def _inherited(limits: BudgetLimits | None, ceiling: BudgetLimits) -> BudgetLimits:
+    """The limits a layer sets, capped by the ceiling; those it leaves out, the ceiling's."""
+    own = limits or BudgetLimits()
+    return BudgetLimits(
+        day_usd=_min(own.day_usd, ceiling.day_usd),
+        month_usd=_min(own.month_usd, ceiling.month_usd),
         soft_alerts=own.soft_alerts,
     )
 
@@ -79,6 +96,19 @@ def team_ceiling(ps: PolicySet) -> BudgetLimits:
     return BudgetLimits(day_usd=_min(day, cap.day_usd), month_usd=_min(month, cap.month_usd))
 
 
+def team_limits(ps: PolicySet, team: str) -> BudgetLimits:
+    """The team's effective limits: what `teams/<t>.yaml: budget` sets, capped by the
+    `team_ceiling`; a period it leaves out (or no `budget` at all), the ceiling itself."""
+    own = ps.teams[team].budget if team in ps.teams else None
+    return _inherited(own, team_ceiling(ps))
+
+
+def flow_limits(ps: PolicySet, team: str, flow_budget: BudgetLimits) -> BudgetLimits:
+    """A flow's (or an end user's) effective limits: its own, capped by the team's effective
+    limits; a period it leaves out, the team's."""
+    return _inherited(flow_budget, team_limits(ps, team))
+
+
 def applicable_budgets(
     ps: PolicySet,
     team: str,
@@ -88,18 +118,14 @@ def applicable_budgets(
     now: float,
     per_user: BudgetLimits | None = None,
 ) -> tuple[BudgetLine, ...]:
-    """Every hard limit a request must fit, most general first."""
-    org = ps.org.budget
-    team_limits = _clamped(ps.teams[team].budget, team_ceiling(ps)) if team in ps.teams else BudgetLimits()
-    ceiling_for_flow = BudgetLimits(
-        day_usd=_min(team_limits.day_usd, team_ceiling(ps).day_usd),
-        month_usd=_min(team_limits.month_usd, team_ceiling(ps).month_usd),
-    )
-    lines = _lines(f"org:{ps.org.org}", org, now)
-    lines += _lines(f"team:{team}", team_limits, now)
-    lines += _lines(f"flow:{team}/{flow}", _clamped(flow_budget, ceiling_for_flow), now)
+    """Every hard limit a request must fit, most general first (see the module docstring for
+    why inherited flow and user limits get no line of their own)."""
+    team_effective = team_limits(ps, team)
+    lines = _lines(f"org:{ps.org.org}", ps.org.budget, now)
+    lines += _lines(f"team:{team}", team_effective, now)
+    lines += _lines(f"flow:{team}/{flow}", _clamped(flow_budget, team_effective), now)
     if user is not None and per_user is not None:
-        lines += _lines(f"user:{team}/{user}", _clamped(per_user, ceiling_for_flow), now)
+        lines += _lines(f"user:{team}/{user}", _clamped(per_user, team_effective), now)
     return tuple(lines)
 
 

@@ -9,6 +9,7 @@ costs one round trip to admit and one to settle.
 from __future__ import annotations
 
 import logging
+import sqlite3
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -25,6 +26,7 @@ from switchyard.budgets.ledger import (
     SpendRow,
 )
 from switchyard.budgets.ratelimit import PermitDemand, PermitsGranted, PermitsRefused, TokenBuckets
+from switchyard.gateway.seams import BudgetUnavailable
 
 log = logging.getLogger(__name__)
 
@@ -116,7 +118,10 @@ class InProcessLedgerClient:
         self.service = service
 
     async def admit(self, permits: tuple[PermitDemand, ...], hold: HoldRequest | None) -> Admission:
-        return self.service.admit(permits, hold)
+        try:
+            return self.service.admit(permits, hold)
+        except (sqlite3.Error, OSError) as exc:  # the ledger's database: locked, gone, full
+            raise BudgetUnavailable(f"the ledger's database is unavailable ({type(exc).__name__})") from exc
 
     async def settle(
         self, hold_id: str, charges: Sequence[Charge], close: bool, keep_nanos: int | None = None

@@ -12,6 +12,20 @@ may spend:
 - anything else (`generic`): one token per 2 bytes.
 - every BPE family adds OpenAI's documented chat framing: 4 tokens per message and 3 to
   prime the reply.
+
+Output tokens of an answer whose provider reported no usage (`output_tokens_upper_bound`)
+must be a bound, not an average: that count is what the request is charged. It is the UTF-8
+byte count of the text plus `OUTPUT_SPECIAL_TOKENS`, whatever the family. Why that bounds them:
+- `bytes`: one token per byte, plus the end-of-text token: exact.
+- `o200k`, `cl100k`, `claude` are byte-level BPEs: every token stands for one or more bytes of
+  text, so n bytes are at most n tokens; the worst case is the byte tokenizer's count.
+- `generic` (SentencePiece-like, with byte fallback): a character is at most its bytes'
+  tokens, plus one leading word-boundary marker.
+- `OUTPUT_SPECIAL_TOKENS` covers end-of-turn or stop tokens some providers bill as output and
+  that marker.
+Never more than `max_output_tokens` (the provider stops there), and exactly that for a stream
+cut before it finished: the provider may have billed tokens the gateway never received. For
+English the bound is ~4x the real count; it is charged only where usage is missing.
 """
 
 from __future__ import annotations
@@ -23,6 +37,7 @@ BYTES_PER_TOKEN: dict[str, float] = {"o200k": 3.0, "cl100k": 3.0, "claude": 3.0}
 GENERIC_BYTES_PER_TOKEN = 2.0
 MESSAGE_FRAMING_TOKENS = 4
 REPLY_PRIMING_TOKENS = 3
+OUTPUT_SPECIAL_TOKENS = 2
 
 
 def count_input_tokens(family: str, messages: Sequence[dict[str, str]]) -> int:
@@ -31,3 +46,14 @@ def count_input_tokens(family: str, messages: Sequence[dict[str, str]]) -> int:
     ratio = BYTES_PER_TOKEN.get(family, GENERIC_BYTES_PER_TOKEN)
     body = sum(math.ceil(len(m.get("content", "").encode()) / ratio) for m in messages)
     return body + MESSAGE_FRAMING_TOKENS * len(messages) + REPLY_PRIMING_TOKENS
+
+
+def output_tokens_upper_bound(text: str, max_output_tokens: int, *, finished: bool) -> int:
+    """At least the output tokens a provider billed for `text`, in every tokenizer family
+    (see the module docstring).
+
+    `text` is what the provider sent, before any redaction placeholder was restored;
+    `finished`: the provider ended the answer itself (a finish reason), so `text` is all of it."""
+    if not finished:
+        return max_output_tokens
+    return min(len(text.encode()) + OUTPUT_SPECIAL_TOKENS, max_output_tokens)

@@ -4,35 +4,47 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-from collections.abc import Callable, Sequence
+import os
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from switchyard.audit.data_policy import DataPolicyError, load_data_policies
 from switchyard.audit.erasure import erase_subject
-from switchyard.audit.export import S3Target, export_sealed
+from switchyard.audit.export import S3Target, export_sealed, verify_export
 from switchyard.audit.query import AuditQuery, AuditReader, parse_since
 from switchyard.audit.spool import pending_lines, recover_orphans
-from switchyard.audit.store import AuditStore
-from switchyard.audit.subject_keys import SubjectKeyring
+from switchyard.audit.store import AuditStore, distinct
+from switchyard.audit.subject_keys import SubjectKeyring, subject_of
 from switchyard.budgets.charge_journal import recover_orphans as recover_charges
 from switchyard.budgets.db import ledger_url, open_database
 from switchyard.budgets.ledger import BudgetLedger, Charge
 from switchyard.budgets.service import InProcessLedgerClient, LedgerService
 from switchyard.cli._auth import NotAuthenticated, add_auth_args, require
 from switchyard.cli._output import fail, print_json, print_table
+from switchyard.cluster.record import read_record
+from switchyard.gateway.idempotency import IdempotencyStore
 from switchyard.paths import policies_dir
 from switchyard.policy.roles import Action, Forbidden
 from switchyard.state import state_dir
 
 Handler = Callable[[argparse.Namespace], int]
 
+BUCKET_ENV = "SWITCHYARD_AUDIT_BUCKET"
+ENDPOINT_ENV = "SWITCHYARD_AUDIT_S3_ENDPOINT"
+
 
 def register(subparsers: Any) -> None:
     parser = subparsers.add_parser("audit", help="verify, query and erase the audit log")
     sub = parser.add_subparsers(dest="audit_command", required=True)
-    verify = sub.add_parser("verify", help="check the hash chain and body digests; say where it breaks")
+    verify = sub.add_parser(
+        "verify",
+        help="check the hash chain, body digests and anchored heads, and the S3 copies if a bucket is"
+        " given; say where it breaks",
+    )
+    _add_s3_args(verify)
     verify.set_defaults(handler=_guarded(run_verify))
     query = sub.add_parser("query", help="list a team's audit records")
     query.add_argument("--team", help="the team (omit for all teams: auditors only)")
@@ -41,9 +53,17 @@ def register(subparsers: Any) -> None:
     query.add_argument("--bodies", action="store_true", help="include bodies (audited; per data class)")
     query.add_argument("--limit", type=int, default=1000)
     query.set_defaults(handler=_guarded(run_query))
-    erase = sub.add_parser("erase", help="delete a subject's body key (bodies become unreadable)")
+    erase = sub.add_parser(
+        "erase",
+        help="delete a subject's key: its bodies become unreadable, its pseudonym unlinkable, its stored"
+        " idempotent answers are purged",
+    )
     erase.add_argument("--team", required=True)
-    erase.add_argument("--subject", required=True, help="the end user the team named in requests")
+    whom = erase.add_mutually_exclusive_group(required=True)
+    whom.add_argument("--subject", help="the end user the team named in requests")
+    whom.add_argument(
+        "--team-key", action="store_true", help="the team's own key: the bodies of its requests that named no user"
+    )
     erase.set_defaults(handler=_guarded(run_erase))
     drain = sub.add_parser(
         "drain",
@@ -53,18 +73,32 @@ def register(subparsers: Any) -> None:
     drain.set_defaults(handler=_guarded(run_drain))
     purge = sub.add_parser("purge", help="remove bodies past their class's retention (for cron)")
     purge.set_defaults(handler=_guarded(run_purge))
-    export = sub.add_parser("export", help="seal full segments and upload them to S3 (object lock)")
-    export.add_argument("--bucket", required=True)
-    export.add_argument("--prefix", default="audit/")
+    export = sub.add_parser("export", help="seal full segments and upload them and the chain head to S3 (object lock)")
+    _add_s3_args(export)
     export.add_argument("--segment-size", type=int, default=10_000, help="entries per segment")
     export.add_argument("--retention-days", type=int, default=365, help="object-lock retain-until")
-    export.add_argument("--endpoint-url", help="S3-compatible endpoint (default: AWS)")
     export.add_argument("--all", action="store_true", help="also seal the last, partial segment")
     export.set_defaults(handler=_guarded(run_export))
     for p in sub.choices.values():
         add_auth_args(p)
         p.add_argument("--policies", help="policy directory (default: $SWITCHYARD_POLICIES or the repo's)")
         p.add_argument("--json", action="store_true")
+
+
+def _add_s3_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--bucket", default=os.environ.get(BUCKET_ENV), help=f"export bucket (default: ${BUCKET_ENV})")
+    parser.add_argument("--prefix", default="audit/")
+    parser.add_argument(
+        "--endpoint-url",
+        default=os.environ.get(ENDPOINT_ENV),
+        help=f"S3-compatible endpoint (default: ${ENDPOINT_ENV}, else AWS)",
+    )
+
+
+def _s3_client(args: argparse.Namespace) -> Any:
+    import boto3  # only the S3 commands need it; keeps `switchyard --help` fast
+
+    return boto3.client("s3", endpoint_url=args.endpoint_url)
 
 
 def _guarded(fn: Handler) -> Handler:
@@ -95,21 +129,31 @@ def run_verify(args: argparse.Namespace) -> int:
     require(args, Action.READ_AUDIT, None)
     store = _store(args)
     findings = store.verify()
+    compared = None
+    if args.bucket:
+        target = S3Target(args.bucket, args.prefix)
+        findings = distinct(findings + verify_export(store, _s3_client(args), target))
+        compared = f"s3://{target.bucket}/{target.prefix}"
     seq, head = store.head()
+    exported = any(seg.exported_to for seg in store.segments())
     if args.json:
         print_json(
             {
                 "ok": not findings,
                 "entries": seq,
                 "head": head,
+                "compared_with": compared,
                 "findings": [{"seq": f.seq, "problem": f.problem, "detail": f.detail} for f in findings],
             }
         )
-    elif findings:
-        for f in findings:
-            print(f"BROKEN {f}")
-    else:
-        print(f"ok: {seq} entries, chain head {head[:16]}")
+        return 1 if findings else 0
+    for f in findings:
+        print(f"BROKEN {f}")
+    if not findings:
+        against = f", agrees with {compared}" if compared else ""
+        print(f"ok: {seq} entries, chain head {head[:16]}{against}")
+    if exported and compared is None:
+        print(f"note: segments were exported; pass --bucket (or set ${BUCKET_ENV}) to compare with the S3 copies")
     return 1 if findings else 0
 
 
@@ -151,14 +195,53 @@ def _row(v: dict[str, Any]) -> list[Any]:
 def run_erase(args: argparse.Namespace) -> int:
     # Erasure destroys data for good: platform admins only, on any team.
     who = require(args, Action.ERASE_SUBJECT, args.team)
-    record = erase_subject(_store(args), _keyring(args), args.team, args.subject, erased_by=who.key_id)
+    user = None if args.team_key else args.subject
+    with _shared_idempotency(_state(args)) as replays:
+        record = asyncio.run(
+            erase_subject(_store(args), _keyring(args), args.team, user, erased_by=who.key_id, idempotency=replays)
+        )
     if args.json:
         print_json(record.model_dump(mode="json"))
-    elif record.key_existed:
-        print(f"erased subject {record.subject!r}: its stored bodies can no longer be read")
+        return 0
+    named = subject_of(args.team, user)  # the operator typed it; it is stored nowhere
+    if record.key_existed:
+        print(f"erased subject {named!r}: its stored bodies can no longer be read")
     else:
-        print(f"subject {record.subject!r} had no key (nothing stored, or already erased); recorded anyway")
+        print(f"subject {named!r} had no key (nothing stored, or already erased); recorded anyway")
+    if record.replays_purged is None:
+        print("no platform is up: no shared idempotency store to purge (a stopped one kept nothing)")
+    else:
+        print(f"purged {record.replays_purged} stored idempotent answers")
+    if record.bodies_removed:
+        print(f"deleted the plaintext bodies of {len(record.bodies_removed)} schema-1 records")
     return 0
+
+
+@contextmanager
+def _shared_idempotency(state: Path) -> Iterator[IdempotencyStore | None]:
+    """The gateway replicas' shared idempotency store (a detached Ray actor) while a platform
+    is up on this state dir; None otherwise, or if no gateway created it yet."""
+    platform = read_record(state)
+    if platform is None:
+        yield None
+        return
+    from switchyard.cluster.head import PLATFORM_ENV
+
+    os.environ.update(PLATFORM_ENV)
+    import ray
+
+    from switchyard.cluster.gateway_idempotency import ACTOR_NAME, NAMESPACE, ActorIdempotencyStore
+
+    ray.init(address=platform.ray_address, namespace=NAMESPACE, logging_level="WARNING", log_to_driver=False)
+    try:
+        try:
+            actor = ray.get_actor(ACTOR_NAME, namespace=NAMESPACE)
+        except ValueError:  # no gateway has stored an answer since the platform came up
+            yield None
+        else:
+            yield ActorIdempotencyStore(actor)
+    finally:
+        ray.shutdown()
 
 
 def run_drain(args: argparse.Namespace) -> int:
@@ -208,13 +291,12 @@ def run_purge(args: argparse.Namespace) -> int:
 
 def run_export(args: argparse.Namespace) -> int:
     require(args, Action.OPERATE, None)
-    import boto3  # only this command needs it; keeps `switchyard --help` fast
-
+    if not args.bucket:
+        return fail(f"export: no bucket: pass --bucket or set ${BUCKET_ENV}")
     store = _store(args)
     sealed = store.seal_segments(args.segment_size, include_partial=args.all)
-    client = boto3.client("s3", endpoint_url=args.endpoint_url)
     target = S3Target(args.bucket, args.prefix, args.retention_days)
-    keys = export_sealed(store, client, target)
+    keys = export_sealed(store, _s3_client(args), target)
     if args.json:
         print_json({"sealed": len(sealed), "exported": keys})
     else:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from switchyard.budgets.resolve import flow_limits
 from switchyard.cli._output import fail, print_json, print_table
 from switchyard.paths import policies_dir
 from switchyard.policy.errors import PolicyError
@@ -74,10 +75,17 @@ def run_explain(args: argparse.Namespace) -> int:
     resolved = resolve_flow(ps, args.team, flow)
     assert not isinstance(resolved, list), "a loaded policy set resolves every flow"
     values = resolved.policy.model_dump(mode="json")
+    # The budget the ledger holds the flow to: limits it leaves out are its team's, whose own
+    # are the org guardrail's max where the team file leaves them out.
+    values["budget"] = flow_limits(ps, args.team, resolved.policy.budget).model_dump(mode="json")
+    provenance = dict(resolved.provenance)
+    set_by = provenance.get("budget")
+    inherited = "the team's effective budget (teams/<t>.yaml: budget, else org.yaml guardrails max)"
+    provenance["budget"] = f"{set_by}; unset periods: {inherited}" if set_by else inherited
     if args.json:
-        print_json({"policy": values, "set_by": resolved.provenance})
+        print_json({"policy": values, "set_by": provenance})
         return 0
-    rows = [(k, _short(values[k]), resolved.provenance.get(k, "(built-in default)")) for k in values]
+    rows = [(k, _short(values[k]), provenance.get(k, "(built-in default)")) for k in values]
     print_table(["field", "value", "set by"], rows)
     return 0
 

@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import ray
 from ray.actor import ActorHandle
+from ray.exceptions import ActorUnavailableError, RayActorError
 
-from switchyard.gateway.idempotency import Claim, IdempotencyTable, StoredResponse
+from switchyard.gateway.idempotency import Claim, IdempotencyTable, IdempotencyUnavailable, StoredResponse
 
 ACTOR_NAME = "switchyard-gateway-idempotency"
 NAMESPACE = "switchyard"
@@ -32,6 +33,9 @@ class IdempotencyActor:
     def abandon(self, scope: str, key: str) -> None:
         self.table.abandon(scope, key)
 
+    def purge_subject(self, scope: str, subject: str) -> int:
+        return self.table.purge_subject(scope, subject)
+
     def size(self) -> int:
         return len(self.table)
 
@@ -43,14 +47,29 @@ def shared_actor(ttl_s: float = 24 * 3600) -> ActorHandle:
 
 
 class ActorIdempotencyStore:
+    """The shared actor as an `IdempotencyStore`; an actor that is gone (dead, restarting)
+    is `IdempotencyUnavailable`, which the pipeline answers without running the request."""
+
     def __init__(self, actor: ActorHandle) -> None:
         self.actor = actor
 
     async def claim(self, scope: str, key: str, body_hash: str) -> Claim:
-        return await self.actor.claim.remote(scope, key, body_hash)  # type: ignore[no-any-return]
+        try:
+            return await self.actor.claim.remote(scope, key, body_hash)  # type: ignore[no-any-return]
+        except (RayActorError, ActorUnavailableError) as exc:
+            raise IdempotencyUnavailable(f"the idempotency actor is unavailable ({type(exc).__name__})") from exc
 
     async def complete(self, scope: str, key: str, response: StoredResponse) -> None:
-        await self.actor.complete.remote(scope, key, response)
+        try:
+            await self.actor.complete.remote(scope, key, response)
+        except (RayActorError, ActorUnavailableError) as exc:
+            raise IdempotencyUnavailable(f"the idempotency actor is unavailable ({type(exc).__name__})") from exc
 
     async def abandon(self, scope: str, key: str) -> None:
-        await self.actor.abandon.remote(scope, key)
+        try:
+            await self.actor.abandon.remote(scope, key)
+        except (RayActorError, ActorUnavailableError) as exc:
+            raise IdempotencyUnavailable(f"the idempotency actor is unavailable ({type(exc).__name__})") from exc
+
+    async def purge_subject(self, scope: str, subject: str) -> int:
+        return await self.actor.purge_subject.remote(scope, subject)  # type: ignore[no-any-return]

@@ -18,7 +18,7 @@ import os
 import socket
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -29,11 +29,13 @@ from ray.util.metrics import Gauge
 from switchyard.budgets.admission import Admissions
 from switchyard.budgets.charge_journal import ChargeJournal
 from switchyard.budgets.db import ledger_url, open_database
-from switchyard.budgets.leased_gate import LeasedBudgetGate
+from switchyard.budgets.leased_gate import LeaseConfig, LeasedBudgetGate, check_lease_bound
 from switchyard.budgets.ledger import BudgetLedger, Charge, HoldRequest, LineStatus, SoftAlert, SpendRow
 from switchyard.budgets.money import nanos_to_usd
 from switchyard.budgets.ratelimit import PermitDemand
 from switchyard.budgets.service import Admission, LedgerService
+from switchyard.gateway.seams import BudgetUnavailable
+from switchyard.policy.layering import longest_deadline_s
 from switchyard.policy.store import PolicyStore
 
 log = logging.getLogger(__name__)
@@ -115,7 +117,8 @@ def ledger_actor(url: str, name: str | None = None, detached: bool = True) -> An
 
 
 class ActorLedgerClient:
-    """`LedgerClient` over the actor handle, waiting out an actor restart."""
+    """`LedgerClient` over the actor handle, waiting out an actor restart (a request's own
+    calls are cut short by its deadline in the pipeline; upkeep waits the whole window)."""
 
     def __init__(self, handle: Any, retry_for_s: float = 60.0) -> None:
         self.handle = handle
@@ -130,7 +133,7 @@ class ActorLedgerClient:
             except (RayActorError, ActorUnavailableError) as exc:
                 # Safe to repeat: every ledger call is idempotent by hold and charge id.
                 if time.monotonic() > deadline:
-                    raise
+                    raise BudgetUnavailable(f"the ledger actor is unavailable ({type(exc).__name__})") from exc
                 log.warning("ledger actor unavailable (%s); retrying %s in %.2fs", exc, method, delay)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 1.0)
@@ -153,7 +156,9 @@ class ActorLedgerClient:
         return renewed
 
 
-def gateway_budget_gate(policies: PolicyStore, state_dir: str) -> LeasedBudgetGate:
+def gateway_budget_gate(
+    policies: PolicyStore, state_dir: str, pseudonym: Callable[[str, str], str] | None = None
+) -> LeasedBudgetGate:
     """The budget gate of one gateway replica: leases from the shared ledger actor.
 
     The ledger's store is `$SWITCHYARD_LEDGER_URL`, else `ledger.db` in the state directory.
@@ -165,7 +170,10 @@ def gateway_budget_gate(policies: PolicyStore, state_dir: str) -> LeasedBudgetGa
     actor = ledger_actor(ledger_url(Path(state_dir)))
     holder = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
     journal = ChargeJournal(Path(state_dir) / "budgets" / "journal", holder)
-    return LeasedBudgetGate(Admissions(lambda: policies.current), ActorLedgerClient(actor), holder, journal=journal)
+    config = LeaseConfig()
+    check_lease_bound(config, longest_deadline_s(policies.current))  # or the replica does not start
+    admissions = Admissions(lambda: policies.current, pseudonym=pseudonym)
+    return LeasedBudgetGate(admissions, ActorLedgerClient(actor), holder, config, journal=journal)
 
 
 class ActorSpendSource:

@@ -17,6 +17,8 @@ from contextlib import closing, contextmanager
 from pathlib import Path
 from typing import Any
 
+from switchyard import sqlite_db
+
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS snapshot (
     id INTEGER PRIMARY KEY CHECK (id = 1),
@@ -40,12 +42,11 @@ class SchedulerJournal:
         self.path = path
         path.parent.mkdir(parents=True, exist_ok=True)
         with self._db() as db:
-            db.execute("PRAGMA journal_mode=WAL")
             db.executescript(_SCHEMA)
 
     @contextmanager
     def _db(self) -> Iterator[sqlite3.Connection]:
-        with closing(sqlite3.connect(self.path, timeout=30)) as db, db:
+        with closing(sqlite_db.connect(self.path)) as db, db:
             yield db
 
     def save(self, state: Any) -> None:

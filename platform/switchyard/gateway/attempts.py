@@ -62,6 +62,7 @@ class ChainLog:
 
     attempts: list[Attempt] = field(default_factory=list)
     hops: list[str] = field(default_factory=list)  # "model:reason" for every fallback taken
+    current: Candidate | None = None  # the candidate whose call is in flight, if any
 
     def header(self) -> str:
         return ",".join(self.hops) if self.hops else "none"
@@ -71,6 +72,19 @@ class ChainLog:
             ", ".join(f"{a.model} ({a.error_class.value if a.error_class else 'ok'})" for a in self.attempts)
             or "nothing"
         )
+
+
+@dataclass(frozen=True)
+class ChainRequest:
+    """One request's run over its route: everything every attempt of it needs."""
+
+    ps: PolicySet
+    ctx: RequestContext
+    candidates: tuple[Candidate, ...]
+    messages: list[dict[str, str]]  # as sent (redacted)
+    max_tokens: int
+    base: ProviderCall  # the request's sampling settings; model, timeout and messages vary
+    log: ChainLog
 
 
 class ChainFailed(Exception):
@@ -103,32 +117,13 @@ class AttemptRunner:
         self.clock = clock
         self.rng = rng or random.Random()
 
-    async def complete(
-        self,
-        ps: PolicySet,
-        ctx: RequestContext,
-        candidates: tuple[Candidate, ...],
-        messages: list[dict[str, str]],
-        max_tokens: int,
-        base: ProviderCall,
-        restore: Callable[[str], str],
-        log: ChainLog,
-    ) -> Answer[Completion]:
+    async def complete(self, req: ChainRequest, restore: Callable[[str], str]) -> Answer[Completion]:
         async def open_complete(provider: ChatProvider, call: ProviderCall) -> Completion:
             return await provider.complete(call)
 
-        return await self._run(ps, ctx, candidates, messages, max_tokens, base, log, open_complete, restore)
+        return await self._run(req, open_complete, restore)
 
-    async def stream(
-        self,
-        ps: PolicySet,
-        ctx: RequestContext,
-        candidates: tuple[Candidate, ...],
-        messages: list[dict[str, str]],
-        max_tokens: int,
-        base: ProviderCall,
-        log: ChainLog,
-    ) -> Answer[tuple[Delta, AsyncIterator[Delta]]]:
+    async def stream(self, req: ChainRequest) -> Answer[tuple[Delta, AsyncIterator[Delta]]]:
         async def open_stream(provider: ChatProvider, call: ProviderCall) -> tuple[Delta, AsyncIterator[Delta]]:
             it = aiter(provider.stream(call))
             try:
@@ -137,43 +132,22 @@ class AttemptRunner:
                 raise ProviderError(ErrorClass.SERVER_ERROR, f"{provider.name} sent an empty stream") from None
             return first, it
 
-        return await self._run(ps, ctx, candidates, messages, max_tokens, base, log, open_stream, None)
+        return await self._run(req, open_stream, None)
 
-    async def _run(
-        self,
-        ps: PolicySet,
-        ctx: RequestContext,
-        candidates: tuple[Candidate, ...],
-        messages: list[dict[str, str]],
-        max_tokens: int,
-        base: ProviderCall,
-        log: ChainLog,
-        opener: Opener[T],
-        restore: Callable[[str], str] | None,
-    ) -> Answer[T]:
+    async def _run(self, req: ChainRequest, opener: Opener[T], restore: Callable[[str], str] | None) -> Answer[T]:
+        candidates, log = req.candidates, req.log
         last: ProviderError | None = None
         contract_problem: str | None = None
         i = 0
         while i < len(candidates):
             cand = candidates[i]
-            outcome = await self._candidate(
-                ps,
-                ctx,
-                cand,
-                (i + 1 < len(candidates) and candidates[i + 1]) or None,
-                messages,
-                max_tokens,
-                base,
-                log,
-                opener,
-                restore,
-            )
+            nxt = candidates[i + 1] if i + 1 < len(candidates) else None
+            outcome = await self._candidate(req, cand, nxt, opener, restore)
             if isinstance(outcome, Answer):
                 return outcome
             last, reason, contract_problem = outcome
-            if self.clock() >= ctx.deadline_at:
+            if self.clock() >= req.ctx.deadline_at:
                 raise ChainFailed(last, deadline_hit=True, contract_problem=contract_problem)
-            nxt = candidates[i + 1] if i + 1 < len(candidates) else None
             if nxt is None or not falls_back(last.error_class, nxt):
                 break
             log.hops.append(f"{cand.model}:{reason}")
@@ -183,21 +157,17 @@ class AttemptRunner:
 
     async def _candidate(
         self,
-        ps: PolicySet,
-        ctx: RequestContext,
+        req: ChainRequest,
         cand: Candidate,
         nxt: Candidate | None,
-        messages: list[dict[str, str]],
-        max_tokens: int,
-        base: ProviderCall,
-        log: ChainLog,
         opener: Opener[T],
         restore: Callable[[str], str] | None,
     ) -> Answer[T] | tuple[ProviderError, str, str | None]:
         """Try one candidate (with its retries and one repair); the answer, or why it failed."""
+        ctx, log, base, messages = req.ctx, req.log, req.base, req.messages
         breaker = self.circuits.breaker(cand.provider)
         provider = self.providers(cand.provider)
-        timeout_cap = ps.providers.providers[cand.provider].timeout_s
+        timeout_cap = req.ps.providers.providers[cand.provider].timeout_s
         retries = 0
         repaired = False
         contract_problem: str | None = None
@@ -227,7 +197,7 @@ class AttemptRunner:
                 model=cand.model,
                 model_version=cand.entry.model_version,
                 messages=messages,
-                max_tokens=max_tokens,
+                max_tokens=req.max_tokens,
                 timeout_s=timeout,
                 request_id=ctx.request_id,
                 temperature=base.temperature,
@@ -236,6 +206,7 @@ class AttemptRunner:
                 json_output=ctx.flow.output_schema is not None,
             )
             started = self.clock()
+            log.current = cand  # stays set if the request is cancelled mid-call: it may be billed
             try:
                 async with asyncio.timeout(timeout):
                     value = await opener(provider, call)
@@ -246,13 +217,17 @@ class AttemptRunner:
             except ProviderError as exc:
                 error = exc
             else:
+                log.current = None
                 breaker.record(None)
                 latency = (self.clock() - started) * 1000
                 problem = None
                 if isinstance(value, Completion) and restore is not None:
                     problem = self.contracts.problem(ctx.flow, restore(value.text))
+                billed = value.usage if isinstance(value, Completion) else None  # a stream's comes at its end
                 if problem is None:
-                    log.attempts.append(Attempt(cand.provider, cand.model, cand.entry.model_version, started, latency))
+                    log.attempts.append(
+                        Attempt(cand.provider, cand.model, cand.entry.model_version, started, latency, usage=billed)
+                    )
                     return Answer(value, cand)
                 contract_problem = problem
                 error = ProviderError(
@@ -267,6 +242,7 @@ class AttemptRunner:
                         latency,
                         ErrorClass.INVALID_OUTPUT,
                         error.message,
+                        usage=billed,  # a broken answer is billed all the same
                     )
                 )
                 self.metrics.attempt_failed(cand.provider, ErrorClass.INVALID_OUTPUT.value)
@@ -284,6 +260,7 @@ class AttemptRunner:
                     ]
                     continue
                 return error, ErrorClass.INVALID_OUTPUT.value, contract_problem
+            log.current = None
             overloaded = isinstance(error, ProviderOverloaded)
             breaker.record(None if overloaded else error.error_class)  # busy is not broken
             self.metrics.attempt_failed(cand.provider, error.error_class.value)

@@ -8,6 +8,11 @@ Protocol: `claim` returns a `Claim` saying what to do. `owner` means "make the c
 `complete` or `abandon`"; `replay` carries the stored response; `conflict` means the key was
 used with a different body; `wait` means another request with this key is in flight (the
 caller polls `claim` again until it resolves).
+
+Erasure: a stored response names its subject by pseudonym (`StoredResponse.subject`), and
+`purge_subject` deletes that subject's responses, so an erased user's answer is not replayed.
+A response completed after the purge by a request that was in flight during it carries the
+erased pseudonym: it is dropped, not stored (the purge leaves a marker for one TTL).
 """
 
 from __future__ import annotations
@@ -19,11 +24,19 @@ from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
 
+class IdempotencyUnavailable(Exception):
+    """The store cannot be reached. Before a claim: 503, nothing run or charged. After a
+    charged success: the answer is still returned, and storing it is retried."""
+
+
 @dataclass(frozen=True)
 class StoredResponse:
     status: int
     body: dict[str, Any]
     headers: dict[str, str]
+    # The request's subject pseudonym (`SubjectKeyring.pseudonym_for(team, user)`): what
+    # `purge_subject` finds it by. None: it can only expire (after the TTL).
+    subject: str | None = None
 
 
 @dataclass(frozen=True)
@@ -39,6 +52,11 @@ class IdempotencyStore(Protocol):
 
     async def abandon(self, scope: str, key: str) -> None:
         """The owner failed in a way a retry may fix: forget the claim."""
+        ...
+
+    async def purge_subject(self, scope: str, subject: str) -> int:
+        """Erasure: delete the stored responses of `subject` (a pseudonym) in `scope` and
+        refuse to store its responses for one TTL. Returns how many were deleted."""
         ...
 
 
@@ -64,6 +82,7 @@ class IdempotencyTable:
         self.claim_timeout_s = claim_timeout_s  # a crashed owner's claim lapses after this
         self._clock = clock
         self._entries: dict[tuple[str, str], _Entry] = {}
+        self._erased: dict[tuple[str, str], float] = {}  # (scope, pseudonym) -> marker expiry
 
     def claim(self, scope: str, key: str, body_hash: str) -> Claim:
         now = self._clock()
@@ -80,9 +99,26 @@ class IdempotencyTable:
 
     def complete(self, scope: str, key: str, response: StoredResponse) -> None:
         entry = self._entries.get((scope, key))
-        if entry is not None:
-            entry.response = response
-            entry.expires_at = self._clock() + self.ttl_s
+        if entry is None:
+            return
+        now = self._clock()
+        if response.subject is not None and self._erased.get((scope, response.subject), 0.0) > now:
+            del self._entries[(scope, key)]  # in flight during an erasure: a retry runs again
+            return
+        entry.response = response
+        entry.expires_at = now + self.ttl_s
+
+    def purge_subject(self, scope: str, subject: str) -> int:
+        now = self._clock()
+        self._erased[(scope, subject)] = now + self.ttl_s
+        doomed = [
+            k
+            for k, e in self._entries.items()
+            if k[0] == scope and e.response is not None and e.response.subject == subject
+        ]
+        for k in doomed:
+            del self._entries[k]
+        return len(doomed)
 
     def abandon(self, scope: str, key: str) -> None:
         entry = self._entries.get((scope, key))
@@ -95,6 +131,8 @@ class IdempotencyTable:
             return
         for k in [k for k, e in self._entries.items() if e.expires_at <= now]:
             del self._entries[k]
+        for marker in [m for m, until in self._erased.items() if until <= now]:
+            del self._erased[marker]
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -112,3 +150,6 @@ class InMemoryIdempotencyStore:
 
     async def abandon(self, scope: str, key: str) -> None:
         self.table.abandon(scope, key)
+
+    async def purge_subject(self, scope: str, subject: str) -> int:
+        return self.table.purge_subject(scope, subject)

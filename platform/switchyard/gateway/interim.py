@@ -13,10 +13,12 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections import defaultdict, deque
+from collections.abc import Sequence
 from datetime import UTC, datetime
 
 from switchyard.gateway.seams import (
     AuditUnavailable,
+    Bill,
     CostEstimate,
     Exchange,
     OverBudget,
@@ -63,7 +65,13 @@ class InMemoryBudgetGate:
             self.held_total[key] += estimate.usd
         return Reservation(rid, estimate.usd, (key,))
 
-    async def settle(self, reservation: Reservation, actual_usd: float, usage: Usage) -> None:
+    async def settle(self, reservation: Reservation, bills: Sequence[Bill]) -> None:
+        actual_usd = sum(b.nanos for b in bills) / 1e9
+        usage = Usage(
+            sum(b.usage.prompt_tokens for b in bills),
+            sum(b.usage.completion_tokens for b in bills),
+            sum(b.usage.cached_prompt_tokens for b in bills),
+        )
         async with self._lock:
             key, usd = self.held.pop(reservation.reservation_id)
             self.held_total[key] -= usd

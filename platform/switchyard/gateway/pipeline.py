@@ -14,16 +14,18 @@ import math
 import time
 import uuid
 import weakref
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Coroutine, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from switchyard.budgets.pricing import UnknownPrice, estimate_call
+from switchyard.budgets.tokens import output_tokens_upper_bound
 from switchyard.gateway.admission_control import AdmissionController, Shed, Ticket
-from switchyard.gateway.attempts import AttemptRunner, ChainFailed, ChainLog, RetryPolicy
+from switchyard.gateway.attempts import AttemptRunner, ChainFailed, ChainLog, ChainRequest, RetryPolicy
 from switchyard.gateway.auth import KeySnapshot
+from switchyard.gateway.billing import bill, billed_attempts, chain_bound, total_usd
 from switchyard.gateway.circuit import CircuitBoard
 from switchyard.gateway.contracts import OutputContracts
-from switchyard.gateway.costing import cost_usd
 from switchyard.gateway.errors import (
     BadRequest,
     DeadlineExceeded,
@@ -36,23 +38,31 @@ from switchyard.gateway.errors import (
 )
 from switchyard.gateway.evalbook import EvalBook
 from switchyard.gateway.failures import chain_error
-from switchyard.gateway.idempotency import IdempotencyStore, StoredResponse, body_fingerprint
+from switchyard.gateway.idempotency import (
+    IdempotencyStore,
+    IdempotencyUnavailable,
+    StoredResponse,
+    body_fingerprint,
+)
 from switchyard.gateway.metrics import GatewayMetrics
 from switchyard.gateway.planning import Plan, Planner
 from switchyard.gateway.pool import ProviderPool
 from switchyard.gateway.providers.base import Delta, ProviderCall, ProviderError, ProviderOverloaded
 from switchyard.gateway.redaction_pool import RedactionPool
+from switchyard.gateway.routing import Candidate
 from switchyard.gateway.seams import (
     AuditSink,
     AuditUnavailable,
+    Bill,
     BudgetGate,
-    CostEstimate,
+    BudgetUnavailable,
     Exchange,
     OverBudget,
     RateLimited,
     Redacted,
     RedactionSummary,
     Redactor,
+    RequestContext,
     Reservation,
     Usage,
 )
@@ -110,9 +120,11 @@ class GatewayParts:
     # (`EvalBook(EvalSigner.in_state_dir(state))`): the default trusts no record.
     evals: EvalBook = field(default_factory=EvalBook)
     redaction_workers: int = 1  # threads for large messages (see `RedactionPool`)
+    # (team, user) -> the end user's audit pseudonym, which names stored idempotent answers
+    pseudonym: Callable[[str, str], str] | None = None
 
 
-@dataclass
+@dataclass(kw_only=True)
 class _Outcome:
     """What the audit record and the metrics need once a request's fate is known."""
 
@@ -133,6 +145,9 @@ class ChatPipeline:
         self.planner = Planner(parts.keys, parts.evals)
         self.contracts = OutputContracts()
         self.redaction = RedactionPool(parts.redaction_workers)
+        # Settle-and-audit work that must outlive the request that started it (a client that
+        # hangs up cancels its handler); `drain` awaits it at shutdown.
+        self._owned: set[asyncio.Task[None]] = set()
         self.runner = AttemptRunner(
             parts.providers.get, parts.circuits, parts.metrics, self.contracts, parts.retry, parts.clock
         )
@@ -183,7 +198,16 @@ class ChatPipeline:
         store = self.parts.idempotency
         digest = body_fingerprint(ctx.flow.flow, raw)
         while True:
-            claim = await store.claim(ctx.team, key, digest)
+            try:
+                claim = await store.claim(ctx.team, key, digest)
+            except IdempotencyUnavailable as exc:
+                log.error("request %s: %s", ctx.request_id, exc)
+                down = Unavailable(
+                    "idempotency_unavailable",
+                    "the idempotency store cannot be reached right now; the request was not run",
+                    headers={"retry-after": "1"},
+                )
+                return _error(down, hdr)
             if claim.outcome == "owner":
                 break
             if claim.outcome == "replay" and claim.response is not None:
@@ -219,13 +243,26 @@ class ChatPipeline:
         try:
             result = await self._execute(plan, hdr)
         except BaseException:
-            await store.abandon(ctx.team, key)
+            self._own(_forget_claim(store, ctx.team, key))
             raise
         if isinstance(result, JSONResult) and result.status == 200:
-            await store.complete(ctx.team, key, StoredResponse(result.status, result.body, result.headers))
+            stored = StoredResponse(result.status, result.body, result.headers, await self._subject(ctx))
+            try:
+                await store.complete(ctx.team, key, stored)
+            except IdempotencyUnavailable as exc:
+                # Answered and charged: the answer goes out, and it is stored once the store is
+                # back, so a retry meanwhile waits on the claim rather than running (and paying) again.
+                log.error("request %s: storing the answer failed, retrying in the background: %s", ctx.request_id, exc)
+                self._own(_complete_later(store, ctx.team, key, stored))
         else:
-            await store.abandon(ctx.team, key)  # failures are not stored: a retry may succeed
+            self._own(_forget_claim(store, ctx.team, key))  # failures are not stored: a retry may succeed
         return result
+
+    async def _subject(self, ctx: RequestContext) -> str | None:
+        """The end user's pseudonym (what erasure finds stored answers by), if there is one."""
+        if ctx.user is None or self.parts.pseudonym is None:
+            return None
+        return await asyncio.to_thread(self.parts.pseudonym, ctx.team, ctx.user)
 
     # ------------------------------------------------------------ admission control
 
@@ -239,7 +276,9 @@ class ChatPipeline:
             self.parts.metrics.shed(ctx.team, ctx.flow.flow, ticket.priority.value, ticket.reason)
             err = Unavailable("overloaded", ticket.message(), headers={"retry-after": str(ticket.retry_after_s)})
             nothing_sent = Redacted([], RedactionSummary("none"))
-            return await self._fail(plan, nothing_sent, _Outcome(503, error_code="overloaded"), err, hdr, ChainLog())
+            return await self._fail(
+                plan, nothing_sent, _Outcome(status=503, error_code="overloaded"), err, hdr, ChainLog()
+            )
         try:
             result = await self._admitted(plan, hdr)
         except BaseException:
@@ -272,7 +311,7 @@ class ChatPipeline:
             redacted = await self.redaction.redact(parts.redactor, plan.messages, flow.data_class, remaining_s)
         except DeadlineExceeded as exc:
             nothing_sent = Redacted([], RedactionSummary("none"))
-            outcome = _Outcome(504, error_code=exc.code)
+            outcome = _Outcome(status=504, error_code=exc.code)
             return await self._fail(plan, nothing_sent, outcome, exc, hdr, ChainLog())
         except Exception:  # fail closed: nothing leaves unredacted when the redactor breaks
             log.exception("redaction failed for request %s (data class %s)", ctx.request_id, flow.data_class)
@@ -285,56 +324,106 @@ class ChatPipeline:
             parts.metrics.candidate_skipped(plan.policy_set.providers.models[skip.model].provider, skip.reason)
         primary = plan.route.candidates[0]
         outcome = _Outcome(status=200)
+        catalog = plan.policy_set.providers
         try:
-            estimate = await parts.budget.estimate(ctx, primary.model, redacted.messages, plan.max_tokens)
-            reservation = await parts.budget.reserve(ctx, estimate)
+            # Held before the first call: everything the chain may bill, fallbacks and repairs
+            # at their own models' prices (docs/budgets.md, "What a request holds").
+            estimate = chain_bound(
+                catalog,
+                plan.route.candidates,
+                redacted.messages,
+                plan.max_tokens,
+                flow.output_schema is not None,
+                ctx.day,
+            )
+        except UnknownPrice as exc:
+            log.error("request %s: %s", ctx.request_id, exc)
+            outcome = _Outcome(status=503, budget_decision="no_price", error_code="price_unknown")
+            unpriced = Unavailable("price_unknown", "a model of this flow has no price today; nothing was charged")
+            return await self._fail(plan, redacted, outcome, unpriced, hdr, ChainLog())
+        try:
+            # Bounded by the deadline: a ledger that cannot answer in time is an outage (503),
+            # and no provider is called with money the ledger did not grant.
+            async with asyncio.timeout(max(ctx.deadline_at - parts.clock(), 0.0)):
+                reservation = await parts.budget.reserve(ctx, estimate)
         except OverBudget as exc:
-            outcome = _Outcome(402, f"over_budget:{exc.budget}", error_code="over_budget")
+            outcome = _Outcome(status=402, budget_decision=f"over_budget:{exc.budget}", error_code="over_budget")
             return await self._fail(plan, redacted, outcome, PaymentRequired("over_budget", str(exc)), hdr, ChainLog())
         except RateLimited as exc:
-            outcome = _Outcome(429, f"rate_limited:{exc.limit}", error_code="rate_limited")
+            outcome = _Outcome(status=429, budget_decision=f"rate_limited:{exc.limit}", error_code="rate_limited")
             limited = TooManyRequests(
                 "rate_limited", str(exc), headers={"retry-after": str(max(1, math.ceil(exc.retry_after_s)))}
             )
             return await self._fail(plan, redacted, outcome, limited, hdr, ChainLog())
+        except (BudgetUnavailable, TimeoutError) as exc:
+            log.error("request %s: the budget ledger is unavailable: %s", ctx.request_id, exc or "deadline passed")
+            outcome = _Outcome(status=503, budget_decision="ledger_unavailable", error_code="budget_unavailable")
+            down = Unavailable(
+                "budget_unavailable",
+                "the budget ledger cannot be reached right now; nothing was charged",
+                headers={"retry-after": "1"},
+            )
+            return await self._fail(plan, redacted, outcome, down, hdr, ChainLog())
         outcome.budget_decision = "reserved"
         chain = ChainLog()
         base = ProviderCall(
-            primary.model,
-            primary.entry.model_version,
-            [],
-            plan.max_tokens,
-            0.0,
-            ctx.request_id,
-            plan.request.temperature,
-            plan.request.top_p,
-            plan.request.stop_sequences(),
+            model=primary.model,
+            model_version=primary.entry.model_version,
+            messages=[],
+            max_tokens=plan.max_tokens,
+            timeout_s=0.0,
+            request_id=ctx.request_id,
+            temperature=plan.request.temperature,
+            top_p=plan.request.top_p,
+            stop=plan.request.stop_sequences(),
+        )
+        run = ChainRequest(
+            ps=plan.policy_set,
+            ctx=ctx,
+            candidates=plan.route.candidates,
+            messages=redacted.messages,
+            max_tokens=plan.max_tokens,
+            base=base,
+            log=chain,
         )
         if ctx.stream and flow.output_schema is None:
-            return await self._start_stream(plan, redacted, reservation, estimate, base, chain, hdr)
+            try:
+                return await self._start_stream(plan, redacted, reservation, run, hdr)
+            except BaseException:
+                # Cancelled (the client hung up) before the first token: what the provider may
+                # have billed is settled and the request audited, in a task the request's
+                # cancellation cannot reach.
+                gone = _Outcome(status=499, budget_decision="reserved", error_code="client_disconnected")
+                end = _StreamEnd(self, plan, redacted, reservation, chain, chain.current, gone)
+                await asyncio.shield(end.finish())  # goes on if this request is cancelled
+                raise
 
         def restore(text: str) -> str:
             restorer = parts.redactor.restorer(redacted)
             return restorer.feed(text) + restorer.flush()
 
         try:
-            answer = await self.runner.complete(
-                plan.policy_set, ctx, plan.route.candidates, redacted.messages, plan.max_tokens, base, restore, chain
-            )
+            answer = await self.runner.complete(run, restore)
         except ChainFailed as failed:
-            await parts.budget.release(reservation)
             err = self._chain_error(plan, failed, chain)
             outcome = _Outcome(
-                err.status, "reserved", "invalid" if failed.contract_problem else "not_reached", error_code=err.code
+                status=err.status,
+                budget_decision="reserved",
+                contract="invalid" if failed.contract_problem else "not_reached",
+                error_code=err.code,
             )
+            # Answers that broke the contract were billed: charged, though the chain failed.
+            outcome.cost = await self._charge(reservation, billed_attempts(catalog, chain.attempts, ctx.day))
             return await self._fail(plan, redacted, outcome, err, hdr, chain)
         except BaseException:
-            await parts.budget.release(reservation)  # a bug or a cancelled request holds no money
+            # Cancelled (the client left) or a bug: what was billed is charged, the rest freed,
+            # and the request audited, in a task the cancellation cannot reach.
+            gone = _Outcome(status=499, budget_decision="reserved", error_code="client_disconnected")
+            await asyncio.shield(self._own(self._charge_and_audit(plan, redacted, reservation, gone, chain)))
             raise
         done, cand = answer.value, answer.candidate
         text = restore(done.text)
-        cost = cost_usd(cand.entry, done.usage, parts.clock())
-        await parts.budget.settle(reservation, cost, done.usage)
+        cost = await self._charge(reservation, billed_attempts(catalog, chain.attempts, ctx.day))
         hdr.update(
             {
                 H_PROVIDER: cand.provider,
@@ -343,14 +432,14 @@ class ChatPipeline:
             }
         )
         outcome = _Outcome(
-            200,
-            "reserved",
-            "valid" if flow.output_schema is not None else "not_declared",
-            text,
-            cand.provider,
-            hdr[H_MODEL],
-            done.usage,
-            cost,
+            status=200,
+            budget_decision="reserved",
+            contract="valid" if flow.output_schema is not None else "not_declared",
+            output_text=text,
+            provider=cand.provider,
+            model_version=hdr[H_MODEL],
+            usage=done.usage,
+            cost=cost,
         )
         try:
             await self._audit(plan, redacted, outcome, chain)
@@ -388,62 +477,64 @@ class ChatPipeline:
         plan: Plan,
         redacted: Redacted,
         reservation: Reservation,
-        estimate: CostEstimate,
-        base: ProviderCall,
-        chain: ChainLog,
+        run: ChainRequest,
         hdr: dict[str, str],
     ) -> Result:
-        ctx = plan.ctx
+        ctx, chain = plan.ctx, run.log
         try:
-            answer = await self.runner.stream(
-                plan.policy_set, ctx, plan.route.candidates, redacted.messages, plan.max_tokens, base, chain
-            )
+            answer = await self.runner.stream(run)
         except ChainFailed as failed:
-            await self.parts.budget.release(reservation)
             err = self._chain_error(plan, failed, chain)
-            return await self._fail(
-                plan, redacted, _Outcome(err.status, "reserved", error_code=err.code), err, hdr, chain
+            outcome = _Outcome(status=err.status, budget_decision="reserved", error_code=err.code)
+            outcome.cost = await self._charge(
+                reservation, billed_attempts(plan.policy_set.providers, chain.attempts, ctx.day)
             )
+            return await self._fail(plan, redacted, outcome, err, hdr, chain)
         cand = answer.candidate
         hdr.update({H_PROVIDER: cand.provider, H_MODEL: cand.entry.model_version, H_FALLBACK: chain.header()})
         first, rest = answer.value
-        body = self._stream_body(
-            plan, redacted, reservation, estimate, chain, cand.model, cand.provider, cand.entry, first, rest
+        outcome = _Outcome(
+            status=200,
+            budget_decision="reserved",
+            contract="not_declared",
+            provider=cand.provider,
+            model_version=cand.entry.model_version,
         )
+        end = _StreamEnd(self, plan, redacted, reservation, chain, cand, outcome)
+        body = self._stream_body(plan, redacted, end, cand.model, first, rest)
+        # A body the server never starts (the client left before it) never runs its `finally`.
+        weakref.finalize(body, end.finish_soon, asyncio.get_running_loop())
         return StreamResult(hdr, body)
 
     async def _stream_body(
         self,
         plan: Plan,
         redacted: Redacted,
-        reservation: Reservation,
-        estimate: CostEstimate,
-        chain: ChainLog,
+        end: _StreamEnd,
         model: str,
-        provider: str,
-        entry: Any,
         first: Delta,
         rest: AsyncIterator[Delta],
     ) -> AsyncIterator[bytes]:
         """After the first byte there is no fallback: a failure ends the stream with an error
         event (OpenAI's SDK raises it as an APIError), and what was streamed is charged."""
         ctx, parts = plan.ctx, self.parts
+        provider, outcome = end.outcome.provider or "none", end.outcome
         created = int(ctx.received_at)
         restorer = parts.redactor.restorer(redacted)
-        parts_out: list[str] = []
+        parts_out = end.streamed
         usage: Usage | None = None
-        outcome = _Outcome(200, "reserved", "not_declared", provider=provider, model_version=entry.model_version)
         try:
             yield sse(chunk_body(ctx.request_id, model, created, role=True, text=""))
             delta = first
             while True:
                 if delta.text:
+                    end.raw.append(delta.text)
                     out = restorer.feed(delta.text)
                     parts_out.append(out)
                     if out:
                         yield sse(chunk_body(ctx.request_id, model, created, text=out))
                 if delta.finish_reason is not None:
-                    usage = delta.usage
+                    usage, end.finished = delta.usage, True
                     tail = restorer.flush()
                     if tail:
                         parts_out.append(tail)
@@ -458,7 +549,7 @@ class ChatPipeline:
                     raise ProviderError(ErrorClass.CONNECTION, f"{provider} ended the stream early") from None
                 except TimeoutError:
                     raise ProviderError(ErrorClass.TIMEOUT, "the flow's deadline passed mid-stream") from None
-            usage = usage or Usage(estimate.input_tokens, _approx_tokens("".join(parts_out)))
+            usage = usage or end.bound_usage()
             if plan.request.stream_options is not None and plan.request.stream_options.include_usage:
                 yield sse(chunk_body(ctx.request_id, model, created, usage=usage))
             yield sse("[DONE]")
@@ -473,19 +564,13 @@ class ChatPipeline:
                 else ProviderFailure(code, exc.message)
             )
             yield sse(err.body())
+        except BaseException:
+            if outcome.status == 200:  # cancelled or closed mid-stream: the client hung up
+                outcome.status, outcome.error_code = 499, "client_disconnected"
+            raise
         finally:
-            text = "".join(parts_out)
-            usage = usage or Usage(estimate.input_tokens, _approx_tokens(text))
-            outcome.output_text, outcome.usage = text, usage
-            outcome.cost = cost_usd(entry, usage, parts.clock())
-            await parts.budget.settle(reservation, outcome.cost, usage)
-            parts.metrics.request(ctx.team, ctx.flow.flow, outcome.status, provider)
-            try:
-                await self._audit(plan, redacted, outcome, chain)
-            except AuditUnavailable as exc:
-                # Headers and bytes are gone already; high-risk flows with a schema are
-                # buffered, so only lower tiers can reach this. Logged, not swallowed.
-                log.error("audit record of streamed request %s was not written: %s", ctx.request_id, exc)
+            end.usage = usage
+            await asyncio.shield(end.finish())  # goes on if this request is cancelled
 
     # ------------------------------------------------------------ failures and records
 
@@ -522,6 +607,44 @@ class ChatPipeline:
         )
         await self.parts.audit.record(exchange, durable=ctx.flow.risk_tier is RiskTier.HIGH)
 
+    async def _charge(self, reservation: Reservation, bills: list[Bill]) -> float:
+        """Settle what the providers billed, or free the reservation if nothing was billed."""
+        if not bills:
+            await self.parts.budget.release(reservation)
+            return 0.0
+        await self.parts.budget.settle(reservation, bills)
+        return total_usd(bills)
+
+    async def _charge_and_audit(
+        self, plan: Plan, redacted: Redacted, reservation: Reservation, o: _Outcome, chain: ChainLog
+    ) -> None:
+        o.cost = await self._charge(
+            reservation, billed_attempts(plan.policy_set.providers, chain.attempts, plan.ctx.day)
+        )
+        await self._record(plan, redacted, o, chain, context="cancelled")
+
+    async def _record(self, plan: Plan, redacted: Redacted, o: _Outcome, chain: ChainLog, context: str) -> None:
+        """Count and audit a request whose answer is already gone (or was never going to be
+        sent): an audit failure is logged, since there is no response left to refuse."""
+        self.parts.metrics.request(plan.ctx.team, plan.ctx.flow.flow, o.status, o.provider)
+        try:
+            await self._audit(plan, redacted, o, chain)
+        except AuditUnavailable as exc:
+            log.error("audit record of %s request %s was not written: %s", context, plan.ctx.request_id, exc)
+
+    def _own(self, work: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
+        task = asyncio.get_running_loop().create_task(work)
+        self._owned.add(task)
+        task.add_done_callback(self._owned.discard)
+        task.add_done_callback(_log_failure)
+        return task
+
+    async def drain(self) -> None:
+        """Wait for settle-and-audit work still running (call at shutdown, before the budget
+        gate and audit sink close)."""
+        while self._owned:
+            await asyncio.gather(*self._owned, return_exceptions=True)
+
     def status(self) -> dict[str, Any]:
         snapshot = getattr(self.parts.metrics, "snapshot", None)
         return {
@@ -531,8 +654,96 @@ class ChatPipeline:
         }
 
 
+class _StreamEnd:
+    """Settles and audits one streamed request exactly once, however it ends: finished,
+    failed mid-stream, its client gone before or after the first token, or its body never
+    started. The work runs in a task the pipeline owns, so the request's cancellation
+    cannot cut it short."""
+
+    def __init__(
+        self,
+        pipeline: ChatPipeline,
+        plan: Plan,
+        redacted: Redacted,
+        reservation: Reservation,
+        chain: ChainLog,
+        candidate: Candidate | None,
+        outcome: _Outcome,
+    ) -> None:
+        self.pipeline, self.plan, self.redacted = pipeline, plan, redacted
+        self.reservation, self.chain = reservation, chain
+        self.candidate = candidate  # whose stream may be billed; None: no call was under way
+        self.outcome = outcome
+        if candidate is not None and outcome.provider is None:
+            outcome.provider, outcome.model_version = candidate.provider, candidate.entry.model_version
+        self.streamed: list[str] = []  # restored text sent so far
+        self.raw: list[str] = []  # the provider's text, placeholders and all (what it billed)
+        self.finished = False  # the provider ended the answer itself
+        self.usage: Usage | None = None  # as the provider reported it, if it did
+        self._task: asyncio.Task[None] | None = None
+
+    def finish(self) -> asyncio.Task[None]:
+        if self._task is None:
+            self._task = self.pipeline._own(self._settle_and_audit())
+        return self._task
+
+    def finish_soon(self, loop: asyncio.AbstractEventLoop) -> None:
+        """From a finalizer, which may run anywhere: hand the work to the loop."""
+        if self._task is None and not loop.is_closed():
+            loop.call_soon_threadsafe(self.finish)
+
+    def bound_usage(self) -> Usage:
+        """The stream's usage when its provider reported none: the input as estimated and the
+        documented upper bound of the output (all of `max_tokens` unless it finished)."""
+        assert self.candidate is not None
+        plan = self.plan
+        catalog, day = plan.policy_set.providers, plan.ctx.day
+        inputs = estimate_call(catalog, self.candidate.model, self.redacted.messages, 0, day).input_tokens
+        text = "".join(self.raw)
+        return Usage(inputs, output_tokens_upper_bound(text, plan.max_tokens, finished=self.finished))
+
+    async def _settle_and_audit(self) -> None:
+        p, plan, o = self.pipeline, self.plan, self.outcome
+        catalog, day = plan.policy_set.providers, plan.ctx.day
+        bills = billed_attempts(catalog, self.chain.attempts, day)
+        if self.candidate is not None:
+            o.usage = self.usage or self.bound_usage()
+            bills.append(bill(catalog, self.candidate.model, o.usage, day))
+        o.output_text = "".join(self.streamed)
+        o.cost = await p._charge(self.reservation, bills)
+        await p._record(plan, self.redacted, o, self.chain, context="streamed")
+
+
 def _error(err: GatewayError, hdr: dict[str, str]) -> JSONResult:
     return JSONResult(err.status, err.body(), {**hdr, **err.headers})
+
+
+async def _forget_claim(store: IdempotencyStore, team: str, key: str) -> None:
+    """Release a claim whose owner failed. If the store is unreachable, the claim lapses by
+    itself after the store's claim timeout."""
+    try:
+        await store.abandon(team, key)
+    except IdempotencyUnavailable as exc:
+        log.warning("could not release idempotency claim of team %s; it will lapse: %s", team, exc)
+
+
+async def _complete_later(
+    store: IdempotencyStore, team: str, key: str, stored: StoredResponse, attempts: int = 8
+) -> None:
+    delay = 0.25
+    for _ in range(attempts):
+        await asyncio.sleep(delay)
+        try:
+            await store.complete(team, key, stored)
+            return
+        except IdempotencyUnavailable:
+            delay = min(delay * 2, 8.0)
+    log.error("an idempotent answer of team %s was never stored; a retry of it will run again", team)
+
+
+def _log_failure(task: asyncio.Task[None]) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        log.error("settling or auditing a request failed", exc_info=task.exception())
 
 
 def _release_after(body: AsyncIterator[bytes], ticket: Ticket) -> AsyncIterator[bytes]:
@@ -552,10 +763,6 @@ def _release_after(body: AsyncIterator[bytes], ticket: Ticket) -> AsyncIterator[
     # A stream the server never starts (the client left first) never runs `finally`.
     weakref.finalize(stream, ticket.release)
     return stream
-
-
-def _approx_tokens(text: str) -> int:
-    return max(1, len(text) // 4) if text else 0
 
 
 async def _replay_stream(

@@ -8,7 +8,9 @@ Everything that crosses a seam is a frozen value object defined here.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from datetime import UTC, date, datetime
 from typing import Literal, Protocol
 
 from switchyard.policy.models import EffectiveFlow, ErrorClass
@@ -32,6 +34,11 @@ class RequestContext:
     deadline_at: float  # unix seconds; the flow's deadline, possibly shortened by the client
     stream: bool
 
+    @property
+    def day(self) -> date:
+        """The UTC day the request arrived: the day whose prices and budget periods apply."""
+        return datetime.fromtimestamp(self.received_at, UTC).date()
+
 
 @dataclass(frozen=True)
 class Usage:
@@ -52,6 +59,7 @@ class Attempt:
     error_class: ErrorClass | None = None
     error: str | None = None  # never contains request content or credentials
     fallback_reason: str | None = None  # why the *next* attempt happened, if one did
+    usage: Usage | None = None  # what the provider billed, when it answered (valid or not)
 
 
 # ---------------------------------------------------------------- budgets
@@ -59,10 +67,22 @@ class Attempt:
 
 @dataclass(frozen=True)
 class CostEstimate:
+    """What a request may cost. `usd` is what is held; `nanos` the same, exactly, when known."""
+
     model: str
     input_tokens: int
     max_output_tokens: int
     usd: float
+    nanos: int | None = None
+
+
+@dataclass(frozen=True)
+class Bill:
+    """One attempt a provider billed: its model (catalog name), usage and cost."""
+
+    model: str
+    usage: Usage
+    nanos: int
 
 
 @dataclass(frozen=True)
@@ -86,6 +106,11 @@ class OverBudget(Exception):
         )
 
 
+class BudgetUnavailable(Exception):
+    """The ledger could not be reached in time. Nothing was reserved or charged: HTTP 503
+    with Retry-After, never a 500 and never a call the budget does not cover."""
+
+
 class RateLimited(Exception):
     """A request or token rate limit was hit. Maps to HTTP 429 with Retry-After."""
 
@@ -105,7 +130,10 @@ class BudgetGate(Protocol):
         """All or nothing over every applicable budget; raises OverBudget or RateLimited."""
         ...
 
-    async def settle(self, reservation: Reservation, actual_usd: float, usage: Usage) -> None: ...
+    async def settle(self, reservation: Reservation, bills: Sequence[Bill]) -> None:
+        """Charge what the providers billed (one bill per billed attempt, at least one) and
+        free the rest of the reservation."""
+        ...
 
     async def release(self, reservation: Reservation) -> None: ...
 

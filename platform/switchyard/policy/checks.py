@@ -9,25 +9,38 @@ team from passing its own high-risk fallbacks with a lax eval gate.
 
 The team name `platform` is reserved: auditor and platform-admin keys belong to it, and a team
 admin of a policy team by that name would share a team with the operator's keys.
+
+Money: every model a flow can reach (its `model`, `allowed_models` and fallbacks) must have a
+price effective on the day of the check (`providers.yaml: models.<m>.prices`); without one a
+call would have no cost. A budget limit written as `null` is a violation: left out, it is
+inherited (a team's from the guardrail's `max`, a flow's from its team), and `null` reads as
+"no limit", which no layer may grant.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from datetime import UTC, date, datetime
 from typing import Any
+
+from pydantic import BaseModel
 
 from switchyard.policy.errors import PolicyViolation
 from switchyard.policy.keys import PLATFORM_TEAM
 from switchyard.policy.layering import Layer, ResolvedFlow, flow_layers, resolve_flow
-from switchyard.policy.models import Bound, EffectiveFlow, Priority
+from switchyard.policy.models import Bound, BudgetLimits, EffectiveFlow, Priority
 from switchyard.policy.policy_set import PolicySet
 
 
-def check_policy_set(ps: PolicySet) -> list[PolicyViolation]:
+def check_policy_set(ps: PolicySet, today: date | None = None) -> list[PolicyViolation]:
+    """Every violation; prices are checked for `today` (default: the current UTC day)."""
+    day = datetime.now(UTC).date() if today is None else today
     violations: list[PolicyViolation] = []
     violations += _check_prompts(ps)
     violations += _check_catalog(ps)
     violations += _check_admission(ps)
+    violations += _check_budget_nulls(ps)
+    unpriced: dict[str, list[str]] = {}  # model -> where a flow reaches it
     for team_name, team in ps.teams.items():
         if team_name == PLATFORM_TEAM:
             violations.append(
@@ -56,6 +69,9 @@ def check_policy_set(ps: PolicySet) -> list[PolicyViolation]:
             else:
                 violations += _check_flow_references(ps, resolved)
                 violations += _check_priority(ps, resolved)
+                for model, where in _unpriced_models(ps, resolved, day):
+                    unpriced.setdefault(model, []).append(where)
+    violations += [_no_price(ps, model, day, unpriced[model]) for model in sorted(unpriced)]
     return violations
 
 
@@ -215,15 +231,71 @@ def _flow_models(flow: EffectiveFlow) -> Iterator[tuple[str, str]]:
         yield f"fallback.{i}.model", cand.model
 
 
+def _where(ps: PolicySet, resolved: ResolvedFlow, field: str) -> str:
+    """`file: dotted.path` of the layer that set `field` (e.g. `fallback.0.model`) of a flow."""
+    flow = resolved.policy
+    top, _, tail = field.partition(".")
+    where = resolved.provenance.get(top, f"{ps.team_file(flow.team)}: flows.{flow.flow}.{top}")
+    return f"{where}.{tail}" if tail else where
+
+
+def _unpriced_models(ps: PolicySet, resolved: ResolvedFlow, day: date) -> Iterator[tuple[str, str]]:
+    for field, model in _flow_models(resolved.policy):
+        entry = ps.providers.models.get(model)
+        if entry is not None and entry.price_on(day) is None:  # an unknown model is reported already
+            yield model, _where(ps, resolved, field)
+
+
+def _no_price(ps: PolicySet, model: str, day: date, reached_from: list[str]) -> PolicyViolation:
+    prices = ps.providers.models[model].prices
+    first = f"the first is effective {prices[0].effective.isoformat()}" if prices else "it has none"
+    return PolicyViolation(
+        "providers.yaml",
+        f"models.{model}.prices",
+        f"no price effective on {day.isoformat()} ({first}), and flows can reach the model "
+        f"({'; '.join(sorted(set(reached_from)))}): a call would have no cost. Add a price effective "
+        "on or before today (zero is allowed, written down)",
+    )
+
+
+def _budget_layers(ps: PolicySet) -> Iterator[tuple[str, str, BaseModel]]:
+    """(file, dotted path of its parent, parent) of every place a `budget` may be written."""
+    yield "org.yaml", "", ps.org
+    yield "org.yaml", "defaults.", ps.org.defaults
+    for name, team in ps.teams.items():
+        file = ps.team_file(name)
+        yield file, "", team
+        yield file, "defaults.", team.defaults
+        for flow_name, flow in team.flows.items():
+            yield file, f"flows.{flow_name}.", flow
+
+
+def _check_budget_nulls(ps: PolicySet) -> list[PolicyViolation]:
+    """`budget: null` or `day_usd: null` reads as "no limit"; a left-out limit is inherited."""
+    out: list[PolicyViolation] = []
+    hint = (
+        "give a limit in USD, or leave the field out to inherit one "
+        "(a team's is the org.yaml guardrail's max, a flow's its team's)"
+    )
+    for file, prefix, parent in _budget_layers(ps):
+        budget = getattr(parent, "budget", None)
+        if "budget" in parent.model_fields_set and budget is None:
+            out.append(PolicyViolation(file, f"{prefix}budget", f"is null; {hint}"))
+        if not isinstance(budget, BudgetLimits):
+            continue
+        for field in ("day_usd", "month_usd"):
+            if field in budget.model_fields_set and getattr(budget, field) is None:
+                out.append(PolicyViolation(file, f"{prefix}budget.{field}", f"is null; {hint}"))
+    return out
+
+
 def _check_flow_references(ps: PolicySet, resolved: ResolvedFlow) -> list[PolicyViolation]:
-    flow, prov = resolved.policy, resolved.provenance
+    flow = resolved.policy
     out: list[PolicyViolation] = []
 
     def bad(field: str, message: str) -> None:
-        top, _, tail = field.partition(".")
-        where = prov.get(top, f"{ps.team_file(flow.team)}: flows.{flow.flow}.{top}")
-        file, _, path = where.partition(": ")
-        out.append(PolicyViolation(file, f"{path}.{tail}" if tail else path, message))
+        file, _, path = _where(ps, resolved, field).partition(": ")
+        out.append(PolicyViolation(file, path, message))
 
     prompt = ps.prompts.get(flow.prompt_id) if "@" in flow.prompt else None
     if "@" not in flow.prompt or not flow.prompt.split("@", 1)[1].isdigit():

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, NamedTuple
 
+from switchyard import sqlite_db
 from switchyard.audit.chain import GENESIS, ChainRow, Finding, link_hash, verify_rows
 from switchyard.policy.models import Role
 
@@ -137,7 +138,6 @@ class KeyStore:
         self.clock = clock
         path.parent.mkdir(parents=True, exist_ok=True)
         with self._db() as db:
-            db.execute("PRAGMA journal_mode=WAL")
             db.executescript(_SCHEMA)
         self._migrate()
         path.chmod(0o600)
@@ -148,7 +148,7 @@ class KeyStore:
 
     @contextmanager
     def _db(self) -> Iterator[sqlite3.Connection]:
-        with closing(sqlite3.connect(self.path, timeout=10)) as db, db:
+        with closing(sqlite_db.connect(self.path)) as db, db:
             yield db
 
     @contextmanager

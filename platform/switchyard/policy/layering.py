@@ -79,3 +79,15 @@ def resolve_flow(ps: PolicySet, team: str, flow: str) -> ResolvedFlow | list[Pol
             for err in exc.errors(include_input=False, include_url=False)
         ]
     return ResolvedFlow(policy, provenance)
+
+
+def longest_deadline_s(ps: PolicySet) -> float:
+    """The longest deadline any flow of the set may run for, in seconds (a client's header only
+    shortens it): what a budget lease must outlive."""
+    deadlines = [ps.org.defaults.deadline_ms or 0]
+    for team, policy in ps.teams.items():
+        for flow in policy.flows:
+            resolved = resolve_flow(ps, team, flow)
+            if not isinstance(resolved, list):
+                deadlines.append(resolved.policy.deadline_ms)
+    return max(deadlines) / 1000

@@ -1,0 +1,63 @@
+"""What a request's chain may bill, and what it did bill, in nano-dollars from the catalog.
+
+The reservation covers the whole chain before the first call (`chain_bound`): a fallback to
+a pricier model, or a repair of an answer that broke the output contract, can never spend
+money the ledger did not hold. The charge is the sum over every attempt a provider billed,
+each at the price of the model that billed it (`Bill`); the ledger keeps one row per bill,
+so spend names the model that was paid.
+
+Which attempts are billed: an answer (valid or not: a provider bills the tokens it produced)
+and a stream, however far it got. Errors (5xx, 429, a refused connection, a timeout we gave
+up on) are not: providers do not bill a request they failed, and a timeout's late answer is
+never read. A stream cut before its usage arrived is charged the documented upper bound
+(`budgets.tokens.output_tokens_upper_bound`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import date
+
+from switchyard.budgets.money import nanos_to_usd
+from switchyard.budgets.pricing import entry_price, estimate_call
+from switchyard.gateway.routing import Candidate
+from switchyard.gateway.seams import Attempt, Bill, CostEstimate, Usage
+from switchyard.policy.models import ProviderCatalog
+
+REPAIR_INSTRUCTION_TOKENS = 64  # the repair turn's instruction, generously (it is ~25 tokens)
+
+
+def chain_bound(
+    catalog: ProviderCatalog,
+    candidates: Sequence[Candidate],
+    messages: Sequence[dict[str, str]],
+    max_tokens: int,
+    repairs: bool,
+    day: date,
+) -> CostEstimate:
+    """The most the chain may bill: each candidate's answer at `max_tokens`, plus one repair
+    turn each when the flow has an output contract (`repairs`). Raises `UnknownPrice`."""
+    total = 0
+    primary = None
+    for cand in candidates:
+        est = estimate_call(catalog, cand.model, messages, max_tokens, day)
+        primary = primary or est
+        total += est.nanos
+        if repairs:  # the repair re-sends the input, the rejected answer and an instruction
+            price = entry_price(cand.model, cand.entry, day)
+            total += price.estimate_nanos(est.input_tokens + max_tokens + REPAIR_INSTRUCTION_TOKENS, max_tokens)
+    assert primary is not None, "a route has at least one candidate"
+    return CostEstimate(primary.model, primary.input_tokens, max_tokens, nanos_to_usd(total), total)
+
+
+def bill(catalog: ProviderCatalog, model: str, usage: Usage, day: date) -> Bill:
+    return Bill(model, usage, entry_price(model, catalog.models[model], day).cost_nanos(usage))
+
+
+def billed_attempts(catalog: ProviderCatalog, attempts: Sequence[Attempt], day: date) -> list[Bill]:
+    """The bills of attempts that carry the usage their provider reported."""
+    return [bill(catalog, a.model, a.usage, day) for a in attempts if a.usage is not None]
+
+
+def total_usd(bills: Sequence[Bill]) -> float:
+    return nanos_to_usd(sum(b.nanos for b in bills))

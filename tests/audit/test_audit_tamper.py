@@ -1,0 +1,166 @@
+"""`audit verify` against deletions a valid chain prefix hides (issue 15, finding 10).
+
+A chain cut at its tail, or cut together with the segment rows that sealed it, is still a
+valid chain: only heads anchored outside the database (`anchors.jsonl`, the S3 export) can
+show what was there. A database rewritten consistently, anchors included, disagrees with
+its S3 copies.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+import pytest
+from _audit_helpers import make_exchange
+
+from switchyard.audit.builder import RecordBuilder
+from switchyard.audit.chain import link_hash
+from switchyard.audit.export import S3Target, export_sealed
+from switchyard.audit.redaction import TextScrubber
+from switchyard.audit.store import AuditStore
+from switchyard.audit.subject_keys import SubjectKeyring
+from switchyard.cli import main
+from switchyard.policy.keys import PLATFORM_TEAM, KeyStore
+from switchyard.policy.models import DataPolicies, Role
+
+
+def _filled(state: Path, data_policies: DataPolicies, scrubber: TextScrubber, n: int) -> AuditStore:
+    """`n` records appended one at a time, as requests arrive; the store closed and reopened."""
+    store = AuditStore.in_state_dir(state)
+    builder = RecordBuilder(data_policies, scrubber, SubjectKeyring(state / "audit" / "keys.db"))
+    for _ in range(n):
+        store.append([builder.build(make_exchange())])
+    return store
+
+
+def _reopen(store: AuditStore) -> AuditStore:
+    store.close()
+    return AuditStore(store.path)
+
+
+def _sql(store: AuditStore, sql: str, *args: object) -> None:
+    with sqlite3.connect(store.path) as db:
+        db.execute(sql, args)
+
+
+def test_deleting_the_newest_unsealed_entries_is_found(
+    tmp_path: Path, data_policies: DataPolicies, scrubber: TextScrubber
+) -> None:
+    store = _reopen(_filled(tmp_path, data_policies, scrubber, 5))
+    assert store.verify() == []
+    _sql(store, "DELETE FROM entries WHERE seq >= 4")
+    findings = store.verify()
+    assert [(f.seq, f.problem) for f in findings] == [(5, "truncated")], findings
+    assert "4..5" in findings[0].detail
+
+
+def test_deleting_sealed_segments_with_their_rows_is_found(
+    tmp_path: Path, data_policies: DataPolicies, scrubber: TextScrubber
+) -> None:
+    store = _filled(tmp_path, data_policies, scrubber, 6)
+    store.seal_segments(size=3)
+    store = _reopen(store)
+    _sql(store, "DELETE FROM entries WHERE seq > 3")
+    _sql(store, "DELETE FROM segments WHERE segment_no = 2")
+    problems = {(f.seq, f.problem) for f in store.verify()}
+    assert (6, "segment_deleted") in problems and (6, "truncated") in problems, problems
+
+
+def _forge_from(store: AuditStore, seq: int) -> None:
+    """Rewrite entry `seq` and re-link everything after it, segment rows and anchors too:
+    the database and the state directory agree with themselves again."""
+    rows = list(store.rows())
+    rewritten: dict[str, str] = {}
+    prev = rows[seq - 2].hash
+    with sqlite3.connect(store.path) as db:
+        for row in rows[seq - 1 :]:
+            payload = row.payload.replace('"cost_usd":0.0012', '"cost_usd":0.0') if row.seq == seq else row.payload
+            digest = link_hash(prev, payload)
+            db.execute(
+                "UPDATE entries SET payload = ?, prev_hash = ?, hash = ? WHERE seq = ?",
+                (payload, prev, digest, row.seq),
+            )
+            db.execute("UPDATE segments SET last_hash = ? WHERE last_seq = ?", (digest, row.seq))
+            rewritten[row.hash] = digest
+            prev = digest
+    anchors = store.path.with_name("anchors.jsonl")
+    if anchors.exists():
+        text = anchors.read_text()
+        for old, new in rewritten.items():
+            text = text.replace(old, new)
+        anchors.write_text(text)
+
+
+def _verify_cli(state: Path, capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, dict[str, Any]]:
+    key, _ = KeyStore.in_state_dir(state).create(PLATFORM_TEAM, Role.AUDITOR)
+    code = main(["audit", "verify", "--json", "--state-dir", str(state), "--api-key", key, *argv])
+    return code, json.loads(capsys.readouterr().out)
+
+
+def test_a_database_that_disagrees_with_its_s3_copies_is_found(
+    tmp_path: Path,
+    data_policies: DataPolicies,
+    scrubber: TextScrubber,
+    s3: Any,
+    s3_endpoint: str,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    store = _filled(tmp_path, data_policies, scrubber, 6)
+    store.seal_segments(size=3)
+    s3.create_bucket(Bucket="tamper-export", ObjectLockEnabledForBucket=True)
+    export_sealed(store, s3, S3Target("tamper-export"))
+    store = _reopen(store)
+    _forge_from(store, 5)
+    assert store.verify() == []  # consistent on the host: only the off-host copy can tell
+
+    code, report = _verify_cli(tmp_path, capsys, "--bucket", "tamper-export", "--endpoint-url", s3_endpoint)
+    assert code == 1
+    problems = {(f["seq"], f["problem"]) for f in report["findings"]}
+    assert (5, "s3_mismatch") in problems and (6, "s3_mismatch") in problems, problems
+
+
+def test_an_exported_segment_deleted_with_its_rows_and_anchors_is_found_against_s3(
+    tmp_path: Path,
+    data_policies: DataPolicies,
+    scrubber: TextScrubber,
+    s3: Any,
+    s3_endpoint: str,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    store = _filled(tmp_path, data_policies, scrubber, 6)
+    store.seal_segments(size=3)
+    s3.create_bucket(Bucket="tamper-deleted", ObjectLockEnabledForBucket=True)
+    export_sealed(store, s3, S3Target("tamper-deleted"))
+    store = _reopen(store)
+    _sql(store, "DELETE FROM entries WHERE seq > 3")
+    _sql(store, "DELETE FROM segments WHERE segment_no = 2")
+    anchors = store.path.with_name("anchors.jsonl")
+    if anchors.exists():
+        kept = [line for line in anchors.read_text().splitlines() if json.loads(line)["seq"] <= 3]
+        anchors.write_text("".join(f"{line}\n" for line in kept))
+    assert store.verify() == []
+
+    code, report = _verify_cli(tmp_path, capsys, "--bucket", "tamper-deleted", "--endpoint-url", s3_endpoint)
+    assert code == 1
+    problems = {(f["seq"], f["problem"]) for f in report["findings"]}
+    assert (6, "segment_deleted") in problems and (6, "truncated") in problems, problems
+
+
+def test_an_untouched_export_verifies(
+    tmp_path: Path,
+    data_policies: DataPolicies,
+    scrubber: TextScrubber,
+    s3: Any,
+    s3_endpoint: str,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    store = _filled(tmp_path, data_policies, scrubber, 7)
+    store.seal_segments(size=3)
+    s3.create_bucket(Bucket="tamper-none")
+    export_sealed(store, s3, S3Target("tamper-none"))
+    store.close()  # the 7th entry is unsealed: the exported head anchors it all the same
+    code, report = _verify_cli(tmp_path, capsys, "--bucket", "tamper-none", "--endpoint-url", s3_endpoint)
+    assert (code, report["findings"]) == (0, [])

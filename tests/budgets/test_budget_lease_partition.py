@@ -1,0 +1,114 @@
+"""A replica cut off from the ledger (issue "money and audit", finding 5).
+
+Replica A holds a lease, then loses the ledger. The ledger, seeing no renewals, expires A's
+hold after its TTL and hands the money to replica B. Had A kept reserving from its lease
+meanwhile, its charges would arrive when the partition heals, on top of B's: the team's day
+limit overspent. A replica therefore stops reserving from a lease not renewed for
+`renew_cutoff_s`, and the shipped settings make every hold outlive the requests that
+reserved from it (`check_lease_bound`). Clocks are injected: no test waits for a TTL."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import pytest
+from _budget_helpers import NOON, FixedClock, context, shipped, with_limits
+
+from switchyard.budgets.admission import Admissions
+from switchyard.budgets.db import SqliteDatabase
+from switchyard.budgets.leased_gate import LeaseConfig, LeasedBudgetGate, check_lease_bound
+from switchyard.budgets.ledger import BudgetLedger, Charge, HoldRequest, SoftAlert
+from switchyard.budgets.ratelimit import PermitDemand
+from switchyard.budgets.service import Admission, InProcessLedgerClient, LedgerService
+from switchyard.gateway.seams import Bill, OverBudget, RateLimited, Usage
+from switchyard.policy.layering import longest_deadline_s
+from switchyard.policy.models import BudgetLimits, RateLimit
+
+pytestmark = pytest.mark.asyncio(loop_scope="session")
+
+LIMIT_USD = 0.05
+
+
+class Partitioned(Exception):
+    """What a replica cut off from the ledger gets from every call."""
+
+
+class PartitionableClient(InProcessLedgerClient):
+    def __init__(self, service: LedgerService) -> None:
+        super().__init__(service)
+        self.cut = False
+
+    def _check(self) -> None:
+        if self.cut:
+            raise Partitioned("the ledger is unreachable from this replica")
+
+    async def admit(self, permits: tuple[PermitDemand, ...], hold: HoldRequest | None) -> Admission:
+        self._check()
+        return await super().admit(permits, hold)
+
+    async def settle(
+        self, hold_id: str, charges: Sequence[Charge], close: bool, keep_nanos: int | None = None
+    ) -> list[SoftAlert]:
+        self._check()
+        return await super().settle(hold_id, charges, close, keep_nanos)
+
+    async def renew(self, holder: str, ttl_s: float) -> int:
+        self._check()
+        return await super().renew(holder, ttl_s)
+
+
+async def _spend(gate: LeasedBudgetGate, ps: object, clock: FixedClock, n: int) -> int:
+    """Reserve and settle up to `n` requests; how many were answered before a refusal."""
+    done = 0
+    for _ in range(n):
+        ctx = context(ps, team="support", flow="reply", at=clock.now)  # type: ignore[arg-type]
+        estimate = await gate.estimate(ctx, "gpt-4o-mini", [{"role": "user", "content": "hi"}], 64)
+        try:
+            reservation = await gate.reserve(ctx, estimate)
+        except RateLimited as limited:
+            clock.now += limited.retry_after_s  # the team's rate limit refills; money is the point here
+            continue
+        except (OverBudget, Partitioned):
+            return done
+        usage = Usage(estimate.input_tokens, estimate.max_output_tokens)
+        nanos = round(estimate.usd * 1e9)
+        await gate.settle(reservation, [Bill("gpt-4o-mini", usage, nanos)])
+        done += 1
+    return done
+
+
+async def test_a_partitioned_replica_stops_spending_before_its_hold_can_expire(tmp_path: object) -> None:
+    # No rate limit: its permits would need the ledger too, and money is the point here.
+    ps = with_limits(
+        shipped(), team="support", team_rate=RateLimit(), flow_budget=("reply", BudgetLimits(day_usd=LIMIT_USD))
+    )
+    clock = FixedClock(NOON)
+    service = LedgerService(BudgetLedger(SqliteDatabase(tmp_path / "ledger.db"), clock))  # type: ignore[operator]
+    config = LeaseConfig()
+    a_client, b_client = PartitionableClient(service), PartitionableClient(service)
+    a = LeasedBudgetGate(Admissions(lambda: ps, clock=clock), a_client, "replica-a", config)
+    b = LeasedBudgetGate(Admissions(lambda: ps, clock=clock), b_client, "replica-b", config)
+
+    assert await _spend(a, ps, clock, 3) == 3  # A takes a lease
+    await a.maintain()  # its charges reach the ledger; the lease is renewed
+    a_client.cut = True
+    clock.now += config.renew_cutoff_s + 1
+    cut_off_spent = await _spend(a, ps, clock, 10_000)  # A, cut off, tries to go on spending its lease
+    clock.now += config.ttl_s + 1
+    service.expire_due()  # no renewals from A: its hold expires and its money returns
+    await _spend(b, ps, clock, 10_000)  # B spends the budget to its limit
+    await b.aclose()
+    a_client.cut = False
+    await a.aclose()  # the partition heals: whatever A charged meanwhile arrives now
+
+    line = next(s for s in service.lines() if s.key.startswith("flow:support/reply:day:"))
+    limit = round(LIMIT_USD * 1e9)
+    assert cut_off_spent == 0, f"a replica cut off from the ledger answered {cut_off_spent} more requests"
+    assert line.spent_nanos <= limit, f"spent {line.spent_nanos / limit:.2f}x the day limit"
+
+
+async def test_the_shipped_lease_settings_outlive_the_longest_flow() -> None:
+    ps = shipped()
+    check_lease_bound(LeaseConfig(), longest_deadline_s(ps))
+    with pytest.raises(ValueError, match="ttl_s=30 must be at least"):
+        check_lease_bound(LeaseConfig(ttl_s=30), longest_deadline_s(ps))
