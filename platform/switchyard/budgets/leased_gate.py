@@ -167,6 +167,10 @@ class LeasedBudgetGate:
         self._return_permits(a.permits)
         await self._after_request(lease)
 
+    def open_reservations(self) -> int:
+        """Requests reserved and neither settled nor released yet (0 when the gate is idle)."""
+        return len(self._open)
+
     # ------------------------------------------------------------ leases
 
     async def _lease_for(self, a: Admission) -> _Lease:

@@ -211,8 +211,9 @@ class AttemptRunner:
                 async with asyncio.timeout(timeout):
                     value = await opener(provider, call)
             except TimeoutError:
+                # The call was sent: the provider may finish (and bill) an answer nobody reads.
                 error: ProviderError = ProviderError(
-                    ErrorClass.TIMEOUT, f"{cand.provider} did not answer within {timeout * 1000:.0f} ms"
+                    ErrorClass.TIMEOUT, f"{cand.provider} did not answer within {timeout * 1000:.0f} ms", billed=True
                 )
             except ProviderError as exc:
                 error = exc
@@ -223,10 +224,21 @@ class AttemptRunner:
                 problem = None
                 if isinstance(value, Completion) and restore is not None:
                     problem = self.contracts.problem(ctx.flow, restore(value.text))
-                billed = value.usage if isinstance(value, Completion) else None  # a stream's comes at its end
+                # A stream's usage comes at its end; an answer without usage is billed at the bound.
+                reported = isinstance(value, Completion) and value.usage_reported
+                billed = value.usage if isinstance(value, Completion) and reported else None
+                unknown = isinstance(value, Completion) and not reported
                 if problem is None:
                     log.attempts.append(
-                        Attempt(cand.provider, cand.model, cand.entry.model_version, started, latency, usage=billed)
+                        Attempt(
+                            cand.provider,
+                            cand.model,
+                            cand.entry.model_version,
+                            started,
+                            latency,
+                            usage=billed,
+                            billed_unknown=unknown,
+                        )
                     )
                     return Answer(value, cand)
                 contract_problem = problem
@@ -243,6 +255,7 @@ class AttemptRunner:
                         ErrorClass.INVALID_OUTPUT,
                         error.message,
                         usage=billed,  # a broken answer is billed all the same
+                        billed_unknown=unknown,
                     )
                 )
                 self.metrics.attempt_failed(cand.provider, ErrorClass.INVALID_OUTPUT.value)
@@ -273,9 +286,13 @@ class AttemptRunner:
                     (self.clock() - started) * 1000,
                     error.error_class,
                     error.message,
+                    billed_unknown=error.billed,
                 )
             )
-            if error.error_class in RETRYABLE and not overloaded and retries < self.retry.retries_per_candidate:
+            # A billed failure (a 200 that does not parse) falls back rather than retries: each
+            # candidate bills at most one answer and one repair, which is what the chain holds.
+            retryable = error.error_class in RETRYABLE and not overloaded and not error.billed
+            if retryable and retries < self.retry.retries_per_candidate:
                 pause = self.retry.backoff(retries, error.retry_after_s, self.rng)
                 if self.clock() + pause + self.retry.min_attempt_s < ctx.deadline_at:
                     retries += 1

@@ -6,11 +6,12 @@ money the ledger did not hold. The charge is the sum over every attempt a provid
 each at the price of the model that billed it (`Bill`); the ledger keeps one row per bill,
 so spend names the model that was paid.
 
-Which attempts are billed: an answer (valid or not: a provider bills the tokens it produced)
-and a stream, however far it got. Errors (5xx, 429, a refused connection, a timeout we gave
-up on) are not: providers do not bill a request they failed, and a timeout's late answer is
-never read. A stream cut before its usage arrived is charged the documented upper bound
-(`budgets.tokens.output_tokens_upper_bound`).
+Which attempts are billed: an answer (valid or not: a provider bills the tokens it produced),
+a stream however far it got, a 200 whose body does not parse, and a call we gave up on (a
+timeout: the provider may still finish it, and bill it, after we stopped listening). Errors
+the provider answered (5xx, 429) and refused connections are not. An attempt billed without
+a usage we could read is charged the documented upper bound: its input as estimated and all
+of `max_tokens` (`budgets.tokens.output_tokens_upper_bound` for a stream that finished).
 """
 
 from __future__ import annotations
@@ -54,9 +55,23 @@ def bill(catalog: ProviderCatalog, model: str, usage: Usage, day: date) -> Bill:
     return Bill(model, usage, entry_price(model, catalog.models[model], day).cost_nanos(usage))
 
 
-def billed_attempts(catalog: ProviderCatalog, attempts: Sequence[Attempt], day: date) -> list[Bill]:
-    """The bills of attempts that carry the usage their provider reported."""
-    return [bill(catalog, a.model, a.usage, day) for a in attempts if a.usage is not None]
+def billed_attempts(
+    catalog: ProviderCatalog,
+    attempts: Sequence[Attempt],
+    day: date,
+    messages: Sequence[dict[str, str]],
+    max_tokens: int,
+) -> list[Bill]:
+    """The bills of the attempts a provider billed: at the usage it reported, or, for an
+    answer without (readable) usage, the bound: the input as estimated and all of `max_tokens`."""
+    bills = []
+    for a in attempts:
+        if a.usage is not None:
+            bills.append(bill(catalog, a.model, a.usage, day))
+        elif a.billed_unknown:
+            inputs = estimate_call(catalog, a.model, messages, 0, day).input_tokens
+            bills.append(bill(catalog, a.model, Usage(inputs, max_tokens), day))
+    return bills
 
 
 def total_usd(bills: Sequence[Bill]) -> float:

@@ -413,8 +413,7 @@ class ChatPipeline:
                 error_code=err.code,
             )
             # Answers that broke the contract were billed: charged, though the chain failed.
-            outcome.cost = await self._charge(reservation, billed_attempts(catalog, chain.attempts, ctx.day))
-            return await self._fail(plan, redacted, outcome, err, hdr, chain)
+            return await self._fail(plan, redacted, outcome, err, hdr, chain, reservation)
         except BaseException:
             # Cancelled (the client left) or a bug: what was billed is charged, the rest freed,
             # and the request audited, in a task the cancellation cannot reach.
@@ -423,7 +422,6 @@ class ChatPipeline:
             raise
         done, cand = answer.value, answer.candidate
         text = restore(done.text)
-        cost = await self._charge(reservation, billed_attempts(catalog, chain.attempts, ctx.day))
         hdr.update(
             {
                 H_PROVIDER: cand.provider,
@@ -439,10 +437,11 @@ class ChatPipeline:
             provider=cand.provider,
             model_version=hdr[H_MODEL],
             usage=done.usage,
-            cost=cost,
         )
         try:
-            await self._audit(plan, redacted, outcome, chain)
+            # Charged and audited in a task the pipeline owns: a client that hangs up now
+            # cannot cut the charge or the record short (the answer just is not sent).
+            await asyncio.shield(self._own(self._charge_and_audit_answer(plan, redacted, reservation, outcome, chain)))
         except AuditUnavailable as exc:
             return _error(
                 Unavailable(
@@ -480,16 +479,13 @@ class ChatPipeline:
         run: ChainRequest,
         hdr: dict[str, str],
     ) -> Result:
-        ctx, chain = plan.ctx, run.log
+        chain = run.log
         try:
             answer = await self.runner.stream(run)
         except ChainFailed as failed:
             err = self._chain_error(plan, failed, chain)
             outcome = _Outcome(status=err.status, budget_decision="reserved", error_code=err.code)
-            outcome.cost = await self._charge(
-                reservation, billed_attempts(plan.policy_set.providers, chain.attempts, ctx.day)
-            )
-            return await self._fail(plan, redacted, outcome, err, hdr, chain)
+            return await self._fail(plan, redacted, outcome, err, hdr, chain, reservation)
         cand = answer.candidate
         hdr.update({H_PROVIDER: cand.provider, H_MODEL: cand.entry.model_version, H_FALLBACK: chain.header()})
         first, rest = answer.value
@@ -575,15 +571,34 @@ class ChatPipeline:
     # ------------------------------------------------------------ failures and records
 
     async def _fail(
-        self, plan: Plan, redacted: Redacted, outcome: _Outcome, err: GatewayError, hdr: dict[str, str], chain: ChainLog
+        self,
+        plan: Plan,
+        redacted: Redacted,
+        outcome: _Outcome,
+        err: GatewayError,
+        hdr: dict[str, str],
+        chain: ChainLog,
+        reservation: Reservation | None = None,
     ) -> Result:
+        """Answer `err`; first charge what was billed (if anything was reserved) and audit the
+        refusal, in a task the pipeline owns, so a client that hangs up cannot cut it short."""
         hdr[H_FALLBACK] = chain.header()
-        self.parts.metrics.request(plan.ctx.team, plan.ctx.flow.flow, err.status, None)
-        try:
-            await self._audit(plan, redacted, outcome, chain)
-        except AuditUnavailable as exc:
-            log.error("audit record of failed request %s was not written: %s", plan.ctx.request_id, exc)
+        await asyncio.shield(self._own(self._charge_and_record(plan, redacted, reservation, outcome, chain)))
         return _error(err, hdr)
+
+    async def _charge_and_record(
+        self, plan: Plan, redacted: Redacted, reservation: Reservation | None, o: _Outcome, chain: ChainLog
+    ) -> None:
+        if reservation is not None:
+            o.cost = await self._charge(reservation, self._bills(plan, redacted, chain))
+        await self._record(plan, redacted, o, chain, context="failed")
+
+    async def _charge_and_audit_answer(
+        self, plan: Plan, redacted: Redacted, reservation: Reservation, o: _Outcome, chain: ChainLog
+    ) -> None:
+        """An answer's charge and record; `AuditUnavailable` means it must not be sent."""
+        o.cost = await self._charge(reservation, self._bills(plan, redacted, chain))
+        await self._audit(plan, redacted, o, chain)
 
     async def _audit(self, plan: Plan, redacted: Redacted, o: _Outcome, chain: ChainLog) -> None:
         ctx = plan.ctx
@@ -607,6 +622,12 @@ class ChatPipeline:
         )
         await self.parts.audit.record(exchange, durable=ctx.flow.risk_tier is RiskTier.HIGH)
 
+    def _bills(self, plan: Plan, redacted: Redacted, chain: ChainLog) -> list[Bill]:
+        """What the providers billed for this request's attempts so far."""
+        return billed_attempts(
+            plan.policy_set.providers, chain.attempts, plan.ctx.day, redacted.messages, plan.max_tokens
+        )
+
     async def _charge(self, reservation: Reservation, bills: list[Bill]) -> float:
         """Settle what the providers billed, or free the reservation if nothing was billed."""
         if not bills:
@@ -618,9 +639,14 @@ class ChatPipeline:
     async def _charge_and_audit(
         self, plan: Plan, redacted: Redacted, reservation: Reservation, o: _Outcome, chain: ChainLog
     ) -> None:
-        o.cost = await self._charge(
-            reservation, billed_attempts(plan.policy_set.providers, chain.attempts, plan.ctx.day)
-        )
+        bills = self._bills(plan, redacted, chain)
+        cand = chain.current
+        if cand is not None:  # cut off mid-call: the provider may bill its answer all the same
+            catalog, day = plan.policy_set.providers, plan.ctx.day
+            inputs = estimate_call(catalog, cand.model, redacted.messages, 0, day).input_tokens
+            bills.append(bill(catalog, cand.model, Usage(inputs, plan.max_tokens), day))
+            o.provider, o.model_version = cand.provider, cand.entry.model_version
+        o.cost = await self._charge(reservation, bills)
         await self._record(plan, redacted, o, chain, context="cancelled")
 
     async def _record(self, plan: Plan, redacted: Redacted, o: _Outcome, chain: ChainLog, context: str) -> None:
@@ -705,7 +731,7 @@ class _StreamEnd:
     async def _settle_and_audit(self) -> None:
         p, plan, o = self.pipeline, self.plan, self.outcome
         catalog, day = plan.policy_set.providers, plan.ctx.day
-        bills = billed_attempts(catalog, self.chain.attempts, day)
+        bills = p._bills(plan, self.redacted, self.chain)
         if self.candidate is not None:
             o.usage = self.usage or self.bound_usage()
             bills.append(bill(catalog, self.candidate.model, o.usage, day))

@@ -60,6 +60,7 @@ class Attempt:
     error: str | None = None  # never contains request content or credentials
     fallback_reason: str | None = None  # why the *next* attempt happened, if one did
     usage: Usage | None = None  # what the provider billed, when it answered (valid or not)
+    billed_unknown: bool = False  # it answered without usage (or unreadably): billed at the bound
 
 
 # ---------------------------------------------------------------- budgets

@@ -99,9 +99,7 @@ def parse_chat_request(raw: bytes, limits: RequestLimits | None = None) -> ChatR
     too_deep = _deeper_than(request.variables, limits.max_json_depth, ("variables",))
     if too_deep is not None:
         path = json_path(too_deep[:2])  # the variable, not the 30-odd levels below it
-        raise BadRequest(
-            "too_deeply_nested", f"{path}: nested deeper than {limits.max_json_depth} levels", param=path
-        )
+        raise BadRequest("too_deeply_nested", f"{path}: nested deeper than {limits.max_json_depth} levels", param=path)
     return request
 
 

@@ -79,7 +79,10 @@ class AnthropicProvider:
             usage = Usage(int(u["input_tokens"]), int(u["output_tokens"]), int(u.get("cache_read_input_tokens") or 0))
             finish = _FINISH.get(data.get("stop_reason") or "end_turn", "stop")
         except (ValueError, KeyError, TypeError, AttributeError):
-            raise ProviderError(ErrorClass.SERVER_ERROR, f"{self.name} returned a malformed response") from None
+            # A 200 is an answer the provider may bill, however broken: charged at the bound.
+            raise ProviderError(
+                ErrorClass.SERVER_ERROR, f"{self.name} returned a malformed response", billed=True
+            ) from None
         if finish == "content_filter":
             raise ProviderError(ErrorClass.CONTENT_FILTER, f"{self.name} refused the request")
         return Completion(text, usage, finish, data.get("model") or call.model_version)

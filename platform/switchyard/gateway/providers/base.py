@@ -36,6 +36,7 @@ class Completion:
     usage: Usage
     finish_reason: str  # OpenAI's vocabulary: stop, length, content_filter
     model_version: str
+    usage_reported: bool = True  # False: the provider sent no usage; it is billed at the bound
 
 
 @dataclass(frozen=True)
@@ -57,12 +58,14 @@ class ProviderError(Exception):
         *,
         status: int | None = None,
         retry_after_s: float | None = None,
+        billed: bool = False,
     ) -> None:
         super().__init__(message)
         self.error_class = error_class
         self.message = message
         self.status = status
         self.retry_after_s = retry_after_s
+        self.billed = billed  # the provider answered (so may have billed) but its answer is unusable
 
 
 class ProviderOverloaded(ProviderError):

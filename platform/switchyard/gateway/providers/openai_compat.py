@@ -68,10 +68,14 @@ class OpenAICompatProvider:
             usage = _usage(data.get("usage") or {})
             finish = choice.get("finish_reason") or "stop"
         except (ValueError, KeyError, IndexError, TypeError, AttributeError):
-            raise ProviderError(ErrorClass.SERVER_ERROR, f"{self.name} returned a malformed response") from None
+            # A 200 is an answer the provider may bill, however broken: charged at the bound.
+            raise ProviderError(
+                ErrorClass.SERVER_ERROR, f"{self.name} returned a malformed response", billed=True
+            ) from None
         if finish == "content_filter":
             raise ProviderError(ErrorClass.CONTENT_FILTER, f"{self.name} filtered the answer")
-        return Completion(text, usage, finish, data.get("model") or call.model_version)
+        reported = isinstance(data.get("usage"), dict)
+        return Completion(text, usage, finish, data.get("model") or call.model_version, usage_reported=reported)
 
     async def stream(self, call: ProviderCall) -> AsyncIterator[Delta]:
         try:
