@@ -49,7 +49,11 @@ class ScriptedUpstream:
             body += msg.get("body", b"")
             if not msg.get("more_body"):
                 break
-        params = json.loads(body)
+        try:
+            params = json.loads(body)
+        except ValueError:  # the gateway gave up while sending (its client left): nothing billed
+            await _respond(send, 400, b'{"error": {"type": "invalid_request_error"}}')
+            return
         found = MARKER.search(str(params["messages"][-1].get("content", "")))
         if found is None:
             found = MARKER.search(json.dumps(params["messages"]))

@@ -140,9 +140,11 @@ def test_killing_a_serve_replica_under_load_keeps_ledger_and_audit_reconciled(
 ) -> None:
     """One of the two gateway replicas is killed (`ray.kill`) under load; Serve starts a new
     one, which sends the dead replica's journaled charges and drains its audit spool before
-    taking traffic. Then, over the requests of this test: every answered request has exactly
-    one audit record, every high-risk one too, and the ledger's charges equal the audited
-    costs request by request; a charge without a record is a request cut off by the kill."""
+    taking traffic. Meanwhile two clients stream answers and hang up after a chunk or two.
+    Then, over the requests of this test: every answered request has exactly one audit record,
+    every high-risk one too, every stream a client left has one, and the ledger's charges equal
+    the audited costs request by request; a charge without a record is a request cut off by
+    the kill."""
     import json
     import sqlite3
     import threading
@@ -181,7 +183,26 @@ def test_killing_a_serve_replica_under_load_keeps_ledger_and_audit_reconciled(
                 if r.status_code == 200:
                     answered[r.headers["x-switchyard-request-id"]] = "high" if i % 2 == 0 else "medium"
 
+    streamed: set[str] = set()  # request ids of streams whose client hung up
+
+    def streamer(n: int) -> None:
+        body = {**BODY_PLAIN, "stream": True}
+        with httpx.Client(base_url=serve_gateway, timeout=30) as http:
+            while not stop.is_set():
+                try:
+                    with http.stream(
+                        "POST", "/v1/chat/completions", json=body, headers={"authorization": f"Bearer {keys['qa']}"}
+                    ) as r:
+                        if r.status_code != 200:
+                            continue
+                        for _ in zip(range(1 + n % 2), r.iter_raw(), strict=False):
+                            pass  # a chunk or two, then the client hangs up
+                        streamed.add(r.headers["x-switchyard-request-id"])
+                except httpx.TransportError:
+                    continue
+
     threads = [threading.Thread(target=user, args=(n,)) for n in range(6)]
+    threads += [threading.Thread(target=streamer, args=(n,)) for n in range(2)]
     for t in threads:
         t.start()
     try:
@@ -219,11 +240,16 @@ def test_killing_a_serve_replica_under_load_keeps_ledger_and_audit_reconciled(
         audited = {
             r.request_id: usd_to_nanos(r.cost_usd)
             for r in records
-            if isinstance(r, RequestRecord) and r.status_code == 200
+            if isinstance(r, RequestRecord) and (r.status_code == 200 or r.request_id in streamed)
         }
         with closing(sqlite3.connect(ledger_db)) as db:
-            charged = dict(db.execute("SELECT charge_id, nanos FROM charges WHERE at >= ?", (started - 1,)).fetchall())
-        missing = {rid: tier for rid, tier in answered.items() if rid not in audited}
+            rows = db.execute("SELECT charge_id, nanos FROM charges WHERE at >= ?", (started - 1,)).fetchall()
+        charged: dict[str, int] = {}
+        for charge_id, nanos in rows:  # a request's bills: <id>, <id>.2, ...
+            charged[charge_id.split(".")[0]] = charged.get(charge_id.split(".")[0], 0) + nanos
+        missing = {
+            rid: tier for rid, tier in {**answered, **dict.fromkeys(streamed, "stream")}.items() if rid not in audited
+        }
         return audited, charged, missing
 
     deadline = time.monotonic() + 30  # the survivor's spool drains and its charges flush in the background
@@ -234,6 +260,7 @@ def test_killing_a_serve_replica_under_load_keeps_ledger_and_audit_reconciled(
         time.sleep(0.5)
     assert missing == {}, f"{len(missing)} answered requests have no record"
     assert sum(t == "high" for t in answered.values()) >= 5
+    assert len(streamed) >= 5, "too few streams were cut off to test them"
     assert {rid: charged.get(rid) for rid in audited} == audited, "an audited request's charge is missing or differs"
     cut_off = set(charged) - set(audited)
     assert not cut_off & set(answered) and len(cut_off) <= 6

@@ -8,6 +8,7 @@ contract repair, and each model appears once in a route, so a chain always ends.
 from __future__ import annotations
 
 import asyncio
+import logging
 import random
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -34,6 +35,20 @@ T = TypeVar("T")
 RETRYABLE = frozenset({ErrorClass.RATE_LIMITED, ErrorClass.SERVER_ERROR, ErrorClass.CONNECTION})
 CIRCUIT_OPEN = "circuit_open"
 REPAIR_INSTRUCTION = "Your answer did not match the required JSON schema ({problem}). Reply again with JSON only."
+
+
+def close_stream_soon(stream: AsyncIterator[Delta]) -> None:
+    """Close a provider stream nobody will read on (its HTTP response and connection), in the
+    background: the caller may be in a cancelled scope where an await would not run."""
+    close = getattr(stream, "aclose", None)
+    if close is not None:
+        task = asyncio.get_running_loop().create_task(close())
+        task.add_done_callback(_closed)
+
+
+def _closed(task: asyncio.Task[None]) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        logging.getLogger(__name__).warning("closing a provider stream failed: %s", task.exception())
 
 
 @dataclass(frozen=True)
@@ -125,11 +140,14 @@ class AttemptRunner:
 
     async def stream(self, req: ChainRequest) -> Answer[tuple[Delta, AsyncIterator[Delta]]]:
         async def open_stream(provider: ChatProvider, call: ProviderCall) -> tuple[Delta, AsyncIterator[Delta]]:
-            it = aiter(provider.stream(call))
+            it = provider.stream(call)
             try:
                 first = await anext(it)
             except StopAsyncIteration:
                 raise ProviderError(ErrorClass.SERVER_ERROR, f"{provider.name} sent an empty stream") from None
+            except BaseException:
+                close_stream_soon(it)  # timed out or cancelled: release the provider's connection
+                raise
             return first, it
 
         return await self._run(req, open_stream, None)

@@ -21,7 +21,14 @@ from typing import Any, Literal
 from switchyard.budgets.pricing import UnknownPrice, estimate_call
 from switchyard.budgets.tokens import output_tokens_upper_bound
 from switchyard.gateway.admission_control import AdmissionController, Shed, Ticket
-from switchyard.gateway.attempts import AttemptRunner, ChainFailed, ChainLog, ChainRequest, RetryPolicy
+from switchyard.gateway.attempts import (
+    AttemptRunner,
+    ChainFailed,
+    ChainLog,
+    ChainRequest,
+    RetryPolicy,
+    close_stream_soon,
+)
 from switchyard.gateway.auth import KeySnapshot
 from switchyard.gateway.billing import bill, billed_attempts, chain_bound, total_usd
 from switchyard.gateway.circuit import CircuitBoard
@@ -387,16 +394,7 @@ class ChatPipeline:
             log=chain,
         )
         if ctx.stream and flow.output_schema is None:
-            try:
-                return await self._start_stream(plan, redacted, reservation, run, hdr)
-            except BaseException:
-                # Cancelled (the client hung up) before the first token: what the provider may
-                # have billed is settled and the request audited, in a task the request's
-                # cancellation cannot reach.
-                gone = _Outcome(status=499, budget_decision="reserved", error_code="client_disconnected")
-                end = _StreamEnd(self, plan, redacted, reservation, chain, chain.current, gone)
-                await asyncio.shield(end.finish())  # goes on if this request is cancelled
-                raise
+            return await self._start_stream(plan, redacted, reservation, run, hdr)
 
         def restore(text: str) -> str:
             restorer = parts.redactor.restorer(redacted)
@@ -486,6 +484,13 @@ class ChatPipeline:
             err = self._chain_error(plan, failed, chain)
             outcome = _Outcome(status=err.status, budget_decision="reserved", error_code=err.code)
             return await self._fail(plan, redacted, outcome, err, hdr, chain, reservation)
+        except BaseException:
+            # Cancelled (the client hung up) before the first token: what the provider may
+            # have billed is settled and the request audited, in a task the request's
+            # cancellation cannot reach.
+            gone = _Outcome(status=499, budget_decision="reserved", error_code="client_disconnected")
+            await asyncio.shield(_StreamEnd(self, plan, redacted, reservation, chain, chain.current, gone).finish())
+            raise
         cand = answer.candidate
         hdr.update({H_PROVIDER: cand.provider, H_MODEL: cand.entry.model_version, H_FALLBACK: chain.header()})
         first, rest = answer.value
@@ -565,6 +570,7 @@ class ChatPipeline:
                 outcome.status, outcome.error_code = 499, "client_disconnected"
             raise
         finally:
+            close_stream_soon(rest)  # the provider's response, if it is still open
             end.usage = usage
             await asyncio.shield(end.finish())  # goes on if this request is cancelled
 
