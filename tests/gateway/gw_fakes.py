@@ -12,21 +12,18 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
-import socket
-import threading
-import time
 import urllib.parse
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
 import botocore.session
-import uvicorn
 from anthropic.types.message_create_params import (
     MessageCreateParamsNonStreaming,
     MessageCreateParamsStreaming,
 )
 from botocore.validate import ParamValidator
+from gw_server import ThreadedServer
 from openai.types.chat.completion_create_params import (
     CompletionCreateParamsNonStreaming,
     CompletionCreateParamsStreaming,
@@ -89,38 +86,25 @@ class FakeUpstreams:
         self.openai = Upstream()
         self.anthropic = Upstream()
         self.bedrock = Upstream()
-        self.port = 0
-        self._server: uvicorn.Server | None = None
-        self._thread: threading.Thread | None = None
+        self._server = ThreadedServer(self)
+
+    @property
+    def port(self) -> int:
+        return self._server.port
 
     @property
     def base(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return self._server.url
 
     def reset(self) -> None:
         for u in (self.openai, self.anthropic, self.bedrock):
             u.reset()
 
     def start(self) -> None:
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind(("127.0.0.1", 0))
-        self.port = sock.getsockname()[1]
-        config = uvicorn.Config(self, log_level="critical", lifespan="off", ws="none", access_log=False)
-        self._server = uvicorn.Server(config)
-        self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [sock]}, daemon=True)
-        self._thread.start()
-        deadline = time.time() + 10
-        while not self._server.started:
-            if time.time() > deadline:
-                raise RuntimeError("fake upstream did not start")
-            time.sleep(0.01)
+        self._server.__enter__()
 
     def stop(self) -> None:
-        if self._server is not None:
-            self._server.should_exit = True
-        if self._thread is not None:
-            self._thread.join(timeout=10)
+        self._server.__exit__(None, None, None)
 
     # ------------------------------------------------------------ ASGI
 

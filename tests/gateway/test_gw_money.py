@@ -64,10 +64,14 @@ async def test_fallback_to_a_pricier_model_never_overspends_the_flow_budget(
             )
             statuses.append(resp.status_code)
             if resp.status_code == 402:
+                refusal = resp.json()["error"]["message"]
                 break
     await gate.aclose()
     upstreams.reset()
     assert 402 in statuses and 200 in statuses, statuses
+    # The 402 names the line, its limit, what is spent and held, what the request needs, the reset.
+    for part in ("flow:qa/plain:day:", f"limit ${LIMIT_USD:g}", "spent", "held", "needs $", "resets at"):
+        assert part in refusal, f"{part!r} not in the 402: {refusal}"
     line = next(s for s in service.lines() if s.key.startswith("flow:qa/plain:day:"))
     assert line.spent_nanos <= round(LIMIT_USD * 1e9), (
         f"spent {line.spent_nanos / 1e9:.7f} USD on a {LIMIT_USD} USD flow budget "

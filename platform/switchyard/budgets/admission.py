@@ -111,6 +111,8 @@ def over_budget(refused: HoldRefused) -> OverBudget:
         nanos_to_usd(refused.committed_nanos),
         nanos_to_usd(refused.limit_nanos),
         refused.resets_at,
+        spent_usd=nanos_to_usd(refused.spent_nanos),
+        needed_usd=nanos_to_usd(refused.needed_nanos),
     )
 
 

@@ -50,6 +50,9 @@ class DirectBudgetGate:
         await self.client.settle(a.reservation_id, a.charges(bills), close=True)
         del self._open[reservation.reservation_id]  # only once recorded: a failed settle may be retried
 
+    def warnings(self, reservation: Reservation) -> list[str]:
+        return []  # soft alerts are the leased gate's (the deployed one)
+
     async def release(self, reservation: Reservation) -> None:
         self._open.pop(reservation.reservation_id, None)
         await self.client.settle(reservation.reservation_id, [], close=True)

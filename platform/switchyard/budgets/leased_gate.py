@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 
 from switchyard.budgets.admission import Admission, Admissions, over_budget, rate_limited
 from switchyard.budgets.charge_journal import ChargeJournal, RecoveryReport, recover_orphans
-from switchyard.budgets.ledger import Charge, HoldRefused, HoldRequest
+from switchyard.budgets.ledger import Charge, HoldRefused, HoldRequest, SoftAlert
 from switchyard.budgets.money import nanos_to_usd
 from switchyard.budgets.ratelimit import PermitDemand, PermitsRefused
 from switchyard.budgets.resolve import BudgetLine
@@ -125,6 +125,7 @@ class LeasedBudgetGate:
         self._permit_lock = asyncio.Lock()
         self._open: dict[str, tuple[Admission, _Lease]] = {}
         self._permits: dict[str, _Permits] = {}
+        self._alerts: dict[str, SoftAlert] = {}  # budget line -> the highest soft alert it raised
         self._maintainer: asyncio.Task[None] | None = None
 
     # ------------------------------------------------------------ BudgetGate
@@ -320,12 +321,24 @@ class LeasedBudgetGate:
         charges, lease.pending = lease.pending, []
         self._sending += 1
         try:
-            await self.client.settle(lease.hold_id, charges, close, keep)
+            alerts = await self.client.settle(lease.hold_id, charges, close, keep)
         except BaseException:
             lease.pending[:0] = charges  # not recorded: send them again next time (ids make it safe)
             raise
         finally:
             self._sending -= 1
+        for alert in alerts:  # the highest threshold a line passed this period; its key names the period
+            if alert.threshold >= self._alerts.get(alert.key, alert).threshold:
+                self._alerts[alert.key] = alert
+
+    def warnings(self, reservation: Reservation) -> list[str]:
+        """Soft-alert thresholds the reservation's budget lines have passed this period, for
+        the response header that tells the team (the ledger raises each alert once)."""
+        return [
+            f"{a.key} passed {a.threshold:.0%} of ${nanos_to_usd(a.limit_nanos):.6g}"
+            for key in reservation.budgets
+            if (a := self._alerts.get(key)) is not None
+        ]
 
     def _all_sent(self) -> bool:
         leases = (*self._leases.values(), *self._retired.values())

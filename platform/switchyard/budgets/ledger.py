@@ -18,7 +18,7 @@ import json
 import logging
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from switchyard.budgets.db import Database, Transaction
 from switchyard.budgets.resolve import BudgetLine
@@ -93,6 +93,9 @@ class HoldRefused:
     committed_nanos: int  # spent + reserved
     limit_nanos: int
     resets_at: str
+    # For the 402's message (what of `committed` is spent, what the request asked for).
+    spent_nanos: int = field(default=0, compare=False)
+    needed_nanos: int = field(default=0, compare=False)
 
 
 @dataclass(frozen=True)
@@ -172,7 +175,14 @@ class BudgetLedger:
                 s = status[line.key]
                 room = s.limit_nanos - s.spent_nanos - s.reserved_nanos
                 if room < req.min_nanos:
-                    return HoldRefused(line.key, s.spent_nanos + s.reserved_nanos, s.limit_nanos, s.resets_at)
+                    return HoldRefused(
+                        line.key,
+                        s.spent_nanos + s.reserved_nanos,
+                        s.limit_nanos,
+                        s.resets_at,
+                        s.spent_nanos,
+                        req.min_nanos,
+                    )
                 headroom = room if headroom is None else min(headroom, room)
             grant = req.want_nanos
             if headroom is not None:

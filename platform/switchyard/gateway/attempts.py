@@ -12,7 +12,7 @@ import logging
 import random
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Generic, TypeVar
 
 from switchyard.gateway.circuit import CircuitBoard
@@ -246,36 +246,23 @@ class AttemptRunner:
                 reported = isinstance(value, Completion) and value.usage_reported
                 billed = value.usage if isinstance(value, Completion) and reported else None
                 unknown = isinstance(value, Completion) and not reported
+                answered = Attempt(  # billed whether or not it keeps the contract
+                    cand.provider,
+                    cand.model,
+                    cand.entry.model_version,
+                    started,
+                    latency,
+                    usage=billed,
+                    billed_unknown=unknown,
+                )
                 if problem is None:
-                    log.attempts.append(
-                        Attempt(
-                            cand.provider,
-                            cand.model,
-                            cand.entry.model_version,
-                            started,
-                            latency,
-                            usage=billed,
-                            billed_unknown=unknown,
-                        )
-                    )
+                    log.attempts.append(answered)
                     return Answer(value, cand)
                 contract_problem = problem
                 error = ProviderError(
                     ErrorClass.INVALID_OUTPUT, f"{cand.model}'s answer broke the output contract {problem}"
                 )
-                log.attempts.append(
-                    Attempt(
-                        cand.provider,
-                        cand.model,
-                        cand.entry.model_version,
-                        started,
-                        latency,
-                        ErrorClass.INVALID_OUTPUT,
-                        error.message,
-                        usage=billed,  # a broken answer is billed all the same
-                        billed_unknown=unknown,
-                    )
-                )
+                log.attempts.append(replace(answered, error_class=ErrorClass.INVALID_OUTPUT, error=error.message))
                 self.metrics.attempt_failed(cand.provider, ErrorClass.INVALID_OUTPUT.value)
                 if not repaired and (nxt is None or ErrorClass.INVALID_OUTPUT not in nxt.on_errors):
                     # The rule does not move on for invalid output: one repair attempt here.

@@ -78,6 +78,9 @@ class InMemoryBudgetGate:
             self.spent[key] += actual_usd
             self.settled.append((reservation.reservation_id, actual_usd, usage))
 
+    def warnings(self, reservation: Reservation) -> list[str]:
+        return []  # soft alerts are the leased gate's (the deployed one)
+
     async def release(self, reservation: Reservation) -> None:
         async with self._lock:
             key, usd = self.held.pop(reservation.reservation_id, ("", 0.0))

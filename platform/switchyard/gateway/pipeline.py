@@ -86,6 +86,7 @@ H_MODEL = "x-switchyard-model"
 H_PROMPT = "x-switchyard-prompt-version"
 H_FALLBACK = "x-switchyard-fallback"
 H_REPLAY = "x-switchyard-idempotent-replay"
+H_BUDGET_WARNING = "x-switchyard-budget-warning"
 
 
 @dataclass(frozen=True)
@@ -447,6 +448,9 @@ class ChatPipeline:
                 ),
                 hdr,
             )
+        warnings = parts.budget.warnings(reservation)
+        if warnings:  # the team's own code (and its admins' dashboards) see a budget running low
+            hdr[H_BUDGET_WARNING] = "; ".join(warnings)
         parts.metrics.request(ctx.team, flow.flow, 200, cand.provider)
         total_ms = (parts.clock() - ctx.received_at) * 1000
         upstream_ms = sum(a.latency_ms for a in chain.attempts)

@@ -98,12 +98,24 @@ class Reservation:
 class OverBudget(Exception):
     """A hard limit would be exceeded. Maps to HTTP 402; names the budget, not the request."""
 
-    def __init__(self, budget: str, spent_usd: float, limit_usd: float, resets_at: str) -> None:
-        self.budget, self.spent_usd, self.limit_usd, self.resets_at = budget, spent_usd, limit_usd, resets_at
+    def __init__(
+        self,
+        budget: str,
+        committed_usd: float,
+        limit_usd: float,
+        resets_at: str,
+        *,
+        spent_usd: float | None = None,
+        needed_usd: float | None = None,
+    ) -> None:
+        self.budget, self.committed_usd, self.limit_usd, self.resets_at = budget, committed_usd, limit_usd, resets_at
+        self.spent_usd = committed_usd if spent_usd is None else spent_usd
+        held = committed_usd - self.spent_usd
+        needs = "" if needed_usd is None else f" needs ${needed_usd:.6g} (its whole chain, fallbacks included);"
         super().__init__(
             # `g` formats: a $0.00001 budget reads as such, not as $0.00.
-            f"budget {budget} cannot fit this request: ${spent_usd:.6g} of ${limit_usd:.6g} already committed;"
-            f" resets at {resets_at}"
+            f"budget {budget} (limit ${limit_usd:.6g}) cannot fit this request:{needs} ${self.spent_usd:.6g} spent"
+            f" and ${held:.6g} held by requests in flight; resets at {resets_at}"
         )
 
 
@@ -137,6 +149,10 @@ class BudgetGate(Protocol):
         ...
 
     async def release(self, reservation: Reservation) -> None: ...
+
+    def warnings(self, reservation: Reservation) -> list[str]:
+        """Soft-alert thresholds (`budget.soft_alerts`) the reservation's lines have passed."""
+        ...
 
 
 # ---------------------------------------------------------------- redaction
