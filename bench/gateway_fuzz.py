@@ -44,12 +44,18 @@ def main() -> int:
     took = time.monotonic() - started
     out = done.stdout + done.stderr
     print(f"seed {args.seed}, up to {args.examples} cases per operation, {took:.0f} s, pytest exit {done.returncode}\n")
-    # Hypothesis' statistics: one block per test (operation), with its passing/failing counts.
-    for block in re.split(r"\n(?=tests/gateway/test_gw_fuzz\.py::)", out):
-        name = re.match(r"tests/gateway/test_gw_fuzz\.py::(\S+)", block)
-        counts = re.search(r"(\d+) passing examples?, (\d+) failing examples?, (\d+) invalid examples?", block)
-        if name and counts:
-            print(f"{name[1]:80} passing {counts[1]:>5}  failing {counts[2]:>3}  invalid {counts[3]:>4}")
+    # Hypothesis' statistics: one block per generated test, i.e. per operation, in the
+    # document's order (chat completions first, then the others).
+    blocks = re.split(r"\n(?=tests/gateway/test_gw_fuzz\.py::)", out)
+    for i, block in enumerate(b for b in blocks if b.startswith("tests/gateway/test_gw_fuzz.py::")):
+        name = block.split("\n", 1)[0].removeprefix("tests/gateway/test_gw_fuzz.py::").rstrip(":")
+        counts = re.search(r"(\d+) passing, (\d+) failing, and (\d+) invalid", block)
+        stop = re.search(r"Stopped because (.*)", block)
+        if counts:
+            print(
+                f"#{i} {name:50} passing {counts[1]:>5}  failing {counts[2]:>3}  invalid {counts[3]:>4}"
+                f"  ({stop[1] if stop else '?'})"
+            )
     failures = [line for line in out.splitlines() if line.startswith(("E   ", "case = "))]
     if failures:
         print("\nfailures (each becomes a regression test):\n" + "\n".join(failures[:40]))
