@@ -84,12 +84,15 @@ def _document() -> dict[str, Any]:
 
 
 def _schema_literals(node: Any) -> set[str]:
-    """Values the schema itself enumerates (roles, types): an error may list them."""
+    """Field names and the values the schema enumerates (roles, types): an error may name them."""
     found: set[str] = set()
     if isinstance(node, dict):
         for key, value in node.items():
             if key == "enum" and isinstance(value, list):
                 found |= {v for v in value if isinstance(v, str)}
+            elif key == "properties" and isinstance(value, dict):  # field names, which errors name
+                found |= set(value)
+                found |= _schema_literals(value)
             elif key == "const" and isinstance(value, str):
                 found.add(value)
             else:
