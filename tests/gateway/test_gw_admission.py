@@ -18,9 +18,9 @@ from gw_fakes import FakeUpstreams
 from gw_harness import Harness, build_harness, make_keys
 
 from switchyard.gateway.admission_control import AdmissionController, Shed, Ticket
-from switchyard.gateway.pipeline import StreamResult
 from switchyard.gateway.providers.base import ChatProvider, Completion, ProviderCall, ProviderOverloaded
 from switchyard.gateway.providers.inprocess import InProcessProvider
+from switchyard.gateway.results import StreamResult
 from switchyard.gateway.seams import Usage
 from switchyard.policy.errors import PolicyError
 from switchyard.policy.loader import load_policy_set

@@ -51,7 +51,7 @@ from switchyard.budgets.pricing import estimate_call, price_on
 from switchyard.budgets.ratelimit import PermitDemand
 from switchyard.budgets.service import Admission, InProcessLedgerClient, LedgerService
 from switchyard.gateway.circuit import BreakerSettings
-from switchyard.gateway.pipeline import JSONResult, StreamResult
+from switchyard.gateway.results import JSONResult, StreamResult
 from switchyard.gateway.seams import BudgetUnavailable, CostEstimate, Exchange, RequestContext, Reservation
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")

@@ -19,8 +19,8 @@ from gw_fakes import FakeUpstreams, Fault
 from gw_harness import Harness, build_harness
 
 from switchyard.gateway.interim import CollectingAuditSink
-from switchyard.gateway.pipeline import StreamResult
 from switchyard.gateway.providers.base import Completion, Delta, ProviderCall
+from switchyard.gateway.results import StreamResult
 from switchyard.gateway.seams import Exchange, Usage
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")

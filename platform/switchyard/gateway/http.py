@@ -17,9 +17,10 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from switchyard.gateway.errors import GatewayError, Unauthenticated, json_path
-from switchyard.gateway.pipeline import ChatPipeline, JSONResult
+from switchyard.gateway.pipeline import ChatPipeline
 from switchyard.gateway.planning import DEADLINE_HEADER, FLOW_HEADER, IDEMPOTENCY_HEADER
 from switchyard.gateway.request_body import read_capped_body
+from switchyard.gateway.results import JSONResult
 from switchyard.gateway.wire import ChatRequest
 from switchyard.policy.roles import Action, allowed
 

@@ -17,11 +17,15 @@ erased pseudonym: it is dropped, not stored (the purge leaves a marker for one T
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
+import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
+
+log = logging.getLogger(__name__)
 
 
 class IdempotencyUnavailable(Exception):
@@ -153,3 +157,26 @@ class InMemoryIdempotencyStore:
 
     async def purge_subject(self, scope: str, subject: str) -> int:
         return self.table.purge_subject(scope, subject)
+
+
+async def forget_claim(store: IdempotencyStore, team: str, key: str) -> None:
+    """Release a claim whose owner failed. If the store is unreachable, the claim lapses by
+    itself after the store's claim timeout."""
+    try:
+        await store.abandon(team, key)
+    except IdempotencyUnavailable as exc:
+        log.warning("could not release idempotency claim of team %s; it will lapse: %s", team, exc)
+
+
+async def complete_later(
+    store: IdempotencyStore, team: str, key: str, stored: StoredResponse, attempts: int = 8
+) -> None:
+    delay = 0.25
+    for _ in range(attempts):
+        await asyncio.sleep(delay)
+        try:
+            await store.complete(team, key, stored)
+            return
+        except IdempotencyUnavailable:
+            delay = min(delay * 2, 8.0)
+    log.error("an idempotent answer of team %s was never stored; a retry of it will run again", team)

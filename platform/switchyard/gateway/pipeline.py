@@ -16,11 +16,11 @@ import uuid
 import weakref
 from collections.abc import AsyncIterator, Callable, Coroutine, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 from switchyard.budgets.pricing import UnknownPrice, estimate_call
 from switchyard.budgets.tokens import output_tokens_upper_bound
-from switchyard.gateway.admission_control import AdmissionController, Shed, Ticket
+from switchyard.gateway.admission_control import AdmissionController, Shed
 from switchyard.gateway.attempts import (
     AttemptRunner,
     ChainFailed,
@@ -50,12 +50,30 @@ from switchyard.gateway.idempotency import (
     IdempotencyUnavailable,
     StoredResponse,
     body_fingerprint,
+    complete_later,
+    forget_claim,
 )
 from switchyard.gateway.metrics import GatewayMetrics
 from switchyard.gateway.planning import Plan, Planner
 from switchyard.gateway.pool import ProviderPool
 from switchyard.gateway.providers.base import Delta, ProviderCall, ProviderError, ProviderOverloaded
 from switchyard.gateway.redaction_pool import RedactionPool
+from switchyard.gateway.results import (
+    H_BUDGET_WARNING,
+    H_FALLBACK,
+    H_MODEL,
+    H_PROMPT,
+    H_PROVIDER,
+    H_REPLAY,
+    H_REQUEST_ID,
+    ContractResult,
+    JSONResult,
+    Result,
+    StreamResult,
+    error_result,
+    release_after,
+    replay_stream,
+)
 from switchyard.gateway.routing import Candidate
 from switchyard.gateway.seams import (
     AuditSink,
@@ -79,32 +97,6 @@ from switchyard.policy.models import ErrorClass, RiskTier
 from switchyard.policy.policy_set import PolicySet
 
 log = logging.getLogger(__name__)
-
-H_REQUEST_ID = "x-switchyard-request-id"
-H_PROVIDER = "x-switchyard-provider"
-H_MODEL = "x-switchyard-model"
-H_PROMPT = "x-switchyard-prompt-version"
-H_FALLBACK = "x-switchyard-fallback"
-H_REPLAY = "x-switchyard-idempotent-replay"
-H_BUDGET_WARNING = "x-switchyard-budget-warning"
-
-
-@dataclass(frozen=True)
-class JSONResult:
-    status: int
-    body: dict[str, Any]
-    headers: dict[str, str]
-
-
-@dataclass(frozen=True)
-class StreamResult:
-    headers: dict[str, str]
-    body: AsyncIterator[bytes]
-    status: int = 200
-
-
-Result = JSONResult | StreamResult
-ContractResult = Literal["valid", "invalid", "not_declared", "not_reached"]
 
 
 @dataclass
@@ -176,7 +168,7 @@ class ChatPipeline:
         except GatewayError as exc:
             # Not audited: before a flow is resolved there is no flow policy to audit under.
             self.parts.metrics.request("unknown", "unknown", exc.status, None)
-            return _error(exc, hdr)
+            return error_result(exc, hdr)
         hdr[H_PROMPT] = plan.ctx.prompt_ref
         if plan.ctx.idempotency_key is not None:
             return await self._idempotent(plan, raw, hdr)
@@ -188,14 +180,14 @@ class ChatPipeline:
         ctx = plan.ctx
         key = ctx.idempotency_key or ""
         if len(key) > 255:
-            return _error(
+            return error_result(
                 BadRequest(
                     "invalid_idempotency_key", "Idempotency-Key is longer than 255 characters", param="Idempotency-Key"
                 ),
                 hdr,
             )
         if ctx.stream:
-            return _error(
+            return error_result(
                 BadRequest(
                     "idempotent_stream_unsupported",
                     "Idempotency-Key is supported on non-streaming requests only",
@@ -215,7 +207,7 @@ class ChatPipeline:
                     "the idempotency store cannot be reached right now; the request was not run",
                     headers={"retry-after": "1"},
                 )
-                return _error(down, hdr)
+                return error_result(down, hdr)
             if claim.outcome == "owner":
                 break
             if claim.outcome == "replay" and claim.response is not None:
@@ -231,7 +223,7 @@ class ChatPipeline:
                     },
                 )
             if claim.outcome == "conflict":
-                return _error(
+                return error_result(
                     IdempotencyConflict(
                         "idempotency_key_reused",
                         "this Idempotency-Key was used with a different request body",
@@ -240,7 +232,7 @@ class ChatPipeline:
                     hdr,
                 )
             if self.parts.clock() >= ctx.deadline_at:
-                return _error(
+                return error_result(
                     DeadlineExceeded(
                         "deadline_exceeded",
                         "a request with this Idempotency-Key is still in flight and the deadline passed",
@@ -251,7 +243,7 @@ class ChatPipeline:
         try:
             result = await self._execute(plan, hdr)
         except BaseException:
-            self._own(_forget_claim(store, ctx.team, key))
+            self._own(forget_claim(store, ctx.team, key))
             raise
         if isinstance(result, JSONResult) and result.status == 200:
             stored = StoredResponse(result.status, result.body, result.headers, await self._subject(ctx))
@@ -261,9 +253,9 @@ class ChatPipeline:
                 # Answered and charged: the answer goes out, and it is stored once the store is
                 # back, so a retry meanwhile waits on the claim rather than running (and paying) again.
                 log.error("request %s: storing the answer failed, retrying in the background: %s", ctx.request_id, exc)
-                self._own(_complete_later(store, ctx.team, key, stored))
+                self._own(complete_later(store, ctx.team, key, stored))
         else:
-            self._own(_forget_claim(store, ctx.team, key))  # failures are not stored: a retry may succeed
+            self._own(forget_claim(store, ctx.team, key))  # failures are not stored: a retry may succeed
         return result
 
     async def _subject(self, ctx: RequestContext) -> str | None:
@@ -293,7 +285,7 @@ class ChatPipeline:
             ticket.release()
             raise
         if isinstance(result, StreamResult):
-            return StreamResult(result.headers, _release_after(result.body, ticket), result.status)
+            return StreamResult(result.headers, release_after(result.body, ticket), result.status)
         ticket.release()
         return result
 
@@ -324,7 +316,7 @@ class ChatPipeline:
         except Exception:  # fail closed: nothing leaves unredacted when the redactor breaks
             log.exception("redaction failed for request %s (data class %s)", ctx.request_id, flow.data_class)
             parts.metrics.request(ctx.team, flow.flow, 503, None)
-            return _error(
+            return error_result(
                 Unavailable("redaction_unavailable", f"data class {flow.data_class!r} cannot be redacted right now"),
                 hdr,
             )
@@ -442,7 +434,7 @@ class ChatPipeline:
             # cannot cut the charge or the record short (the answer just is not sent).
             await asyncio.shield(self._own(self._charge_and_audit_answer(plan, redacted, reservation, outcome, chain)))
         except AuditUnavailable as exc:
-            return _error(
+            return error_result(
                 Unavailable(
                     "audit_unavailable", f"the audit store cannot take the record of this high-risk request ({exc})"
                 ),
@@ -460,7 +452,7 @@ class ChatPipeline:
         if ctx.stream:  # a flow with an output schema: buffered, validated, then streamed
             return StreamResult(
                 hdr,
-                _replay_stream(
+                replay_stream(
                     ctx.request_id,
                     cand.model,
                     text,
@@ -594,7 +586,7 @@ class ChatPipeline:
         refusal, in a task the pipeline owns, so a client that hangs up cannot cut it short."""
         hdr[H_FALLBACK] = chain.header()
         await asyncio.shield(self._own(self._charge_and_record(plan, redacted, reservation, outcome, chain)))
-        return _error(err, hdr)
+        return error_result(err, hdr)
 
     async def _charge_and_record(
         self, plan: Plan, redacted: Redacted, reservation: Reservation | None, o: _Outcome, chain: ChainLog
@@ -750,64 +742,6 @@ class _StreamEnd:
         await p._record(plan, self.redacted, o, self.chain, context="streamed")
 
 
-def _error(err: GatewayError, hdr: dict[str, str]) -> JSONResult:
-    return JSONResult(err.status, err.body(), {**hdr, **err.headers})
-
-
-async def _forget_claim(store: IdempotencyStore, team: str, key: str) -> None:
-    """Release a claim whose owner failed. If the store is unreachable, the claim lapses by
-    itself after the store's claim timeout."""
-    try:
-        await store.abandon(team, key)
-    except IdempotencyUnavailable as exc:
-        log.warning("could not release idempotency claim of team %s; it will lapse: %s", team, exc)
-
-
-async def _complete_later(
-    store: IdempotencyStore, team: str, key: str, stored: StoredResponse, attempts: int = 8
-) -> None:
-    delay = 0.25
-    for _ in range(attempts):
-        await asyncio.sleep(delay)
-        try:
-            await store.complete(team, key, stored)
-            return
-        except IdempotencyUnavailable:
-            delay = min(delay * 2, 8.0)
-    log.error("an idempotent answer of team %s was never stored; a retry of it will run again", team)
-
-
 def _log_failure(task: asyncio.Task[None]) -> None:
     if not task.cancelled() and task.exception() is not None:
         log.error("settling or auditing a request failed", exc_info=task.exception())
-
-
-def _release_after(body: AsyncIterator[bytes], ticket: Ticket) -> AsyncIterator[bytes]:
-    """The stream holds its admission slot until its last byte (or its failure)."""
-
-    async def relay() -> AsyncIterator[bytes]:
-        try:
-            async for chunk in body:
-                yield chunk
-        finally:
-            ticket.release()
-            close = getattr(body, "aclose", None)  # a client that left closes the body now, as before
-            if close is not None:
-                await close()
-
-    stream = relay()
-    # A stream the server never starts (the client left first) never runs `finally`.
-    weakref.finalize(stream, ticket.release)
-    return stream
-
-
-async def _replay_stream(
-    request_id: str, model: str, text: str, finish: str, usage: Usage, include_usage: bool
-) -> AsyncIterator[bytes]:
-    created = int(time.time())
-    yield sse(chunk_body(request_id, model, created, role=True, text=""))
-    yield sse(chunk_body(request_id, model, created, text=text))
-    yield sse(chunk_body(request_id, model, created, finish_reason=finish))
-    if include_usage:
-        yield sse(chunk_body(request_id, model, created, usage=usage))
-    yield sse("[DONE]")
