@@ -75,7 +75,7 @@ async def main(n: int) -> None:
 
             v = choose_version(ps, flow, None)
             planner.schemas.validate(flow, req.variables)
-            return render_messages(planner.prompts, flow, v, req.variables, [m.as_text() for m in req.messages])
+            return render_messages(planner.prompts, flow, v, req.variables, [m.as_message() for m in req.messages])
 
         call = ProviderCall("local-gpt", "v", [{"role": "user", "content": "x"}], 64, 5.0, "r")
         loop = asyncio.get_running_loop()

@@ -122,6 +122,7 @@ class Gateway:
         yield
         self._refresh_task.cancel()
         await self.pipeline.drain()  # streams whose clients left are still settling and auditing
+        await self.pipeline.aclose()
         # Send queued charges and return budget slices now rather than letting them expire;
         # commit what the audit spool has acknowledged.
         await self.budget.aclose()

@@ -1,9 +1,11 @@
 """switchyard's small GPT as a Serve deployment (`local-model`), the `local` provider.
 
 `chat(request)` takes an OpenAI chat-completions request dict and returns a chat
-completion dict; generation runs in a worker thread so the replica keeps serving health
-checks. Checkpoints: the newest complete `step-*` folder under `checkpoints_dir`, else the
-project's seeded initialisation.
+completion dict; `embed(request)` takes an OpenAI embeddings request dict (`input` a list of
+strings) and returns an embeddings response dict, or `{"error": ...}` for an input it refuses.
+Both run in a worker thread so the replica keeps serving health checks. Checkpoints: the
+newest complete `step-*` folder under `checkpoints_dir`, else the project's seeded
+initialisation.
 """
 
 from __future__ import annotations
@@ -39,13 +41,20 @@ class LocalModel:
         self._checked_at = time.monotonic()
 
     async def chat(self, request: dict[str, Any]) -> dict[str, Any]:
+        await self._refresh_if_due()
+        return await asyncio.to_thread(self.model.chat, request)
+
+    async def embed(self, request: dict[str, Any]) -> dict[str, Any]:
+        await self._refresh_if_due()
+        return await asyncio.to_thread(self.model.embeddings, request)
+
+    async def _refresh_if_due(self) -> None:
         now = time.monotonic()
         if now - self._checked_at > REFRESH_EVERY_S:
             # A newer checkpoint of the model (a training job checkpointed) is served from here
             # on; checked on the request path, at most every few seconds, so no task to manage.
             self._checked_at = now
             await asyncio.to_thread(self.model.refresh)
-        return await asyncio.to_thread(self.model.chat, request)
 
     def info(self) -> dict[str, Any]:
         return {

@@ -76,11 +76,11 @@ def test_a_call_on_a_day_without_a_price_is_never_free() -> None:
 
 
 def test_estimate_in_nano_dollars() -> None:
-    # o200k: ceil(30 bytes / 3) = 10 tokens + 4 per message + 3 reply priming = 17 input tokens;
-    # 17 * 150 + 100 max output * 600 = 2_550 + 60_000 = 62_550 n$.
+    # o200k: "x" * 30 is 5 tokens + 3 per message + 1 for "user" + 3 reply priming = 12 input
+    # tokens; 12 * 150 + 100 max output * 600 = 1_800 + 60_000 = 61_800 n$.
     messages = [{"role": "user", "content": "x" * 30}]
     est = pricing.estimate_call(PS.providers, "gpt-4o-mini", messages, 100, DAY)
-    assert (est.model, est.input_tokens, est.max_output_tokens, est.nanos) == ("gpt-4o-mini", 17, 100, 62_550)
+    assert (est.model, est.input_tokens, est.max_output_tokens, est.nanos) == ("gpt-4o-mini", 12, 100, 61_800)
 
 
 @settings(max_examples=300, deadline=None)

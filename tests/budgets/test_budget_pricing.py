@@ -44,10 +44,11 @@ def test_bytes_family_counts_every_utf8_byte() -> None:
     assert count_input_tokens("bytes", msgs) == 13
 
 
-def test_bpe_families_overestimate_english() -> None:
-    text = "The quick brown fox jumps over the lazy dog. " * 20  # ~200 real o200k tokens
+def test_openai_families_count_exactly_and_the_others_overestimate_english() -> None:
+    text = "The quick brown fox jumps over the lazy dog. " * 20  # 201 o200k tokens
     n = count_input_tokens("o200k", [{"role": "user", "content": text}])
-    assert n == 300 + 4 + 3  # 900 bytes / 3, plus framing
+    assert n == 201 + 3 + 1 + 3  # text, 3 per message, "user", reply priming
+    assert count_input_tokens("claude", [{"role": "user", "content": text}]) == 300 + 4 + 3  # 900 bytes / 3
     assert count_input_tokens("mystery", [{"role": "user", "content": text}]) == 450 + 7
 
 
@@ -56,7 +57,7 @@ async def test_estimate_uses_max_tokens_or_the_flows_cap() -> None:
     ctx = context(PS)  # support/reply: gpt-4o-mini, max_tokens 512
     msgs = [{"role": "user", "content": "x" * 30}]
     est = admissions.estimate(ctx, "gpt-4o-mini", msgs, 100)
-    assert (est.input_tokens, est.max_output_tokens) == (10 + 7, 100)
-    assert est.usd == pytest.approx((17 * 0.15 + 100 * 0.60) / 1e6)
+    assert (est.input_tokens, est.max_output_tokens) == (5 + 7, 100)  # "x" * 30 is 5 o200k tokens
+    assert est.usd == pytest.approx((12 * 0.15 + 100 * 0.60) / 1e6)
     assert admissions.estimate(ctx, "gpt-4o-mini", msgs, 0).max_output_tokens == 512  # not given
     assert admissions.estimate(ctx, "gpt-4o-mini", msgs, 10_000).max_output_tokens == 512  # capped

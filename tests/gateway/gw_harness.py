@@ -29,6 +29,7 @@ from switchyard.gateway.pool import ProviderPool
 from switchyard.gateway.providers.base import ChatProvider, Completion, ProviderCall
 from switchyard.gateway.providers.inprocess import InProcessProvider
 from switchyard.gateway.seams import Usage
+from switchyard.gateway.tracing import GatewayTracing
 from switchyard.policy.keys import KeyStore
 from switchyard.policy.models import Role
 from switchyard.policy.store import PolicyStore
@@ -75,6 +76,23 @@ QA_TEAM = {
             "fallback": [{"model": "claude-haiku", "on_errors": ["content_filter", "context_length"]}],
         },
         "closed": {"prompt": "assistant@1", "model": "gpt-4o-mini", "allow_free_messages": False},
+        # Tool calling: the local model cannot call tools, so a tool request skips it visibly.
+        "agent": {
+            "prompt": "assistant@1",
+            "model": "gpt-4o-mini",
+            "fallback": [{"model": "local-gpt"}, {"model": "claude-haiku"}],
+            "deadline_ms": 5000,
+            "budget": {"day_usd": 50},
+        },
+        # Bedrock takes image bytes only: an https image skips it, a data URL does not.
+        "vision": {
+            "prompt": "assistant@1",
+            "model": "bedrock-claude-sonnet",
+            "fallback": [{"model": "claude-haiku"}],
+            "deadline_ms": 5000,
+        },
+        "local-only": {"prompt": "assistant@1", "model": "local-gpt", "deadline_ms": 5000},
+        "private": {"prompt": "assistant@1", "model": "gpt-4o-mini", "data_class": "personal"},
     },
 }
 
@@ -173,6 +191,7 @@ class Harness:
     async def aclose(self) -> None:
         for c in self.clients:
             await c.aclose()
+        await self.pipeline.aclose()
         await self.parts.providers.aclose()
 
 
@@ -185,6 +204,7 @@ def build_harness(
     breaker: BreakerSettings | None = None,
     overrides: dict[str, ChatProvider] | None = None,
     fail_durable_audit: bool = False,
+    tracing: GatewayTracing | None = None,
 ) -> Harness:
     store = PolicyStore(policies, state)
     ks = KeyStore.in_state_dir(state)
@@ -204,5 +224,6 @@ def build_harness(
         circuits=CircuitBoard(breaker or BreakerSettings(), on_change=metrics.circuit_changed),
         retry=RetryPolicy(base_backoff_s=0.001, max_backoff_s=0.01),
         evals=EvalBook(EvalSigner.in_state_dir(state)),
+        tracing=tracing or GatewayTracing(),
     )
     return Harness(ChatPipeline(parts), parts, metrics, audit, budget, keys, local, store)

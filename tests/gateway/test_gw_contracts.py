@@ -30,7 +30,11 @@ async def test_valid_json_passes(gw: Harness, upstreams: FakeUpstreams) -> None:
     upstreams.openai.reply = GOOD
     raw = await triage(gw)
     assert json.loads(raw.parse().choices[0].message.content) == json.loads(GOOD)  # type: ignore[attr-defined]
-    assert upstreams.openai.received[-1]["response_format"] == {"type": "json_object"}
+    # The flow's schema is asked for natively where the model declares `json_schema`.
+    fmt = upstreams.openai.received[-1]["response_format"]
+    assert fmt["type"] == "json_schema" and fmt["json_schema"]["schema"] == gw.pipeline.planner.flows.get(
+        gw.store.current, "support", "triage"
+    ).output_schema
     assert gw.audit.exchanges[-1].contract_result == "valid"
 
 

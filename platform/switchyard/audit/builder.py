@@ -8,14 +8,18 @@ of the subject readable or linkable.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import dataclass
+from typing import Any
 
 from switchyard.audit.data_policy import DataPolicySource, as_getter
 from switchyard.audit.record import (
     AttemptRecord,
+    BillRecord,
     RedactionRecord,
     RequestRecord,
+    SkipRecord,
     StoredBody,
     Tokens,
 )
@@ -28,6 +32,8 @@ from switchyard.audit.subject_keys import (
     seal,
     subject_of,
 )
+from switchyard.budgets.money import nanos_to_usd
+from switchyard.gateway.messages import map_text
 from switchyard.gateway.seams import Exchange
 from switchyard.policy.models import BodyStorage, DataClass
 
@@ -65,16 +71,19 @@ class RecordBuilder:
         cls = self.data_class(ctx.flow.data_class)
         subject = subject_of(ctx.team, ctx.user)
         counts: dict[str, int] = {}
-        input_text = json.dumps(exchange.input_messages, ensure_ascii=False, sort_keys=True)
+        inputs = [images_by_digest(m) for m in exchange.input_messages]
         if cls.store_input is BodyStorage.REDACTED:
-            input_text = json.dumps(
-                [self._scrub_message(m, counts) for m in exchange.input_messages],
-                ensure_ascii=False,
-                sort_keys=True,
-            )
+            inputs = [map_text(m, lambda text: self._scrub(text, counts)) for m in inputs]
+        input_text = json.dumps(inputs, ensure_ascii=False, sort_keys=True)
         output_text = exchange.output_text
-        if output_text is not None and cls.store_output is BodyStorage.REDACTED:
-            output_text = self._scrub(output_text, counts)
+        calls = list(exchange.output_tool_calls)
+        if cls.store_output is BodyStorage.REDACTED:
+            if output_text is not None:
+                output_text = self._scrub(output_text, counts)
+            calls = map_text({"tool_calls": calls}, lambda text: self._scrub(text, counts)).get("tool_calls", [])
+        if calls:
+            # An answer that calls tools is stored as the message it was: its text and its calls.
+            output_text = json.dumps({"content": output_text, "tool_calls": calls}, ensure_ascii=False, sort_keys=True)
         bodies: list[BodyBlob] = []
         key = self.keyring.key_for(subject)  # one key read per record
         alias = pseudonym(key[1], subject)
@@ -129,6 +138,17 @@ class RecordBuilder:
             body_expires_at=ctx.received_at + retention_days * DAY_S,
             idempotency_key=ctx.idempotency_key,
             contract_result=exchange.contract_result,
+            skipped=tuple(SkipRecord(model=m, reason=r) for m, r in exchange.skipped),
+            bills=tuple(
+                BillRecord(
+                    model=b.model,
+                    prompt_tokens=b.usage.prompt_tokens,
+                    completion_tokens=b.usage.completion_tokens,
+                    cached_prompt_tokens=b.usage.cached_prompt_tokens,
+                    cost_usd=nanos_to_usd(b.nanos),
+                )
+                for b in exchange.bills
+            ),
         )
         return PendingEntry(record, tuple(bodies))
 
@@ -137,11 +157,6 @@ class RecordBuilder:
         for entity, n in found.items():
             counts[entity] = counts.get(entity, 0) + n
         return scrubbed
-
-    def _scrub_message(self, message: dict[str, str], counts: dict[str, int]) -> dict[str, str]:
-        if "content" not in message:
-            return message
-        return {**message, "content": self._scrub(message["content"], counts)}
 
     def _store(
         self,
@@ -162,3 +177,21 @@ class RecordBuilder:
         data = seal(key, text, f"{request_id}/{part}")
         bodies.append(BodyBlob(part, data))
         return StoredBody(storage=storage, digest=plain_digest(data), encrypted=True, key_id=key_id)
+
+
+def images_by_digest(message: dict[str, Any]) -> dict[str, Any]:
+    """An image is recorded by its sha256, media type and size, not its bytes: the record
+    proves which image was sent without the audit store keeping every upload (a data URL can
+    be 20 MB). An https URL is kept as sent, under the same storage rule as the text."""
+    content = message.get("content")
+    if not isinstance(content, list):
+        return message
+    parts = []
+    for part in content:
+        url = part.get("image_url", {}).get("url", "") if part.get("type") == "image_url" else ""
+        if url.startswith("data:"):
+            head, _, data = url.partition(",")
+            digest = hashlib.sha256(data.encode()).hexdigest()
+            part = {"type": "image_url", "image_url": {"url": f"{head},<sha256:{digest} {len(data)} base64 chars>"}}
+        parts.append(part)
+    return {**message, "content": parts}

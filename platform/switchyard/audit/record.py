@@ -55,6 +55,24 @@ class StoredBody(_Frozen):
     key_id: str | None = None  # the subject key that encrypts it (erasure deletes the key)
 
 
+class BillRecord(_Frozen):
+    """One billed attempt: the model and what it was charged for. A request's bills sum to
+    its `cost_usd`, and over the log they equal the gateway's token and cost counters."""
+
+    model: str
+    prompt_tokens: int
+    completion_tokens: int
+    cached_prompt_tokens: int = 0
+    cost_usd: float
+
+
+class SkipRecord(_Frozen):
+    """A candidate of the route that was not tried, and why (policy or a missing capability)."""
+
+    model: str
+    reason: str
+
+
 class RequestRecord(_Frozen):
     schema_version: Literal[1, 2] = 2
     kind: Literal["request"] = "request"
@@ -83,6 +101,8 @@ class RequestRecord(_Frozen):
     body_expires_at: float  # after this the bodies are removed; the record stays
     idempotency_key: str | None
     contract_result: Literal["valid", "invalid", "not_declared", "not_reached"]
+    skipped: tuple[SkipRecord, ...] = ()
+    bills: tuple[BillRecord, ...] = ()
 
 
 class AccessRecord(_Frozen):

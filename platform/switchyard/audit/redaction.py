@@ -22,6 +22,7 @@ from switchyard.audit.analysis_pool import AnalysisProcessPool
 from switchyard.audit.data_policy import DataPolicySource, as_getter
 from switchyard.audit.presidio_engine import ENTITIES, offline_analyzer
 from switchyard.audit.restore import PlaceholderRestorer
+from switchyard.gateway.messages import map_text
 from switchyard.gateway.seams import Redacted, RedactionSummary
 
 SCORE_THRESHOLD = 0.3  # phone numbers score 0.4 without context words; keep them
@@ -129,7 +130,7 @@ class PresidioRedactor:
         self._policies = as_getter(policies)
         self.scrubber = scrubber if scrubber is not None else TextScrubber()
 
-    def redact(self, messages: list[dict[str, str]], data_class: str) -> Redacted:
+    def redact(self, messages: list[dict[str, Any]], data_class: str) -> Redacted:
         cls = self._policies().classes.get(data_class)
         if cls is None:
             raise KeyError(
@@ -140,10 +141,8 @@ class PresidioRedactor:
             return Redacted(messages=messages, summary=RedactionSummary(mode="none"))
         mode: Literal["reversible", "irreversible"] = "reversible" if cls.reversible else "irreversible"
         numbering, counts = _Numbering(), Counter[str]()
-        out = [
-            {**m, "content": self.scrubber.scrub(m["content"], mode, numbering, counts)} if "content" in m else m
-            for m in messages
-        ]
+        # Every text a model reads: content, text parts, tool-call arguments and tool results.
+        out = [map_text(m, lambda text: self.scrubber.scrub(text, mode, numbering, counts)) for m in messages]
         restore = numbering.restore_map() if mode == "reversible" else {}
         return Redacted(out, RedactionSummary(mode=mode, entity_counts=dict(counts)), restore)
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from switchyard.budgets.ledger import Charge, HoldRefused
 from switchyard.budgets.money import nanos_to_usd
@@ -13,7 +14,7 @@ from switchyard.budgets.periods import utc, utc_day
 from switchyard.budgets.pricing import estimate_call, price_on
 from switchyard.budgets.ratelimit import PermitDemand, PermitsRefused
 from switchyard.budgets.resolve import BudgetLine, applicable_budgets, applicable_rate_limits
-from switchyard.gateway.seams import Bill, CostEstimate, OverBudget, RateLimited, RequestContext
+from switchyard.gateway.seams import Bill, CostEstimate, Headroom, OverBudget, RateLimited, RequestContext
 from switchyard.policy.models import BudgetLimits
 from switchyard.policy.policy_set import PolicySet
 
@@ -29,6 +30,7 @@ class Admission:
     ctx: RequestContext
     model: str
     user: str | None = None  # the end user as the ledger names it (a pseudonym, see Admissions)
+    token_keys: frozenset[str] = frozenset()  # which permits count tokens (the rest count requests)
 
     @property
     def keys(self) -> tuple[str, ...]:
@@ -74,7 +76,7 @@ class Admissions:
         self._pseudonym = pseudonym
 
     def estimate(
-        self, ctx: RequestContext, model: str, messages: list[dict[str, str]], max_tokens: int
+        self, ctx: RequestContext, model: str, messages: list[dict[str, Any]], max_tokens: int
     ) -> CostEstimate:
         """Input tokens by the model family's tokenizer estimate, plus `max_tokens` of output;
         a request without `max_tokens` (0 or less) gets the flow's cap, and none gets more."""
@@ -92,9 +94,7 @@ class Admissions:
             amount = price.estimate_nanos(estimate.input_tokens, estimate.max_output_tokens)
         user = ctx.user if ctx.user is None or self._pseudonym is None else self._pseudonym(ctx.team, ctx.user)
         # The period is the request's arrival, so its charge lands in the day it reserved on.
-        lines = applicable_budgets(
-            ps, ctx.team, ctx.flow.flow, ctx.flow.budget, user, ctx.received_at, self._per_user
-        )
+        lines = applicable_budgets(ps, ctx.team, ctx.flow.flow, ctx.flow.budget, user, ctx.received_at, self._per_user)
         requests, tokens = applicable_rate_limits(ps, ctx.team, ctx.flow.flow, ctx.flow.rate_limit)
         n_tokens = estimate.input_tokens + estimate.max_output_tokens
         permits = tuple(PermitDemand(r.key, r.per_minute, 1, 1) for r in requests) + tuple(
@@ -102,7 +102,15 @@ class Admissions:
         )
         # The reservation (and so the charge) is named by the request id: the ledger's charges
         # reconcile with the audit log one to one.
-        return Admission(ctx.request_id, lines, amount, permits, ctx, estimate.model, user)
+        token_keys = frozenset(t.key for t in tokens)
+        return Admission(ctx.request_id, lines, amount, permits, ctx, estimate.model, user, token_keys)
+
+
+def permit_headroom(budget_usd: float | None, a: Admission, left: dict[str, int]) -> Headroom:
+    """`Headroom` from the budget left and the permits left per key (the tightest of each kind)."""
+    requests = [n for k, n in left.items() if k not in a.token_keys]
+    tokens = [n for k, n in left.items() if k in a.token_keys]
+    return Headroom(budget_usd, min(requests, default=None), min(tokens, default=None))
 
 
 def over_budget(refused: HoldRefused) -> OverBudget:

@@ -23,14 +23,14 @@ import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from switchyard.budgets.admission import Admission, Admissions, over_budget, rate_limited
+from switchyard.budgets.admission import Admission, Admissions, over_budget, permit_headroom, rate_limited
 from switchyard.budgets.charge_journal import ChargeJournal, RecoveryReport, recover_orphans
 from switchyard.budgets.ledger import Charge, HoldRefused, HoldRequest, SoftAlert
 from switchyard.budgets.money import nanos_to_usd
 from switchyard.budgets.ratelimit import PermitDemand, PermitsRefused
 from switchyard.budgets.resolve import BudgetLine
 from switchyard.budgets.service import Admitted, LedgerClient
-from switchyard.gateway.seams import Bill, CostEstimate, RequestContext, Reservation
+from switchyard.gateway.seams import Bill, CostEstimate, Headroom, RequestContext, Reservation
 
 log = logging.getLogger(__name__)
 
@@ -81,6 +81,7 @@ class _Lease:
     granted: int
     last_used: float
     renewed_at: float  # when the ledger last confirmed the hold (granted or renewed)
+    headroom: int | None = None  # left unheld on the tightest line when the hold was granted
     used: int = 0  # in-flight estimates plus charges
     in_flight: dict[str, int] = field(default_factory=dict)  # reservation id -> amount
     pending: list[Charge] = field(default_factory=list)
@@ -97,8 +98,9 @@ class _Lease:
 @dataclass
 class _Permits:
     per_minute: int
-    count: int
+    count: int  # held here, not yet used
     taken_at: float
+    shared_left: int = 0  # left in the shared bucket at the last take
 
 
 class LeasedBudgetGate:
@@ -203,7 +205,7 @@ class LeasedBudgetGate:
         if isinstance(result, PermitsRefused) or result.hold is None:
             raise AssertionError(f"the ledger answered a budget-only hold with {result!r}")
         now = self.admissions.clock()
-        return _Lease(result.hold.hold_id, a.lines, result.hold.amount_nanos, now, now)
+        return _Lease(result.hold.hold_id, a.lines, result.hold.amount_nanos, now, now, result.hold.headroom_nanos)
 
     # ------------------------------------------------------------ prefetching the next lease
 
@@ -225,7 +227,7 @@ class LeasedBudgetGate:
         if not isinstance(result, Admitted) or result.hold is None:
             return None  # refused: the request that needs it will be refused with the details
         now = self.admissions.clock()
-        return _Lease(result.hold.hold_id, a.lines, result.hold.amount_nanos, now, now)
+        return _Lease(result.hold.hold_id, a.lines, result.hold.amount_nanos, now, now, result.hold.headroom_nanos)
 
     async def _take_prefetched(self, a: Admission) -> _Lease | None:
         lease = await self._drop_prefetched(a.keys, keep=True)
@@ -340,6 +342,15 @@ class LeasedBudgetGate:
             if (a := self._alerts.get(key)) is not None
         ]
 
+    def headroom(self, reservation: Reservation) -> Headroom:
+        """The budget left is the ledger's headroom when this replica's lease was granted plus
+        what of the lease is still unspent here; permits, the shared bucket's count at the
+        last take plus those held here. Other replicas' spending since is not seen."""
+        a, lease = self._open[reservation.reservation_id]
+        budget = None if lease.headroom is None else nanos_to_usd(lease.headroom + max(lease.available, 0))
+        left = {d.key: p.shared_left + max(p.count, 0) for d in a.permits if (p := self._permits.get(d.key))}
+        return permit_headroom(budget, a, left)
+
     def _all_sent(self) -> bool:
         leases = (*self._leases.values(), *self._retired.values())
         return self._sending == 0 and not any(lease.pending for lease in leases)
@@ -379,6 +390,7 @@ class LeasedBudgetGate:
                     p = self._permits.setdefault(d.key, _Permits(d.per_minute, 0, now))
                     p.count += result.permits[d.key]
                     p.taken_at = now
+                    p.shared_left = result.permits_left.get(d.key, 0)
             for d in demands:
                 self._permits[d.key].count -= d.need
 

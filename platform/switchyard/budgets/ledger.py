@@ -83,6 +83,9 @@ class HoldRequest:
 class HoldGranted:
     hold_id: str
     amount_nanos: int
+    # What is left unheld on its tightest line once this hold is taken (None: unlimited, or a
+    # retried hold): the "budget remaining" a response reports, as of this answer.
+    headroom_nanos: int | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True)
@@ -200,7 +203,7 @@ class BudgetLedger:
                 " VALUES (?, ?, ?, ?, 0, ?, ?, 1)",
                 (req.hold_id, req.holder, json.dumps(keys), grant, now, now + req.ttl_s),
             )
-            return HoldGranted(req.hold_id, grant)
+            return HoldGranted(req.hold_id, grant, None if headroom is None else headroom - grant)
 
     def _lock_lines(self, tx: Transaction, lines: Sequence[BudgetLine]) -> dict[str, LineStatus]:
         """Create or update each line's limit (policy may change), locking rows in key order."""

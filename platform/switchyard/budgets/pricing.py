@@ -11,9 +11,10 @@ cached price where the model has one, else at the input price.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import date
+from typing import Any
 
 from switchyard.budgets.money import nanos_to_usd, per_token_nanos
 from switchyard.budgets.tokens import count_input_tokens
@@ -86,12 +87,18 @@ def usage_cost_nanos(catalog: ProviderCatalog, model: str, usage: Usage, day: da
 
 
 def estimate_call(
-    catalog: ProviderCatalog, model: str, messages: Sequence[dict[str, str]], max_output_tokens: int, day: date
+    catalog: ProviderCatalog,
+    model: str,
+    messages: Sequence[dict[str, Any]],
+    max_output_tokens: int,
+    day: date,
+    tools: Sequence[Mapping[str, Any]] = (),
 ) -> CallEstimate:
-    """Input tokens by the model's tokenizer family (`tokens.count_input_tokens`, which errs
-    high) plus `max_output_tokens`, every input token at the uncached price."""
+    """Input tokens by the model's tokenizer family (`tokens.count_input_tokens`: exact or an
+    upper bound; tool definitions included) plus `max_output_tokens`, every input token at the
+    uncached price."""
     entry = model_entry(catalog, model)
-    input_tokens = count_input_tokens(entry.family, messages)
+    input_tokens = count_input_tokens(entry.family, messages, tools)
     nanos = entry_price(model, entry, day).estimate_nanos(input_tokens, max_output_tokens)
     return CallEstimate(model, input_tokens, max_output_tokens, nanos)
 

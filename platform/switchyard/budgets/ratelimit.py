@@ -8,7 +8,7 @@ permits locally and skip the shared round trip for the next few requests.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 @dataclass(frozen=True)
@@ -22,6 +22,8 @@ class PermitDemand:
 @dataclass(frozen=True)
 class PermitsGranted:
     granted: dict[str, int]
+    # Whole permits left in each bucket after the take (informational: not part of equality).
+    left: dict[str, int] = field(default_factory=dict, compare=False)
 
 
 @dataclass(frozen=True)
@@ -61,12 +63,13 @@ class TokenBuckets:
                 return PermitsRefused(d.key, 60.0)
             if b.level < d.need:
                 return PermitsRefused(d.key, (d.need - b.level) * 60.0 / d.per_minute)
-        granted = {}
+        granted, left = {}, {}
         for d, b in buckets:
             n = max(d.need, min(d.want, int(b.level)))
             b.level -= n
             granted[d.key] = n
-        return PermitsGranted(granted)
+            left[d.key] = max(int(b.level), 0)
+        return PermitsGranted(granted, left)
 
     def give_back(self, returned: dict[str, int], limits: dict[str, int], now: float) -> None:
         """Return permits a replica held but did not use."""

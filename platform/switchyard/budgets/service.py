@@ -12,7 +12,7 @@ import logging
 import sqlite3
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from switchyard.budgets.ledger import (
@@ -35,6 +35,7 @@ log = logging.getLogger(__name__)
 class Admitted:
     permits: dict[str, int]
     hold: HoldGranted | None
+    permits_left: dict[str, int] = field(default_factory=dict)  # in the shared buckets, after this take
 
 
 Admission = Admitted | PermitsRefused | HoldRefused
@@ -61,12 +62,12 @@ class LedgerService:
         if isinstance(taken, PermitsRefused):
             return taken
         if hold is None:
-            return Admitted(taken.granted, None)
+            return Admitted(taken.granted, None, taken.left)
         held = self.ledger.hold(hold)
         if isinstance(held, HoldRefused):
             self.give_back(taken.granted, {d.key: d.per_minute for d in permits})
             return held
-        return Admitted(taken.granted, held)
+        return Admitted(taken.granted, held, taken.left)
 
     def settle(
         self, hold_id: str, charges: Sequence[Charge], close: bool, keep_nanos: int | None = None

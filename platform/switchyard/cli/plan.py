@@ -33,19 +33,29 @@ from switchyard.train.strategy import CheckpointMode, Offload, Strategy, WrapGra
 _SHAPE_FLAGS = ("layers", "hidden", "heads", "kv_heads", "ffn", "vocab")
 # argparse dest -> TrainingJob field, for flags that override a job spec.
 _JOB_FLAGS = {
-    "strategy": "strategy", "precision": "precision", "optimizer": "optimizer",
-    "offload": "offload", "micro_batch": "micro_batch", "seq_len": "seq_len",
-    "grad_accum": "grad_accum", "checkpointing": "checkpointing",
-    "checkpoint_every_k": "checkpoint_every_k", "wrap": "wrap", "prefetch": "prefetch",
-    "shard_group": "shard_group", "flash_attention": "flash_attention",
+    "strategy": "strategy",
+    "precision": "precision",
+    "optimizer": "optimizer",
+    "offload": "offload",
+    "micro_batch": "micro_batch",
+    "seq_len": "seq_len",
+    "grad_accum": "grad_accum",
+    "checkpointing": "checkpointing",
+    "checkpoint_every_k": "checkpoint_every_k",
+    "wrap": "wrap",
+    "prefetch": "prefetch",
+    "shard_group": "shard_group",
+    "flash_attention": "flash_attention",
 }
 _CLUSTER_FLAGS = tuple(f.name for f in fields(ClusterSpec))
 
 
 def register(subparsers: Any) -> None:
     p = subparsers.add_parser(
-        "plan", help="predict memory, communication and time per GPU for a training job",
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+        "plan",
+        help="predict memory, communication and time per GPU for a training job",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     model = p.add_argument_group("model (one of)")
     model.add_argument("--model", help="a preset name (see --list-presets)")
@@ -53,15 +63,15 @@ def register(subparsers: Any) -> None:
     model.add_argument("--spec", help="a job spec YAML file (as submitted to the trainer)")
     for name in _SHAPE_FLAGS:
         model.add_argument(f"--{name.replace('_', '-')}", type=int, dest=name)
-    model.add_argument("--llama-style", action="store_true",
-                       help="with explicit dimensions: RMSNorm, no biases, SwiGLU, untied")
+    model.add_argument(
+        "--llama-style", action="store_true", help="with explicit dimensions: RMSNorm, no biases, SwiGLU, untied"
+    )
     cluster = p.add_argument_group("cluster")
     cluster.add_argument("--gpus", type=int, help="data-parallel GPUs (default 8)")
     cluster.add_argument("--gpus-per-node", type=int)
     cluster.add_argument("--gpu-memory-gib", type=float)
     cluster.add_argument("--intra-node-gbps", type=float, help="NVLink bus bandwidth, GB/s")
-    cluster.add_argument("--inter-node-gbps", type=float,
-                         help="network bus bandwidth per GPU, GB/s")
+    cluster.add_argument("--inter-node-gbps", type=float, help="network bus bandwidth per GPU, GB/s")
     cluster.add_argument("--pcie-gbps", type=float)
     cluster.add_argument("--peak-tflops", type=float)
     cluster.add_argument("--fp32-peak-tflops", type=float)
@@ -76,17 +86,30 @@ def register(subparsers: Any) -> None:
     job.add_argument("--micro-batch", type=int, help="sequences per GPU per pass (default 1)")
     job.add_argument("--seq-len", type=int, help="tokens per sequence (default 4096)")
     job.add_argument("--grad-accum", type=int)
-    job.add_argument("--checkpointing", type=CheckpointMode, choices=list(CheckpointMode),
-                     help="activation recomputation (default none)")
+    job.add_argument(
+        "--checkpointing",
+        type=CheckpointMode,
+        choices=list(CheckpointMode),
+        help="activation recomputation (default none)",
+    )
     job.add_argument("--checkpoint-every-k", type=int)
     job.add_argument("--wrap", type=WrapGranularity, choices=list(WrapGranularity))
     job.add_argument("--prefetch", type=int)
     job.add_argument("--shard-group", type=int, help="fsdp-hybrid: GPUs per shard group")
-    job.add_argument("--no-flash-attention", dest="flash_attention", action="store_false",
-                     default=None, help="attention materialises the sxs score matrix")
+    job.add_argument(
+        "--no-flash-attention",
+        dest="flash_attention",
+        action="store_false",
+        default=None,
+        help="attention materialises the sxs score matrix",
+    )
     p.add_argument("--compare", action="store_true", help="plan every strategy and recommend one")
-    p.add_argument("--headroom", type=float, default=0.10,
-                   help="fraction of GPU memory a recommendation leaves free (default 0.10)")
+    p.add_argument(
+        "--headroom",
+        type=float,
+        default=0.10,
+        help="fraction of GPU memory a recommendation leaves free (default 0.10)",
+    )
     p.add_argument("--list-presets", action="store_true")
     p.add_argument("--json", action="store_true")
     p.set_defaults(handler=run_plan)
@@ -109,14 +132,14 @@ def run_plan(args: argparse.Namespace) -> int:
 
 
 def _inputs(args: argparse.Namespace) -> tuple[ModelShape | int, str, ClusterSpec, TrainingJob]:
-    given = [n for n, v in (("--model", args.model), ("--params", args.params),
-                            ("--spec", args.spec)) if v is not None]
+    given = [n for n, v in (("--model", args.model), ("--params", args.params), ("--spec", args.spec)) if v is not None]
     dims = [n for n in _SHAPE_FLAGS if getattr(args, n) is not None]
     if dims:
         given.append("--layers/--hidden/...")
     if len(given) != 1:
-        raise PlanError(f"give exactly one model source (--model, --params, --spec or "
-                        f"dimensions); got {', '.join(given) or 'none'}")
+        raise PlanError(
+            f"give exactly one model source (--model, --params, --spec or dimensions); got {', '.join(given) or 'none'}"
+        )
     job, gpus = TrainingJob(), None
     model: ModelShape | int
     if args.spec is not None:
@@ -146,8 +169,7 @@ def _explicit_shape(args: argparse.Namespace) -> ModelShape:
     dims = {n: getattr(args, n) for n in _SHAPE_FLAGS}
     if args.llama_style:
         return ModelShape(**dims)
-    return ModelShape(**dims, gated_ffn=False, bias=True, norm=Norm.LAYERNORM,
-                      tied_embeddings=True, fused_qkv=True)
+    return ModelShape(**dims, gated_ffn=False, bias=True, norm=Norm.LAYERNORM, tied_embeddings=True, fused_qkv=True)
 
 
 def _value(term_value: float, unit: str) -> str:
@@ -158,9 +180,11 @@ def _value(term_value: float, unit: str) -> str:
 
 def _header(p: Plan, label: str) -> str:
     j, c = p.job, p.cluster
-    return (f"{label}: Ψ = {p.params:,} parameters; {c.gpus} GPUs ({c.gpus_per_node}/node, "
-            f"{c.gpu_memory_gib:g} GiB); {j.precision}, {j.optimizer}, micro-batch {j.micro_batch}"
-            f" * {j.seq_len} tokens, checkpointing {j.checkpointing}")
+    return (
+        f"{label}: Ψ = {p.params:,} parameters; {c.gpus} GPUs ({c.gpus_per_node}/node, "
+        f"{c.gpu_memory_gib:g} GiB); {j.precision}, {j.optimizer}, micro-batch {j.micro_batch}"
+        f" * {j.seq_len} tokens, checkpointing {j.checkpointing}"
+    )
 
 
 def _show_plan(p: Plan, label: str, as_json: bool) -> None:
@@ -170,11 +194,14 @@ def _show_plan(p: Plan, label: str, as_json: bool) -> None:
     print(_header(p, label) + f", strategy {p.job.strategy}, offload {p.job.offload}")
     print("N = GPUs sharing a state; U = largest unit gathered at once, U_p = unit prefetched")
     print()
-    print_table(["line", "per GPU", "formula"],
-                [(name, _value(t.value, unit), t.formula) for name, t, unit in p.lines()])
+    print_table(
+        ["line", "per GPU", "formula"], [(name, _value(t.value, unit), t.formula) for name, t, unit in p.lines()]
+    )
     fits = "fits" if p.fits else "does NOT fit"
-    print(f"\n{fits} in {p.cluster.gpu_memory_gib:g} GiB; step ≈ "
-          + ("unknown (only Ψ given)" if p.step_seconds is None else f"{p.step_seconds:.3g} s"))
+    print(
+        f"\n{fits} in {p.cluster.gpu_memory_gib:g} GiB; step ≈ "
+        + ("unknown (only Ψ given)" if p.step_seconds is None else f"{p.step_seconds:.3g} s")
+    )
 
 
 def _show_comparison(c: Comparison, label: str, as_json: bool) -> None:
@@ -186,18 +213,22 @@ def _show_comparison(c: Comparison, label: str, as_json: bool) -> None:
     rows = []
     for p in c.plans:
         a, t = p.activation_total, p.transient
-        rows.append((
-            p.job.strategy.value + ("" if p.job.offload is Offload.NONE else f" +{p.job.offload}"),
-            _value(p.states.total.value, "bytes"),
-            "-" if a is None else _value(a.value, "bytes"),
-            "-" if t is None else _value(t.value, "bytes"),
-            _value(p.total.value, "bytes"),
-            "yes" if p.fits_with_headroom(c.headroom) else ("tight" if p.fits else "no"),
-            _value(p.comm.bytes_per_gpu, "bytes"),
-            f"{p.comm.seconds:.3g} s",
-            "-" if p.step_seconds is None else f"{p.step_seconds:.3g} s",
-        ))
-    print_table(["strategy", "model states", "activations", "transient", "total", "fits",
-                 "comm/step", "comm time", "step"], rows)
+        rows.append(
+            (
+                p.job.strategy.value + ("" if p.job.offload is Offload.NONE else f" +{p.job.offload}"),
+                _value(p.states.total.value, "bytes"),
+                "-" if a is None else _value(a.value, "bytes"),
+                "-" if t is None else _value(t.value, "bytes"),
+                _value(p.total.value, "bytes"),
+                "yes" if p.fits_with_headroom(c.headroom) else ("tight" if p.fits else "no"),
+                _value(p.comm.bytes_per_gpu, "bytes"),
+                f"{p.comm.seconds:.3g} s",
+                "-" if p.step_seconds is None else f"{p.step_seconds:.3g} s",
+            )
+        )
+    print_table(
+        ["strategy", "model states", "activations", "transient", "total", "fits", "comm/step", "comm time", "step"],
+        rows,
+    )
     name = "none" if c.recommended is None else c.recommended.job.strategy.value
     print(f"\nrecommended: {name}: {c.reason}")

@@ -42,9 +42,7 @@ class Admission:
 
     def worker_label_selectors(self, gpus_per_worker: int = 1) -> list[dict[str, str]]:
         """One selector per worker (each holding `gpus_per_worker` granted GPUs), in bundle order."""
-        return [
-            {RAY_NODE_ID_KEY: p.node_id} for p in self.grant.placements for _ in range(p.gpus // gpus_per_worker)
-        ]
+        return [{RAY_NODE_ID_KEY: p.node_id} for p in self.grant.placements for _ in range(p.gpus // gpus_per_worker)]
 
     def release(self, finished: bool) -> bool:
         """Give the GPUs back. True when the workload was requeued (it was preempted and has not

@@ -1,9 +1,12 @@
 """The gateway's counters as Ray metrics (`ray.util.metrics`), so the Ray dashboard and its
-Prometheus endpoint show fallbacks, open circuits and failures per provider and reason."""
+Prometheus endpoint show fallbacks, open circuits and failures per provider and reason, and
+tokens, cost and latency per team and flow."""
 
 from __future__ import annotations
 
 from ray.util.metrics import Counter, Gauge, Histogram
+
+from switchyard.gateway.metrics import REQUEST_SECONDS_BUCKETS, STAGE_MS_BUCKETS
 
 _CIRCUIT_VALUE = {"closed": 0.0, "half_open": 0.5, "open": 1.0}
 
@@ -54,11 +57,40 @@ class RayGatewayMetrics:
             "Refreshes of policies or keys that failed (the last good set stayed in force).",
             tag_keys=("source",),
         )
-        self.latency = Histogram(
+        self.stage_ms = Histogram(
             "switchyard_gateway_stage_ms",
             "Gateway stage latency in ms.",
-            boundaries=[0.1, 0.25, 0.5, 1, 2, 5, 10, 25, 50, 100, 250, 1000, 5000],
+            boundaries=list(STAGE_MS_BUCKETS),
             tag_keys=("stage",),
+        )
+        # Billed usage per model; the sums equal the audit log's (a fallback that billed two
+        # models counts in both).
+        self.prompt_tokens = Counter(
+            "switchyard_gateway_prompt_tokens",
+            "Prompt tokens billed, by team, flow and model.",
+            tag_keys=("team", "flow", "model"),
+        )
+        self.completion_tokens = Counter(
+            "switchyard_gateway_completion_tokens",
+            "Completion tokens billed, by team, flow and model.",
+            tag_keys=("team", "flow", "model"),
+        )
+        self.cost_usd = Counter(
+            "switchyard_gateway_cost_usd",
+            "Cost charged in USD, by team, flow and model.",
+            tag_keys=("team", "flow", "model"),
+        )
+        self.request_seconds = Histogram(
+            "switchyard_gateway_request_seconds",
+            "End-to-end request time in seconds (to the last byte of a stream), by team, flow, provider and status.",
+            boundaries=list(REQUEST_SECONDS_BUCKETS),
+            tag_keys=("team", "flow", "provider", "status"),
+        )
+        self.first_token_seconds = Histogram(
+            "switchyard_gateway_time_to_first_token_seconds",
+            "Time from arrival to the first content byte of a streamed answer, by team, flow and provider.",
+            boundaries=list(REQUEST_SECONDS_BUCKETS),
+            tag_keys=("team", "flow", "provider"),
         )
 
     def request(self, team: str, flow: str, status: int, provider: str | None) -> None:
@@ -78,7 +110,7 @@ class RayGatewayMetrics:
         self.circuit_state.set(_CIRCUIT_VALUE.get(state, 1.0), {"provider": provider})
 
     def stage_latency(self, stage: str, ms: float) -> None:
-        self.latency.observe(ms, {"stage": stage})
+        self.stage_ms.observe(ms, {"stage": stage})
 
     def shed(self, team: str, flow: str, priority: str, reason: str) -> None:
         self.sheds.inc(1.0, {"team": team, "flow": flow, "priority": priority, "reason": reason})
@@ -87,3 +119,20 @@ class RayGatewayMetrics:
         self.config_degraded.set(0.0 if ok else 1.0, {"source": source})
         if not ok:
             self.refresh_failures.inc(1.0, {"source": source})
+
+    def usage(self, team: str, flow: str, model: str, prompt_tokens: int, completion_tokens: int, usd: float) -> None:
+        tags = {"team": team, "flow": flow, "model": model}
+        # Ray's Counter.inc refuses 0 (it must be positive): a zero is no change anyway.
+        if prompt_tokens > 0:
+            self.prompt_tokens.inc(float(prompt_tokens), tags)
+        if completion_tokens > 0:
+            self.completion_tokens.inc(float(completion_tokens), tags)
+        if usd > 0:
+            self.cost_usd.inc(usd, tags)
+
+    def latency(self, team: str, flow: str, provider: str | None, status: int, seconds: float) -> None:
+        tags = {"team": team, "flow": flow, "provider": provider or "none", "status": str(status)}
+        self.request_seconds.observe(seconds, tags)
+
+    def first_token(self, team: str, flow: str, provider: str, seconds: float) -> None:
+        self.first_token_seconds.observe(seconds, {"team": team, "flow": flow, "provider": provider})

@@ -43,9 +43,7 @@ def short_temp_dir(state_dir: Path) -> Path:
     return Path(tempfile.gettempdir()) / f"sy-{digest}"
 
 
-def run_head(
-    state_dir: Path, policies_dir: Path, gpus: int, cpus: int, demo: bool, local_model_gpus: int = 0
-) -> None:
+def run_head(state_dir: Path, policies_dir: Path, gpus: int, cpus: int, demo: bool, local_model_gpus: int = 0) -> None:
     temp_dir = short_temp_dir(state_dir)
     temp_dir.mkdir(exist_ok=True)
     os.environ.update(PLATFORM_ENV)

@@ -159,8 +159,9 @@ class SchedulerActor:
             self._forget_lease(workload, requeued, now)
             self._save()
             # Inside the lock, as for "submitted": a requeued workload may be admitted next tick.
-            self._journal.event("requeued" if requeued else "released", workload, self._team_of(workload), now,
-                                lease_id=lease_id)
+            self._journal.event(
+                "requeued" if requeued else "released", workload, self._team_of(workload), now, lease_id=lease_id
+            )
         return requeued
 
     def preemption_notice(self, workload_id: str) -> Notice | None:
@@ -170,8 +171,9 @@ class SchedulerActor:
     def report_resume(self, workload_id: str, step: int, checkpoint: str) -> None:
         """The job restored `checkpoint` at `step`: the event log shows where a preempted or
         requeued job picked up (operators, and the demo's cause chain)."""
-        self._journal.event("resumed", workload_id, self._team_of(workload_id), time.time(), step=step,
-                            checkpoint=checkpoint)
+        self._journal.event(
+            "resumed", workload_id, self._team_of(workload_id), time.time(), step=step, checkpoint=checkpoint
+        )
 
     def report_checkpoint(self, workload_id: str) -> None:
         with self._lock:
@@ -341,8 +343,9 @@ class SchedulerActor:
             channel.send_notice(notice.workload_id, notice.reason, notice.stop_deadline)
         for job in effects.stop:
             if self._launcher is not None and self._launcher.stop(job):
-                self._journal.event("job_stopped", job.workload_id, self._team_of(job.workload_id), now,
-                                    ray_job=job.submission_id)
+                self._journal.event(
+                    "job_stopped", job.workload_id, self._team_of(job.workload_id), now, ray_job=job.submission_id
+                )
         for workload, ray_job in effects.stop_claimed:
             stopped = self._launcher.stop_ray_job(ray_job) if self._launcher is not None else None
             if stopped is None:
@@ -432,8 +435,9 @@ class SchedulerActor:
             # Its workers on other nodes would keep their GPUs, and its driver would run on:
             # stopped before the requeued workload is launched again.
             if self._launcher is not None and self._launcher.stop(job):
-                self._journal.event("job_stopped", job.workload_id, self._team_of(job.workload_id), now,
-                                    ray_job=job.submission_id)
+                self._journal.event(
+                    "job_stopped", job.workload_id, self._team_of(job.workload_id), now, ray_job=job.submission_id
+                )
 
     def _team_of(self, workload_id: str) -> str:
         sub = self._state.submissions.get(workload_id)
@@ -470,8 +474,13 @@ class SchedulerActor:
             else:
                 if workload not in self._state.grants:
                     self._drop_workload(workload)
-                self._journal.event("cancelled", workload, self._team_of(workload), now,
-                                    reason="its job finished after the scheduler ended its lease")
+                self._journal.event(
+                    "cancelled",
+                    workload,
+                    self._team_of(workload),
+                    now,
+                    reason="its job finished after the scheduler ended its lease",
+                )
         self._save()
         return not finished
 

@@ -4,6 +4,12 @@ The deployment's `chat` method takes an OpenAI chat-completions request (a dict)
 returns an OpenAI chat completion (a dict): `serve_apps/local_model.py` implements it, and
 any team's Serve deployment can. One handle hop costs ~8-10 ms here, paid only on the call
 to the model, never elsewhere on the gateway's path.
+
+The in-cluster models read text only: each message is sent as `{role, content}` with its
+text parts joined (`local_chat_request`), and a call with tools, a tool choice that asks for
+a call, tool-call history or image parts is refused (`bad_request`, naming the field) rather
+than sent without them. `output` asks for nothing here: the gateway's output contract checks
+the answer.
 """
 
 from __future__ import annotations
@@ -15,7 +21,18 @@ from ray import serve
 from ray.serve.exceptions import BackPressureError
 from ray.serve.handle import DeploymentHandle
 
-from switchyard.gateway.providers.base import Completion, Delta, ProviderCall, ProviderError, ProviderOverloaded
+from switchyard.gateway.messages import joined_text
+from switchyard.gateway.providers.base import (
+    Completion,
+    Delta,
+    EmbeddingCall,
+    Embeddings,
+    ProviderCall,
+    ProviderError,
+    ProviderOverloaded,
+)
+from switchyard.gateway.providers.openai_embeddings import parse_embeddings, request_body
+from switchyard.gateway.providers.openai_format import cannot_honour
 from switchyard.gateway.providers.registry import InClusterFactory
 from switchyard.gateway.seams import Usage
 from switchyard.policy.models import ErrorClass, Provider
@@ -53,14 +70,7 @@ class ServeHandleProvider:
         return self._handle
 
     async def complete(self, call: ProviderCall) -> Completion:
-        payload: dict[str, Any] = {
-            "model": call.model_version,
-            "messages": call.messages,
-            "max_tokens": call.max_tokens,
-            "request_id": call.request_id,
-        }
-        if call.temperature is not None:
-            payload["temperature"] = call.temperature
+        payload = local_chat_request(self.name, call)
         handle = self._resolve()
         try:
             data = await handle.chat.remote(payload)
@@ -96,8 +106,61 @@ class ServeHandleProvider:
         yield Delta(text=done.text)
         yield Delta(finish_reason=done.finish_reason, usage=done.usage)
 
+    async def embed(self, call: EmbeddingCall) -> Embeddings:
+        """The deployment's `embed` method: an OpenAI embeddings request dict in, an OpenAI
+        embeddings response dict (or `{"error": ...}` for an input it refuses) out."""
+        handle = self._resolve()
+        try:
+            data = await handle.embed.remote({**request_body(call), "request_id": call.request_id})
+        except BackPressureError as exc:
+            queued, max_queued = _queue_depth(exc)  # busy, not broken: as for chat
+            raise ProviderOverloaded(
+                f"{self.name}'s request queue is full",
+                queued=queued,
+                max_queued=max_queued,
+                retry_after_s=getattr(exc, "retry_after_s", None),
+            ) from None
+        except Exception as exc:  # noqa: BLE001  (converted, not swallowed: as for chat)
+            raise ProviderError(
+                ErrorClass.CONNECTION, f"{self.name} failed in-cluster ({type(exc).__name__})"
+            ) from None
+        return parse_embeddings(self.name, data, call)
+
     async def aclose(self) -> None:
         return None
+
+
+def local_chat_request(name: str, call: ProviderCall) -> dict[str, Any]:
+    """The text-only chat request an in-cluster deployment's `chat` takes."""
+    if call.tools:
+        raise _text_only(name, "tools")
+    if call.tool_choice not in (None, "none", "auto"):
+        raise _text_only(name, "tool_choice")
+    payload: dict[str, Any] = {
+        "model": call.model_version,
+        "messages": [_text_message(name, i, m) for i, m in enumerate(call.messages)],
+        "max_tokens": call.max_tokens,
+        "request_id": call.request_id,
+    }
+    if call.temperature is not None:
+        payload["temperature"] = call.temperature
+    return payload
+
+
+def _text_message(name: str, i: int, m: dict[str, Any]) -> dict[str, str]:
+    if m.get("role") == "tool":
+        raise _text_only(name, f"messages[{i}].role")  # a tool result
+    if m.get("tool_calls"):
+        raise _text_only(name, f"messages[{i}].tool_calls")
+    content = m.get("content")
+    for j, part in enumerate(content if isinstance(content, list) else ()):
+        if not isinstance(part, dict) or part.get("type") != "text":
+            raise _text_only(name, f"messages[{i}].content[{j}]")
+    return {"role": m["role"], "content": joined_text(m)}
+
+
+def _text_only(name: str, field: str) -> ProviderError:
+    return cannot_honour(name, field, "the in-cluster model reads text only")
 
 
 def _queue_depth(exc: BackPressureError) -> tuple[int, int]:

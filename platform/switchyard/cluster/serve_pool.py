@@ -328,8 +328,9 @@ class ServePool:
         self._running &= {wid for wid in state.grants if is_pool_workload(wid)}
         for replica_id, row in outside.items():
             if replica_id not in self._outside:
-                log.warning("Serve replica %s (node %s) outside the pool: %s",
-                            replica_id, row["node_id"], row["reason"])
+                log.warning(
+                    "Serve replica %s (node %s) outside the pool: %s", replica_id, row["node_id"], row["reason"]
+                )
         self._outside = outside
         self._export(state)
         return changed
@@ -481,8 +482,13 @@ class ServePool:
         )
 
     def _outside_row(self, replica: ServeReplica, reason: str) -> dict[str, Any]:
-        return {"replica": replica.replica_id, "app": replica.app, "gpus": replica.gpus, "node_id": replica.node_id,
-                "reason": reason}
+        return {
+            "replica": replica.replica_id,
+            "app": replica.app,
+            "gpus": replica.gpus,
+            "node_id": replica.node_id,
+            "reason": reason,
+        }
 
     def _export(self, state: LiveState) -> None:
         running = sum(1 for wid in state.grants if is_pool_workload(wid))

@@ -13,10 +13,10 @@ import random
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field, replace
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 from switchyard.gateway.circuit import CircuitBoard
-from switchyard.gateway.contracts import OutputContracts
+from switchyard.gateway.contracts import OutputContracts, OutputSpec
 from switchyard.gateway.metrics import GatewayMetrics
 from switchyard.gateway.providers.base import (
     ChatProvider,
@@ -28,6 +28,7 @@ from switchyard.gateway.providers.base import (
 )
 from switchyard.gateway.routing import Candidate, falls_back
 from switchyard.gateway.seams import Attempt, RequestContext
+from switchyard.gateway.tracing import AttemptSpan, GatewayTracing, RequestSpan
 from switchyard.policy.models import ErrorClass
 from switchyard.policy.policy_set import PolicySet
 
@@ -96,10 +97,12 @@ class ChainRequest:
     ps: PolicySet
     ctx: RequestContext
     candidates: tuple[Candidate, ...]
-    messages: list[dict[str, str]]  # as sent (redacted)
+    messages: list[dict[str, Any]]  # as sent (redacted)
     max_tokens: int
-    base: ProviderCall  # the request's sampling settings; model, timeout and messages vary
+    base: ProviderCall  # the request's sampling settings and tools; model, timeout, messages vary
     log: ChainLog
+    output: OutputSpec | None = None  # the contract every answer must keep
+    span: RequestSpan | None = None  # the request's trace span: each attempt is a child of it
 
 
 class ChainFailed(Exception):
@@ -123,6 +126,7 @@ class AttemptRunner:
         retry: RetryPolicy,
         clock: Callable[[], float] = time.time,
         rng: random.Random | None = None,
+        tracing: GatewayTracing | None = None,
     ) -> None:
         self.providers = providers
         self.circuits = circuits
@@ -131,6 +135,19 @@ class AttemptRunner:
         self.retry = retry
         self.clock = clock
         self.rng = rng or random.Random()
+        self.tracing = tracing or GatewayTracing()
+
+    def _attempt_span(self, req: ChainRequest, cand: Candidate) -> AttemptSpan | None:
+        if req.span is None:
+            return None
+        kind = req.ps.providers.providers[cand.provider].kind.value
+        return self.tracing.start_attempt(
+            req.span,
+            provider=cand.provider,
+            provider_kind=kind,
+            model=cand.model,
+            model_version=cand.entry.model_version,
+        )
 
     async def complete(self, req: ChainRequest, restore: Callable[[str], str]) -> Answer[Completion]:
         async def open_complete(provider: ChatProvider, call: ProviderCall) -> Completion:
@@ -211,23 +228,25 @@ class AttemptRunner:
                 )
                 return err, CIRCUIT_OPEN, None
             timeout = min(timeout_cap, remaining)
-            call = ProviderCall(
+            call = replace(
+                base,
                 model=cand.model,
                 model_version=cand.entry.model_version,
                 messages=messages,
                 max_tokens=req.max_tokens,
                 timeout_s=timeout,
                 request_id=ctx.request_id,
-                temperature=base.temperature,
-                top_p=base.top_p,
-                stop=base.stop,
-                json_output=ctx.flow.output_schema is not None,
+                output=None if req.output is None else req.output.as_format(cand.entry.capabilities.json_schema),
             )
             started = self.clock()
             log.current = cand  # stays set if the request is cancelled mid-call: it may be billed
+            span = self._attempt_span(req, cand)
             try:
                 async with asyncio.timeout(timeout):
                     value = await opener(provider, call)
+            except asyncio.CancelledError:
+                _span_ended(span, "cancelled")
+                raise
             except TimeoutError:
                 # The call was sent: the provider may finish (and bill) an answer nobody reads.
                 error: ProviderError = ProviderError(
@@ -240,8 +259,10 @@ class AttemptRunner:
                 breaker.record(None)
                 latency = (self.clock() - started) * 1000
                 problem = None
-                if isinstance(value, Completion) and restore is not None:
-                    problem = self.contracts.problem(ctx.flow, restore(value.text))
+                if isinstance(value, Completion) and restore is not None and not value.tool_calls:
+                    # A turn that calls tools is not the final answer: the contract waits for it.
+                    problem = self.contracts.problem(req.output, restore(value.text))
+                _span_answered(span, value, problem)
                 # A stream's usage comes at its end; an answer without usage is billed at the bound.
                 reported = isinstance(value, Completion) and value.usage_reported
                 billed = value.usage if isinstance(value, Completion) and reported else None
@@ -279,6 +300,7 @@ class AttemptRunner:
                     continue
                 return error, ErrorClass.INVALID_OUTPUT.value, contract_problem
             log.current = None
+            _span_ended(span, error.error_class.value)
             overloaded = isinstance(error, ProviderOverloaded)
             breaker.record(None if overloaded else error.error_class)  # busy is not broken
             self.metrics.attempt_failed(cand.provider, error.error_class.value)
@@ -304,3 +326,21 @@ class AttemptRunner:
                     await asyncio.sleep(pause)
                     continue
             return error, error.error_class.value, contract_problem
+
+
+def _span_answered(span: AttemptSpan | None, value: object, problem: str | None) -> None:
+    """End an attempt's span: answered (a stream's span ends at its first piece; its usage
+    is on the request), or failed as `invalid_output` when the answer broke the contract."""
+    if span is None:
+        return
+    if isinstance(value, Completion):
+        span.answered(value.model_version, value.usage, value.finish_reason)
+    if problem is not None:
+        span.failed(ErrorClass.INVALID_OUTPUT.value)
+    span.end()
+
+
+def _span_ended(span: AttemptSpan | None, error: str) -> None:
+    if span is not None:
+        span.failed(error)
+        span.end()

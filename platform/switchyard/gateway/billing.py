@@ -16,8 +16,9 @@ of `max_tokens` (`budgets.tokens.output_tokens_upper_bound` for a stream that fi
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import date
+from typing import Any
 
 from switchyard.budgets.money import nanos_to_usd
 from switchyard.budgets.pricing import entry_price, estimate_call
@@ -31,17 +32,18 @@ REPAIR_INSTRUCTION_TOKENS = 64  # the repair turn's instruction, generously (it 
 def chain_bound(
     catalog: ProviderCatalog,
     candidates: Sequence[Candidate],
-    messages: Sequence[dict[str, str]],
+    messages: Sequence[dict[str, Any]],
     max_tokens: int,
     repairs: bool,
     day: date,
+    tools: Sequence[Mapping[str, Any]] = (),
 ) -> CostEstimate:
     """The most the chain may bill: each candidate's answer at `max_tokens`, plus one repair
     turn each when the flow has an output contract (`repairs`). Raises `UnknownPrice`."""
     total = 0
     primary = None
     for cand in candidates:
-        est = estimate_call(catalog, cand.model, messages, max_tokens, day)
+        est = estimate_call(catalog, cand.model, messages, max_tokens, day, tools)
         primary = primary or est
         total += est.nanos
         if repairs:  # the repair re-sends the input, the rejected answer and an instruction
@@ -59,8 +61,9 @@ def billed_attempts(
     catalog: ProviderCatalog,
     attempts: Sequence[Attempt],
     day: date,
-    messages: Sequence[dict[str, str]],
+    messages: Sequence[dict[str, Any]],
     max_tokens: int,
+    tools: Sequence[Mapping[str, Any]] = (),
 ) -> list[Bill]:
     """The bills of the attempts a provider billed: at the usage it reported, or, for an
     answer without (readable) usage, the bound: the input as estimated and all of `max_tokens`."""
@@ -69,7 +72,7 @@ def billed_attempts(
         if a.usage is not None:
             bills.append(bill(catalog, a.model, a.usage, day))
         elif a.billed_unknown:
-            inputs = estimate_call(catalog, a.model, messages, 0, day).input_tokens
+            inputs = estimate_call(catalog, a.model, messages, 0, day, tools).input_tokens
             bills.append(bill(catalog, a.model, Usage(inputs, max_tokens), day))
     return bills
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 from datetime import UTC, datetime
 
-from switchyard.gateway.contracts import OutputContracts
+from switchyard.gateway.contracts import OutputContracts, flow_spec
 from switchyard.gateway.errors import GatewayError
 from switchyard.gateway.evals import EvalRecord, case_passes, file_sha256, load_suite, suite_path
 from switchyard.gateway.prompting import CompiledPrompts, VariableSchemas, choose_version, render_messages
@@ -45,6 +45,7 @@ async def run_suite(
     entry = ps.providers.models[candidate]
     version = choose_version(ps, flow, None)
     prompts, schemas, contracts = CompiledPrompts(), VariableSchemas(), OutputContracts()
+    spec = flow_spec(flow)
     passed = 0
     for case in suite.cases:
         try:
@@ -58,13 +59,13 @@ async def run_suite(
                     flow.max_tokens,
                     timeout_s,
                     f"eval-{case.name}",
-                    json_output=flow.output_schema is not None,
+                    output=None if spec is None else spec.as_format(entry.capabilities.json_schema),
                 )
             )
         except (GatewayError, ProviderError) as exc:
             log.warning("eval case %s failed before an answer: %s", case.name, exc)
             continue
-        ok = contracts.problem(flow, done.text) is None and case_passes(case, done.text)
+        ok = contracts.problem(spec, done.text) is None and case_passes(case, done.text)
         passed += ok
         log.info("eval case %s: %s", case.name, "pass" if ok else "fail")
     return EvalRecord(

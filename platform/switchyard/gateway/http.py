@@ -20,7 +20,7 @@ from switchyard.gateway.errors import GatewayError, Unauthenticated, json_path
 from switchyard.gateway.pipeline import ChatPipeline
 from switchyard.gateway.planning import DEADLINE_HEADER, FLOW_HEADER, IDEMPOTENCY_HEADER
 from switchyard.gateway.request_body import read_capped_body
-from switchyard.gateway.results import JSONResult
+from switchyard.gateway.results import JSONResult, retry_headers
 from switchyard.gateway.wire import ChatRequest
 from switchyard.policy.roles import Action, allowed
 
@@ -84,7 +84,9 @@ def create_app(
             raw = await read_capped_body(request, p.parts.policies().org.gateway.limits.max_body_bytes)
         except GatewayError as exc:
             p.parts.metrics.request("unknown", "unknown", exc.status, None)
-            return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers)
+            return JSONResponse(
+                exc.body(), status_code=exc.status, headers={**retry_headers(exc.status), **exc.headers}
+            )
         result = await p.handle(raw, request.headers, who)
         if isinstance(result, JSONResult):
             return JSONResponse(result.body, status_code=result.status, headers=result.headers)

@@ -15,12 +15,15 @@ import uuid
 from collections import defaultdict, deque
 from collections.abc import Sequence
 from datetime import UTC, datetime
+from typing import Any
 
+from switchyard.gateway.messages import text_chars
 from switchyard.gateway.seams import (
     AuditUnavailable,
     Bill,
     CostEstimate,
     Exchange,
+    Headroom,
     OverBudget,
     Redacted,
     RedactionSummary,
@@ -41,11 +44,12 @@ class InMemoryBudgetGate:
         self.held: dict[str, tuple[str, float]] = {}  # reservation id -> (budget key, usd)
         self.held_total: defaultdict[str, float] = defaultdict(float)
         self.settled: deque[tuple[str, float, Usage]] = deque(maxlen=1000)  # recent only: bounded memory
+        self.limits: dict[str, float] = {}  # budget key -> the day limit the last reserve saw
 
     async def estimate(
-        self, ctx: RequestContext, model: str, messages: list[dict[str, str]], max_tokens: int
+        self, ctx: RequestContext, model: str, messages: list[dict[str, Any]], max_tokens: int
     ) -> CostEstimate:
-        tokens = int(sum(len(m["content"]) for m in messages) / self.chars_per_token) + 1
+        tokens = int(text_chars(messages) / self.chars_per_token) + 1
         usd = 0.0
         if self.policies is not None:
             price = self.policies.providers.models[model].price_on(datetime.now(UTC).date())
@@ -56,6 +60,8 @@ class InMemoryBudgetGate:
     async def reserve(self, ctx: RequestContext, estimate: CostEstimate) -> Reservation:
         key = f"flow:{ctx.team}/{ctx.flow.flow}:day:{datetime.now(UTC).date()}"
         limit = ctx.flow.budget.day_usd
+        if limit is not None:
+            self.limits[key] = limit
         async with self._lock:
             held = self.held_total[key]
             if limit is not None and self.spent[key] + held + estimate.usd > limit:
@@ -80,6 +86,11 @@ class InMemoryBudgetGate:
 
     def warnings(self, reservation: Reservation) -> list[str]:
         return []  # soft alerts are the leased gate's (the deployed one)
+
+    def headroom(self, reservation: Reservation) -> Headroom:
+        key = self.held.get(reservation.reservation_id, ("", 0.0))[0]
+        limit = self.limits.get(key)  # the flow's day limit, as reserve saw it
+        return Headroom(None if limit is None else max(limit - self.spent[key] - self.held_total[key], 0.0))
 
     async def release(self, reservation: Reservation) -> None:
         async with self._lock:
@@ -115,7 +126,7 @@ class PassthroughRedactor:
         self.policies = policies
         self.strict = strict  # False: tests that exercise routing on `send: redacted` flows
 
-    def redact(self, messages: list[dict[str, str]], data_class: str) -> Redacted:
+    def redact(self, messages: list[dict[str, Any]], data_class: str) -> Redacted:
         if self.strict and self.policies is not None and self.policies.data.classes[data_class].send != "raw":
             raise RedactionUnavailable(
                 f"data class {data_class!r} must be redacted before sending, and no redactor is installed"

@@ -4,6 +4,12 @@ Loads the newest complete checkpoint under a directory (a `step-*/` folder with 
 `manifest.json`, written by the trainer with torch.distributed.checkpoint), or, when there is
 none, a seeded initialisation the project makes itself. Never a hub download. torch is
 imported here only, so the rest of the gateway core stays light.
+
+It also embeds text (`embed`, `embeddings`): the L2-normalised mean of the final hidden state
+over a text's tokens. The model is trained to predict the next byte, not to embed, so a seeded
+initialisation gives deterministic vectors that mean little; a checkpoint trained on the
+team's text gives them what similarity it has learned. It is the in-cluster path that needs
+no API key, not a replacement for a trained embedding model.
 """
 
 from __future__ import annotations
@@ -12,12 +18,14 @@ import json
 import logging
 import threading
 import warnings
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed.checkpoint as dcp
+import torch.nn.functional as F
 from torch.distributed.checkpoint.api import CheckpointException
 
 from switchyard.models import GPT, ByteTokenizer, GPTConfig
@@ -25,6 +33,16 @@ from switchyard.models import GPT, ByteTokenizer, GPTConfig
 log = logging.getLogger(__name__)
 
 SEED = 20261130  # the seeded initialisation is the same on every machine
+EMBED_BATCH = 32  # texts per forward pass: bounds the padded batch's memory
+
+
+class EmbeddingInputError(ValueError):
+    """An input the model cannot embed; `code` is OpenAI's error code for it. The message
+    names the input's index and sizes, never its text."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
 
 
 @dataclass(frozen=True)
@@ -137,4 +155,61 @@ class LocalChatModel:
                 "completion_tokens": len(new_ids),
                 "total_tokens": len(ids) + len(new_ids),
             },
+        }
+
+    def embed(self, texts: Sequence[str]) -> list[list[float]]:
+        """One unit vector per text: the mean over its token positions of the final hidden
+        state (`GPT.features`, what the LM head reads), L2-normalised.
+
+        Texts are right-padded into batches; attention is causal, so padding after a text
+        cannot change its positions' states and a text's vector does not depend on what it
+        is batched with (up to float rounding). Raises `EmbeddingInputError` for an empty
+        text or one longer than the model's context (it is refused, not truncated: a
+        vector of part of a text would pass for the whole)."""
+        ids = [self.tokenizer.encode(t) for t in texts]
+        limit = self.model.config.max_seq_len
+        for i, row in enumerate(ids):
+            if not row:
+                raise EmbeddingInputError("empty_input", f"input {i} is empty")
+            if len(row) > limit:
+                raise EmbeddingInputError(
+                    "context_length_exceeded", f"input {i} is {len(row)} tokens; the model takes at most {limit}"
+                )
+        vectors: list[list[float]] = []
+        pad = self.tokenizer.eot_id
+        with self._lock, torch.no_grad():
+            for start in range(0, len(ids), EMBED_BATCH):
+                batch = ids[start : start + EMBED_BATCH]
+                width = max(len(row) for row in batch)
+                tokens = torch.tensor([row + [pad] * (width - len(row)) for row in batch])
+                lengths = torch.tensor([len(row) for row in batch])
+                mask = (torch.arange(width)[None, :] < lengths[:, None]).unsqueeze(-1).to(torch.float32)
+                hidden = self.model.features(tokens).float()
+                pooled = (hidden * mask).sum(dim=1) / lengths[:, None].to(torch.float32)
+                vectors += F.normalize(pooled, dim=-1).tolist()
+        return vectors
+
+    def embeddings(self, request: dict[str, Any]) -> dict[str, Any]:
+        """An OpenAI embeddings request in (`input`: a list of strings, optional `dimensions`),
+        an OpenAI embeddings response out, or `{"error": {...}}` for an input it refuses (the
+        request's fault, not the model's: the gateway answers it 400 and does not retry)."""
+        texts = request.get("input")
+        if isinstance(texts, str):
+            texts = [texts]
+        width = self.model.config.d_model
+        dimensions = request.get("dimensions")
+        try:
+            if not isinstance(texts, list) or not texts or not all(isinstance(t, str) for t in texts):
+                raise EmbeddingInputError("invalid_input", "input must be a non-empty list of strings")
+            if dimensions is not None and dimensions != width:
+                raise EmbeddingInputError("dimensions_unsupported", f"this model's vectors have {width} dimensions")
+            vectors = self.embed(texts)
+        except EmbeddingInputError as exc:
+            return {"error": {"type": "invalid_request_error", "code": exc.code, "message": str(exc)}}
+        tokens = sum(len(self.tokenizer.encode(t)) for t in texts)
+        return {
+            "object": "list",
+            "data": [{"object": "embedding", "index": i, "embedding": v} for i, v in enumerate(vectors)],
+            "model": self.loaded.model_version,
+            "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
         }

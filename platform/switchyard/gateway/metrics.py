@@ -2,13 +2,27 @@
 cluster adapter (`switchyard.cluster.gateway_metrics`), so the Ray dashboard shows them.
 
 Fallbacks and open circuits are counted per provider and reason, so a provider outage is
-visible even when every request succeeded through a fallback.
+visible even when every request succeeded through a fallback. Tokens and cost are counted
+per team, flow and billed model, so their sums can be held against the audit log; latency
+and time to first token are histograms, with the bucket bounds defined here once for both
+sinks.
 """
 
 from __future__ import annotations
 
-from collections import Counter
+import bisect
+from collections import Counter, defaultdict
+from collections.abc import Sequence
 from typing import Any, Protocol
+
+# Seconds, 5 ms to 120 s: a cached answer to the longest streamed answer a deadline allows.
+REQUEST_SECONDS_BUCKETS: tuple[float, ...] = (
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0,
+)  # fmt: skip
+# Milliseconds, 0.1 ms (a policy lookup) to 120 s (a provider attempt at its deadline).
+STAGE_MS_BUCKETS: tuple[float, ...] = (
+    0.1, 0.25, 0.5, 1, 2, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10_000, 30_000, 60_000, 120_000,
+)  # fmt: skip
 
 
 class GatewayMetrics(Protocol):
@@ -33,6 +47,45 @@ class GatewayMetrics(Protocol):
         last good set because the current one cannot be loaded (degraded)."""
         ...
 
+    def usage(self, team: str, flow: str, model: str, prompt_tokens: int, completion_tokens: int, usd: float) -> None:
+        """What one request was charged for one model (per billed model: a fallback that billed
+        two models counts twice). The sums equal the audit log's usage and cost."""
+        ...
+
+    def latency(self, team: str, flow: str, provider: str | None, status: int, seconds: float) -> None:
+        """End-to-end time of one request, streaming or not, every status (to its last byte)."""
+        ...
+
+    def first_token(self, team: str, flow: str, provider: str, seconds: float) -> None:
+        """Time from arrival to the first content byte of a streamed answer."""
+        ...
+
+
+class BucketCounts:
+    """One histogram as Prometheus keeps it: observations per upper bound, their sum and count."""
+
+    def __init__(self, bounds: Sequence[float]) -> None:
+        self.bounds = tuple(bounds)
+        self.counts = [0] * (len(self.bounds) + 1)  # the last one is +Inf
+        self.total = 0.0
+
+    def observe(self, value: float) -> None:
+        self.counts[bisect.bisect_left(self.bounds, value)] += 1  # bucket `le` bound: value <= bound
+        self.total += value
+
+    @property
+    def count(self) -> int:
+        return sum(self.counts)
+
+    def cumulative(self) -> dict[str, int]:
+        """Observations at or below each bound, keyed as Prometheus's `le` label."""
+        out: dict[str, int] = {}
+        running = 0
+        for label, n in zip([f"{b:g}" for b in self.bounds] + ["+Inf"], self.counts, strict=True):
+            running += n
+            out[label] = running
+        return out
+
 
 class InMemoryMetrics:
     """Counters a replica keeps for its own `status` endpoint (and for tests)."""
@@ -46,6 +99,13 @@ class InMemoryMetrics:
         self.sheds: Counter[tuple[str, str, str, str]] = Counter()
         self.refresh_failures: Counter[str] = Counter()
         self.degraded: dict[str, bool] = {}
+        # (team, flow, model)
+        self.prompt_tokens: Counter[tuple[str, str, str]] = Counter()
+        self.completion_tokens: Counter[tuple[str, str, str]] = Counter()
+        self.cost_usd: defaultdict[tuple[str, str, str], float] = defaultdict(float)
+        # (team, flow, provider, status) and (team, flow, provider)
+        self.request_seconds: dict[tuple[str, str, str, int], BucketCounts] = {}
+        self.first_token_seconds: dict[tuple[str, str, str], BucketCounts] = {}
 
     def request(self, team: str, flow: str, status: int, provider: str | None) -> None:
         self.requests[(team, flow, status, provider or "none")] += 1
@@ -73,6 +133,20 @@ class InMemoryMetrics:
         if not ok:
             self.refresh_failures[source] += 1
 
+    def usage(self, team: str, flow: str, model: str, prompt_tokens: int, completion_tokens: int, usd: float) -> None:
+        key = (team, flow, model)
+        self.prompt_tokens[key] += prompt_tokens
+        self.completion_tokens[key] += completion_tokens
+        self.cost_usd[key] += usd
+
+    def latency(self, team: str, flow: str, provider: str | None, status: int, seconds: float) -> None:
+        key = (team, flow, provider or "none", status)
+        self.request_seconds.setdefault(key, BucketCounts(REQUEST_SECONDS_BUCKETS)).observe(seconds)
+
+    def first_token(self, team: str, flow: str, provider: str, seconds: float) -> None:
+        key = (team, flow, provider)
+        self.first_token_seconds.setdefault(key, BucketCounts(REQUEST_SECONDS_BUCKETS)).observe(seconds)
+
     def snapshot(self) -> dict[str, Any]:
         return {
             "attempt_failures": [
@@ -90,7 +164,32 @@ class InMemoryMetrics:
                 for (t, f, p, r), n in sorted(self.sheds.items())
             ],
             "config_refresh_failures": dict(sorted(self.refresh_failures.items())),
+            "usage": [
+                {
+                    "team": t,
+                    "flow": f,
+                    "model": m,
+                    "prompt_tokens": self.prompt_tokens[(t, f, m)],
+                    "completion_tokens": self.completion_tokens[(t, f, m)],
+                    "cost_usd": self.cost_usd[(t, f, m)],
+                }
+                for (t, f, m) in sorted(
+                    self.prompt_tokens.keys() | self.completion_tokens.keys() | self.cost_usd.keys()
+                )
+            ],
+            "request_seconds": [
+                {"team": t, "flow": f, "provider": p, "status": s, **_histogram(h)}
+                for (t, f, p, s), h in sorted(self.request_seconds.items())
+            ],
+            "first_token_seconds": [
+                {"team": t, "flow": f, "provider": p, **_histogram(h)}
+                for (t, f, p), h in sorted(self.first_token_seconds.items())
+            ],
         }
+
+
+def _histogram(h: BucketCounts) -> dict[str, Any]:
+    return {"count": h.count, "sum": h.total, "buckets": h.cumulative()}
 
 
 class FanOutMetrics:
@@ -130,3 +229,15 @@ class FanOutMetrics:
     def config_refresh(self, source: str, ok: bool) -> None:
         for s in self.sinks:
             s.config_refresh(source, ok)
+
+    def usage(self, team: str, flow: str, model: str, prompt_tokens: int, completion_tokens: int, usd: float) -> None:
+        for s in self.sinks:
+            s.usage(team, flow, model, prompt_tokens, completion_tokens, usd)
+
+    def latency(self, team: str, flow: str, provider: str | None, status: int, seconds: float) -> None:
+        for s in self.sinks:
+            s.latency(team, flow, provider, status, seconds)
+
+    def first_token(self, team: str, flow: str, provider: str, seconds: float) -> None:
+        for s in self.sinks:
+            s.first_token(team, flow, provider, seconds)

@@ -15,11 +15,12 @@ import time
 import uuid
 import weakref
 from collections.abc import AsyncIterator, Callable, Coroutine, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
+from switchyard.budgets.money import nanos_to_usd
 from switchyard.budgets.pricing import UnknownPrice, estimate_call
-from switchyard.budgets.tokens import output_tokens_upper_bound
+from switchyard.budgets.tokens import EXACT_FAMILIES, openai_encoding, output_tokens_upper_bound
 from switchyard.gateway.admission_control import AdmissionController, Shed
 from switchyard.gateway.attempts import (
     AttemptRunner,
@@ -53,24 +54,32 @@ from switchyard.gateway.idempotency import (
     complete_later,
     forget_claim,
 )
+from switchyard.gateway.image_fetch import ImageFetcher
+from switchyard.gateway.messages import Message
 from switchyard.gateway.metrics import GatewayMetrics
 from switchyard.gateway.planning import Plan, Planner
 from switchyard.gateway.pool import ProviderPool
-from switchyard.gateway.providers.base import Delta, ProviderCall, ProviderError, ProviderOverloaded
+from switchyard.gateway.providers.base import Delta, ProviderCall, ProviderError, ProviderOverloaded, ToolCall
 from switchyard.gateway.redaction_pool import RedactionPool
 from switchyard.gateway.results import (
+    H_BUDGET_LEFT,
     H_BUDGET_WARNING,
+    H_COST,
     H_FALLBACK,
     H_MODEL,
     H_PROMPT,
     H_PROVIDER,
     H_REPLAY,
     H_REQUEST_ID,
+    H_SDK_REQUEST_ID,
     ContractResult,
     JSONResult,
     Result,
     StreamResult,
+    budget_left,
+    cost_header,
     error_result,
+    rate_limit_headers,
     release_after,
     replay_stream,
 )
@@ -82,6 +91,7 @@ from switchyard.gateway.seams import (
     BudgetGate,
     BudgetUnavailable,
     Exchange,
+    Headroom,
     OverBudget,
     RateLimited,
     Redacted,
@@ -91,7 +101,9 @@ from switchyard.gateway.seams import (
     Reservation,
     Usage,
 )
-from switchyard.gateway.wire import chunk_body, completion_body, sse
+from switchyard.gateway.stream_tools import StreamedToolCalls
+from switchyard.gateway.tracing import GatewayTracing
+from switchyard.gateway.wire import chunk_body, completion_body, sse, tool_call_body
 from switchyard.policy.keys import Principal
 from switchyard.policy.models import ErrorClass, RiskTier
 from switchyard.policy.policy_set import PolicySet
@@ -122,6 +134,7 @@ class GatewayParts:
     redaction_workers: int = 1  # threads for large messages (see `RedactionPool`)
     # (team, user) -> the end user's audit pseudonym, which names stored idempotent answers
     pseudonym: Callable[[str, str], str] | None = None
+    tracing: GatewayTracing = field(default_factory=GatewayTracing)  # default: no-op
 
 
 @dataclass(kw_only=True)
@@ -132,10 +145,12 @@ class _Outcome:
     budget_decision: str = "not_reached"
     contract: ContractResult = "not_reached"
     output_text: str | None = None
+    tool_calls: tuple[ToolCall, ...] = ()
     provider: str | None = None
     model_version: str | None = None
     usage: Usage | None = None
     cost: float = 0.0
+    bills: tuple[Bill, ...] = ()  # what the providers billed, one per billed attempt
     error_code: str | None = None
 
 
@@ -145,14 +160,24 @@ class ChatPipeline:
         self.planner = Planner(parts.keys, parts.evals)
         self.contracts = OutputContracts()
         self.redaction = RedactionPool(parts.redaction_workers)
+        self._images: ImageFetcher | None = None  # made when a flow first fetches an image
         # Settle-and-audit work that must outlive the request that started it (a client that
         # hangs up cancels its handler); `drain` awaits it at shutdown.
         self._owned: set[asyncio.Task[None]] = set()
         self.runner = AttemptRunner(
-            parts.providers.get, parts.circuits, parts.metrics, self.contracts, parts.retry, parts.clock
+            parts.providers.get,
+            parts.circuits,
+            parts.metrics,
+            self.contracts,
+            parts.retry,
+            parts.clock,
+            tracing=parts.tracing,
         )
-        # Build the clients now: creating a boto3 client takes ~100 ms, not for a request to pay.
+        # Build the clients and load the exact tokenizers now: a boto3 client takes ~100 ms, the
+        # o200k ranks ~200 ms; neither is for a request to pay.
         parts.providers.sync(parts.policies())
+        for family in {m.family for m in parts.policies().providers.models.values()} & EXACT_FAMILIES:
+            openai_encoding(family)
 
     # ------------------------------------------------------------ entry point
 
@@ -160,7 +185,14 @@ class ChatPipeline:
         """`principal`: the caller, when the HTTP layer authenticated before reading `raw`."""
         request_id = uuid.uuid4().hex
         now = self.parts.clock()
-        hdr = {H_REQUEST_ID: request_id, H_PROVIDER: "none", H_MODEL: "none", H_PROMPT: "none", H_FALLBACK: "none"}
+        hdr = {
+            H_REQUEST_ID: request_id,
+            H_SDK_REQUEST_ID: request_id,
+            H_PROVIDER: "none",
+            H_MODEL: "none",
+            H_PROMPT: "none",
+            H_FALLBACK: "none",
+        }
         ps = self.parts.policies()
         self.parts.providers.sync(ps)
         try:
@@ -168,8 +200,20 @@ class ChatPipeline:
         except GatewayError as exc:
             # Not audited: before a flow is resolved there is no flow policy to audit under.
             self.parts.metrics.request("unknown", "unknown", exc.status, None)
+            self.parts.metrics.latency("unknown", "unknown", None, exc.status, self.parts.clock() - now)
             return error_result(exc, hdr)
         hdr[H_PROMPT] = plan.ctx.prompt_ref
+        ctx = plan.ctx
+        # Ended by `_count`, once the request's fate is known (a stream's after its last byte).
+        span = self.parts.tracing.start_request(
+            "chat",
+            ctx.requested_model,
+            team=ctx.team,
+            flow=ctx.flow.flow,
+            request_id=ctx.request_id,
+            max_tokens=plan.max_tokens,
+        )
+        plan = replace(plan, span=span)
         if plan.ctx.idempotency_key is not None:
             return await self._idempotent(plan, raw, hdr)
         return await self._execute(plan, hdr)
@@ -180,21 +224,17 @@ class ChatPipeline:
         ctx = plan.ctx
         key = ctx.idempotency_key or ""
         if len(key) > 255:
-            return error_result(
-                BadRequest(
-                    "invalid_idempotency_key", "Idempotency-Key is longer than 255 characters", param="Idempotency-Key"
-                ),
-                hdr,
+            invalid = BadRequest(
+                "invalid_idempotency_key", "Idempotency-Key is longer than 255 characters", param="Idempotency-Key"
             )
+            return self._answered_here(plan, error_result(invalid, hdr))
         if ctx.stream:
-            return error_result(
-                BadRequest(
-                    "idempotent_stream_unsupported",
-                    "Idempotency-Key is supported on non-streaming requests only",
-                    param="stream",
-                ),
-                hdr,
+            unsupported = BadRequest(
+                "idempotent_stream_unsupported",
+                "Idempotency-Key is supported on non-streaming requests only",
+                param="stream",
             )
+            return self._answered_here(plan, error_result(unsupported, hdr))
         store = self.parts.idempotency
         digest = body_fingerprint(ctx.flow.flow, raw)
         while True:
@@ -207,38 +247,32 @@ class ChatPipeline:
                     "the idempotency store cannot be reached right now; the request was not run",
                     headers={"retry-after": "1"},
                 )
-                return error_result(down, hdr)
+                return self._answered_here(plan, error_result(down, hdr))
             if claim.outcome == "owner":
                 break
             if claim.outcome == "replay" and claim.response is not None:
                 stored = claim.response
-                return JSONResult(
-                    stored.status,
-                    stored.body,
-                    {
-                        **stored.headers,
-                        H_REPLAY: "true",
-                        H_REQUEST_ID: ctx.request_id,
-                        "x-switchyard-original-request-id": stored.headers.get(H_REQUEST_ID, ""),
-                    },
-                )
+                replayed = {
+                    **stored.headers,
+                    H_REPLAY: "true",
+                    H_REQUEST_ID: ctx.request_id,
+                    H_SDK_REQUEST_ID: ctx.request_id,
+                    "x-switchyard-original-request-id": stored.headers.get(H_REQUEST_ID, ""),
+                }
+                return self._answered_here(plan, JSONResult(stored.status, stored.body, replayed))
             if claim.outcome == "conflict":
-                return error_result(
-                    IdempotencyConflict(
-                        "idempotency_key_reused",
-                        "this Idempotency-Key was used with a different request body",
-                        param="Idempotency-Key",
-                    ),
-                    hdr,
+                conflict = IdempotencyConflict(
+                    "idempotency_key_reused",
+                    "this Idempotency-Key was used with a different request body",
+                    param="Idempotency-Key",
                 )
+                return self._answered_here(plan, error_result(conflict, hdr))
             if self.parts.clock() >= ctx.deadline_at:
-                return error_result(
-                    DeadlineExceeded(
-                        "deadline_exceeded",
-                        "a request with this Idempotency-Key is still in flight and the deadline passed",
-                    ),
-                    hdr,
+                late = DeadlineExceeded(
+                    "deadline_exceeded",
+                    "a request with this Idempotency-Key is still in flight and the deadline passed",
                 )
+                return self._answered_here(plan, error_result(late, hdr))
             await asyncio.sleep(self.parts.idempotency_poll_s)
         try:
             result = await self._execute(plan, hdr)
@@ -256,6 +290,13 @@ class ChatPipeline:
                 self._own(complete_later(store, ctx.team, key, stored))
         else:
             self._own(forget_claim(store, ctx.team, key))  # failures are not stored: a retry may succeed
+        return result
+
+    def _answered_here(self, plan: Plan, result: JSONResult) -> JSONResult:
+        """A request the idempotency store answered (a replay, a conflict, a refusal) without
+        running: counted and traced like every other (not audited: nothing was run or charged;
+        the replayed answer's own record is its audit)."""
+        self._count(plan, result.status, result.headers.get(H_PROVIDER) if result.status == 200 else None)
         return result
 
     async def _subject(self, ctx: RequestContext) -> str | None:
@@ -289,6 +330,16 @@ class ChatPipeline:
         ticket.release()
         return result
 
+    async def _fetch_images(self, plan: Plan) -> list[Message]:
+        """The messages as they leave: https images inlined as bytes where the flow fetches them
+        (the audit record keeps the URLs as the client sent them)."""
+        rules = plan.ctx.flow.image_fetch
+        if rules is None or not plan.needs.images:
+            return plan.messages
+        if self._images is None:
+            self._images = ImageFetcher()
+        return await self._images.inline(plan.messages, rules, plan.ctx.deadline_at - self.parts.clock())
+
     def _chain_error(self, plan: Plan, failed: ChainFailed, chain: ChainLog) -> GatewayError:
         err = chain_error(plan, failed, chain)
         cause = failed.error
@@ -307,21 +358,29 @@ class ChatPipeline:
     async def _admitted(self, plan: Plan, hdr: dict[str, str]) -> Result:
         ctx, flow, parts = plan.ctx, plan.ctx.flow, self.parts
         try:
+            outgoing = await self._fetch_images(plan)
+        except GatewayError as exc:  # the client's image could not be fetched: nothing was sent
+            nothing_sent = Redacted([], RedactionSummary("none"))
+            outcome = _Outcome(status=exc.status, error_code=exc.code)
+            return await self._fail(plan, nothing_sent, outcome, exc, hdr, ChainLog())
+        try:
             remaining_s = ctx.deadline_at - parts.clock()
-            redacted = await self.redaction.redact(parts.redactor, plan.messages, flow.data_class, remaining_s)
+            with parts.tracing.stage("redaction", plan.span):
+                redacted = await self.redaction.redact(parts.redactor, outgoing, flow.data_class, remaining_s)
         except DeadlineExceeded as exc:
             nothing_sent = Redacted([], RedactionSummary("none"))
             outcome = _Outcome(status=504, error_code=exc.code)
             return await self._fail(plan, nothing_sent, outcome, exc, hdr, ChainLog())
         except Exception:  # fail closed: nothing leaves unredacted when the redactor breaks
             log.exception("redaction failed for request %s (data class %s)", ctx.request_id, flow.data_class)
-            parts.metrics.request(ctx.team, flow.flow, 503, None)
+            self._count(plan, 503, None)
             return error_result(
                 Unavailable("redaction_unavailable", f"data class {flow.data_class!r} cannot be redacted right now"),
                 hdr,
             )
         for skip in plan.route.skipped:
             parts.metrics.candidate_skipped(plan.policy_set.providers.models[skip.model].provider, skip.reason)
+        chain = ChainLog(hops=[f"{s.model}:{s.reason}" for s in plan.route.skipped if s.capability])
         primary = plan.route.candidates[0]
         outcome = _Outcome(status=200)
         catalog = plan.policy_set.providers
@@ -333,28 +392,30 @@ class ChatPipeline:
                 plan.route.candidates,
                 redacted.messages,
                 plan.max_tokens,
-                flow.output_schema is not None,
+                plan.output is not None,  # a request's response_format may be repaired too
                 ctx.day,
+                plan.tools,
             )
         except UnknownPrice as exc:
             log.error("request %s: %s", ctx.request_id, exc)
             outcome = _Outcome(status=503, budget_decision="no_price", error_code="price_unknown")
             unpriced = Unavailable("price_unknown", "a model of this flow has no price today; nothing was charged")
-            return await self._fail(plan, redacted, outcome, unpriced, hdr, ChainLog())
+            return await self._fail(plan, redacted, outcome, unpriced, hdr, chain)
         try:
             # Bounded by the deadline: a ledger that cannot answer in time is an outage (503),
             # and no provider is called with money the ledger did not grant.
-            async with asyncio.timeout(max(ctx.deadline_at - parts.clock(), 0.0)):
-                reservation = await parts.budget.reserve(ctx, estimate)
+            with parts.tracing.stage("budget.reserve", plan.span):
+                async with asyncio.timeout(max(ctx.deadline_at - parts.clock(), 0.0)):
+                    reservation = await parts.budget.reserve(ctx, estimate)
         except OverBudget as exc:
             outcome = _Outcome(status=402, budget_decision=f"over_budget:{exc.budget}", error_code="over_budget")
-            return await self._fail(plan, redacted, outcome, PaymentRequired("over_budget", str(exc)), hdr, ChainLog())
+            return await self._fail(plan, redacted, outcome, PaymentRequired("over_budget", str(exc)), hdr, chain)
         except RateLimited as exc:
             outcome = _Outcome(status=429, budget_decision=f"rate_limited:{exc.limit}", error_code="rate_limited")
             limited = TooManyRequests(
                 "rate_limited", str(exc), headers={"retry-after": str(max(1, math.ceil(exc.retry_after_s)))}
             )
-            return await self._fail(plan, redacted, outcome, limited, hdr, ChainLog())
+            return await self._fail(plan, redacted, outcome, limited, hdr, chain)
         except (BudgetUnavailable, TimeoutError) as exc:
             log.error("request %s: the budget ledger is unavailable: %s", ctx.request_id, exc or "deadline passed")
             outcome = _Outcome(status=503, budget_decision="ledger_unavailable", error_code="budget_unavailable")
@@ -363,9 +424,10 @@ class ChatPipeline:
                 "the budget ledger cannot be reached right now; nothing was charged",
                 headers={"retry-after": "1"},
             )
-            return await self._fail(plan, redacted, outcome, down, hdr, ChainLog())
+            return await self._fail(plan, redacted, outcome, down, hdr, chain)
         outcome.budget_decision = "reserved"
-        chain = ChainLog()
+        room = parts.budget.headroom(reservation)
+        hdr.update(rate_limit_headers(room))
         base = ProviderCall(
             model=primary.model,
             model_version=primary.entry.model_version,
@@ -376,6 +438,9 @@ class ChatPipeline:
             temperature=plan.request.temperature,
             top_p=plan.request.top_p,
             stop=plan.request.stop_sequences(),
+            tools=plan.tools,
+            tool_choice=plan.request.tool_choice_value(),
+            parallel_tool_calls=plan.request.parallel_tool_calls,
         )
         run = ChainRequest(
             ps=plan.policy_set,
@@ -385,9 +450,11 @@ class ChatPipeline:
             max_tokens=plan.max_tokens,
             base=base,
             log=chain,
+            output=plan.output,
+            span=plan.span,
         )
-        if ctx.stream and flow.output_schema is None:
-            return await self._start_stream(plan, redacted, reservation, run, hdr)
+        if ctx.stream and plan.output is None:
+            return await self._start_stream(plan, redacted, reservation, run, hdr, room)
 
         def restore(text: str) -> str:
             restorer = parts.redactor.restorer(redacted)
@@ -413,6 +480,7 @@ class ChatPipeline:
             raise
         done, cand = answer.value, answer.candidate
         text = restore(done.text)
+        calls = tuple(replace(c, arguments=restore(c.arguments)) for c in done.tool_calls)
         hdr.update(
             {
                 H_PROVIDER: cand.provider,
@@ -423,8 +491,9 @@ class ChatPipeline:
         outcome = _Outcome(
             status=200,
             budget_decision="reserved",
-            contract="valid" if flow.output_schema is not None else "not_declared",
+            contract="valid" if plan.output is not None and not calls else "not_declared",
             output_text=text,
+            tool_calls=calls,
             provider=cand.provider,
             model_version=hdr[H_MODEL],
             usage=done.usage,
@@ -443,13 +512,17 @@ class ChatPipeline:
         warnings = parts.budget.warnings(reservation)
         if warnings:  # the team's own code (and its admins' dashboards) see a budget running low
             hdr[H_BUDGET_WARNING] = "; ".join(warnings)
-        parts.metrics.request(ctx.team, flow.flow, 200, cand.provider)
+        hdr[H_COST] = cost_header(outcome.cost)
+        left = budget_left(room, reservation, outcome.cost)
+        if left is not None:
+            hdr[H_BUDGET_LEFT] = f"{left:.8f}"
+        self._count(plan, 200, cand.provider)
         total_ms = (parts.clock() - ctx.received_at) * 1000
         upstream_ms = sum(a.latency_ms for a in chain.attempts)
         parts.metrics.stage_latency("total", total_ms)
         parts.metrics.stage_latency("gateway_overhead", total_ms - upstream_ms)
         hdr["server-timing"] = f"gateway;dur={total_ms - upstream_ms:.3f}, upstream;dur={upstream_ms:.3f}"
-        if ctx.stream:  # a flow with an output schema: buffered, validated, then streamed
+        if ctx.stream:  # an answer with a contract: buffered, validated, then streamed
             return StreamResult(
                 hdr,
                 replay_stream(
@@ -459,9 +532,11 @@ class ChatPipeline:
                     done.finish_reason,
                     done.usage,
                     plan.request.stream_options is not None and plan.request.stream_options.include_usage,
+                    calls,
                 ),
             )
-        return JSONResult(200, completion_body(ctx.request_id, cand.model, text, done.finish_reason, done.usage), hdr)
+        body = completion_body(ctx.request_id, cand.model, text, done.finish_reason, done.usage, tool_calls=calls)
+        return JSONResult(200, body, hdr)
 
     # ------------------------------------------------------------ streaming
 
@@ -472,6 +547,7 @@ class ChatPipeline:
         reservation: Reservation,
         run: ChainRequest,
         hdr: dict[str, str],
+        room: Headroom,
     ) -> Result:
         chain = run.log
         try:
@@ -497,7 +573,7 @@ class ChatPipeline:
             provider=cand.provider,
             model_version=cand.entry.model_version,
         )
-        end = _StreamEnd(self, plan, redacted, reservation, chain, cand, outcome)
+        end = _StreamEnd(self, plan, redacted, reservation, chain, cand, outcome, room)
         body = self._stream_body(plan, redacted, end, cand.model, first, rest)
         # A body the server never starts (the client left before it) never runs its `finally`.
         weakref.finalize(body, end.finish_soon, asyncio.get_running_loop())
@@ -521,6 +597,8 @@ class ChatPipeline:
         parts_out = end.streamed
         usage: Usage | None = None
         try:
+            # The provider's first piece is in hand (the chain waited for it before answering).
+            parts.metrics.first_token(ctx.team, ctx.flow.flow, provider, parts.clock() - ctx.received_at)
             yield sse(chunk_body(ctx.request_id, model, created, role=True, text=""))
             delta = first
             while True:
@@ -530,12 +608,19 @@ class ChatPipeline:
                     parts_out.append(out)
                     if out:
                         yield sse(chunk_body(ctx.request_id, model, created, text=out))
+                if delta.tool_calls:
+                    pieces = end.calls.feed(delta.tool_calls)
+                    if pieces:
+                        yield sse(chunk_body(ctx.request_id, model, created, tool_calls=pieces))
                 if delta.finish_reason is not None:
                     usage, end.finished = delta.usage, True
                     tail = restorer.flush()
                     if tail:
                         parts_out.append(tail)
                         yield sse(chunk_body(ctx.request_id, model, created, text=tail))
+                    rest_of_calls = end.calls.flush()
+                    if rest_of_calls:
+                        yield sse(chunk_body(ctx.request_id, model, created, tool_calls=rest_of_calls))
                     yield sse(chunk_body(ctx.request_id, model, created, finish_reason=delta.finish_reason))
                     break
                 remaining = ctx.deadline_at - parts.clock()
@@ -548,7 +633,8 @@ class ChatPipeline:
                     raise ProviderError(ErrorClass.TIMEOUT, "the flow's deadline passed mid-stream") from None
             usage = usage or end.bound_usage()
             if plan.request.stream_options is not None and plan.request.stream_options.include_usage:
-                yield sse(chunk_body(ctx.request_id, model, created, usage=usage))
+                # The headers left before the cost was known: it comes with the usage.
+                yield sse(chunk_body(ctx.request_id, model, created, usage=usage, switchyard=end.charges(usage)))
             yield sse("[DONE]")
         except ProviderError as exc:
             parts.metrics.attempt_failed(provider, exc.error_class.value)
@@ -586,20 +672,22 @@ class ChatPipeline:
         refusal, in a task the pipeline owns, so a client that hangs up cannot cut it short."""
         hdr[H_FALLBACK] = chain.header()
         await asyncio.shield(self._own(self._charge_and_record(plan, redacted, reservation, outcome, chain)))
+        if reservation is not None:
+            hdr[H_COST] = cost_header(outcome.cost)
         return error_result(err, hdr)
 
     async def _charge_and_record(
         self, plan: Plan, redacted: Redacted, reservation: Reservation | None, o: _Outcome, chain: ChainLog
     ) -> None:
         if reservation is not None:
-            o.cost = await self._charge(reservation, self._bills(plan, redacted, chain))
+            o.cost = await self._charge(plan, o, reservation, self._bills(plan, redacted, chain))
         await self._record(plan, redacted, o, chain, context="failed")
 
     async def _charge_and_audit_answer(
         self, plan: Plan, redacted: Redacted, reservation: Reservation, o: _Outcome, chain: ChainLog
     ) -> None:
         """An answer's charge and record; `AuditUnavailable` means it must not be sent."""
-        o.cost = await self._charge(reservation, self._bills(plan, redacted, chain))
+        o.cost = await self._charge(plan, o, reservation, self._bills(plan, redacted, chain))
         await self._audit(plan, redacted, o, chain)
 
     async def _audit(self, plan: Plan, redacted: Redacted, o: _Outcome, chain: ChainLog) -> None:
@@ -609,33 +697,45 @@ class ChatPipeline:
             status_code=o.status,
             input_messages=plan.messages,
             output_text=o.output_text,
+            output_tool_calls=tuple(tool_call_body(c) for c in o.tool_calls),
             attempts=tuple(chain.attempts),
+            skipped=tuple((s.model, s.reason) for s in plan.route.skipped),
             provider=o.provider,
             model_version=o.model_version,
             usage=o.usage,
             cost_usd=o.cost,
+            bills=o.bills,
             latency_ms=(self.parts.clock() - ctx.received_at) * 1000,
             budget_decision=o.budget_decision,
             redaction=redacted.summary,
-            contract_result=o.contract
-            if ctx.flow.output_schema is not None or o.contract == "not_reached"
-            else "not_declared",
+            contract_result=o.contract if plan.output is not None or o.contract == "not_reached" else "not_declared",
             error_code=o.error_code,
         )
-        await self.parts.audit.record(exchange, durable=ctx.flow.risk_tier is RiskTier.HIGH)
+        with self.parts.tracing.stage("audit.record", plan.span):
+            await self.parts.audit.record(exchange, durable=ctx.flow.risk_tier is RiskTier.HIGH)
 
     def _bills(self, plan: Plan, redacted: Redacted, chain: ChainLog) -> list[Bill]:
         """What the providers billed for this request's attempts so far."""
         return billed_attempts(
-            plan.policy_set.providers, chain.attempts, plan.ctx.day, redacted.messages, plan.max_tokens
+            plan.policy_set.providers, chain.attempts, plan.ctx.day, redacted.messages, plan.max_tokens, plan.tools
         )
 
-    async def _charge(self, reservation: Reservation, bills: list[Bill]) -> float:
-        """Settle what the providers billed, or free the reservation if nothing was billed."""
-        if not bills:
-            await self.parts.budget.release(reservation)
-            return 0.0
-        await self.parts.budget.settle(reservation, bills)
+    async def _charge(self, plan: Plan, o: _Outcome, reservation: Reservation, bills: list[Bill]) -> float:
+        """Settle what the providers billed, or free the reservation if nothing was billed.
+        Each bill is counted in the token and cost metrics and listed in the audit record, so
+        the two always agree."""
+        o.bills = tuple(bills)
+        with self.parts.tracing.stage("budget.settle", plan.span):
+            if not bills:
+                await self.parts.budget.release(reservation)
+                return 0.0
+            await self.parts.budget.settle(reservation, bills)
+        ctx = plan.ctx
+        for b in bills:
+            usd = nanos_to_usd(b.nanos)
+            self.parts.metrics.usage(
+                ctx.team, ctx.flow.flow, b.model, b.usage.prompt_tokens, b.usage.completion_tokens, usd
+            )
         return total_usd(bills)
 
     async def _charge_and_audit(
@@ -645,20 +745,31 @@ class ChatPipeline:
         cand = chain.current
         if cand is not None:  # cut off mid-call: the provider may bill its answer all the same
             catalog, day = plan.policy_set.providers, plan.ctx.day
-            inputs = estimate_call(catalog, cand.model, redacted.messages, 0, day).input_tokens
+            inputs = estimate_call(catalog, cand.model, redacted.messages, 0, day, plan.tools).input_tokens
             bills.append(bill(catalog, cand.model, Usage(inputs, plan.max_tokens), day))
             o.provider, o.model_version = cand.provider, cand.entry.model_version
-        o.cost = await self._charge(reservation, bills)
+        o.cost = await self._charge(plan, o, reservation, bills)
         await self._record(plan, redacted, o, chain, context="cancelled")
 
     async def _record(self, plan: Plan, redacted: Redacted, o: _Outcome, chain: ChainLog, context: str) -> None:
         """Count and audit a request whose answer is already gone (or was never going to be
         sent): an audit failure is logged, since there is no response left to refuse."""
-        self.parts.metrics.request(plan.ctx.team, plan.ctx.flow.flow, o.status, o.provider)
         try:
             await self._audit(plan, redacted, o, chain)
         except AuditUnavailable as exc:
             log.error("audit record of %s request %s was not written: %s", context, plan.ctx.request_id, exc)
+        finally:
+            self._count(plan, o.status, o.provider, o.error_code)  # after the audit: its span is inside
+
+    def _count(self, plan: Plan, status: int, provider: str | None, error: str | None = None) -> None:
+        """One request's fate in the metrics and its trace: its status and its end-to-end time.
+        Called exactly once per request (the usage-invariant test counts it)."""
+        ctx, metrics = plan.ctx, self.parts.metrics
+        metrics.request(ctx.team, ctx.flow.flow, status, provider)
+        metrics.latency(ctx.team, ctx.flow.flow, provider, status, self.parts.clock() - ctx.received_at)
+        if plan.span is not None:
+            plan.span.set_response(status, error)
+            plan.span.end()
 
     def _own(self, work: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
         task = asyncio.get_running_loop().create_task(work)
@@ -672,6 +783,12 @@ class ChatPipeline:
         gate and audit sink close)."""
         while self._owned:
             await asyncio.gather(*self._owned, return_exceptions=True)
+
+    async def aclose(self) -> None:
+        """Close what the pipeline owns (after `drain`)."""
+        self.redaction.close()
+        if self._images is not None:
+            await self._images.aclose()
 
     def status(self) -> dict[str, Any]:
         snapshot = getattr(self.parts.metrics, "snapshot", None)
@@ -697,8 +814,10 @@ class _StreamEnd:
         chain: ChainLog,
         candidate: Candidate | None,
         outcome: _Outcome,
+        room: Headroom | None = None,
     ) -> None:
         self.pipeline, self.plan, self.redacted = pipeline, plan, redacted
+        self.room = room  # what the budget had left when the stream started
         self.reservation, self.chain = reservation, chain
         self.candidate = candidate  # whose stream may be billed; None: no call was under way
         self.outcome = outcome
@@ -706,6 +825,7 @@ class _StreamEnd:
             outcome.provider, outcome.model_version = candidate.provider, candidate.entry.model_version
         self.streamed: list[str] = []  # restored text sent so far
         self.raw: list[str] = []  # the provider's text, placeholders and all (what it billed)
+        self.calls = StreamedToolCalls(lambda: pipeline.parts.redactor.restorer(redacted))
         self.finished = False  # the provider ended the answer itself
         self.usage: Usage | None = None  # as the provider reported it, if it did
         self._task: asyncio.Task[None] | None = None
@@ -726,9 +846,23 @@ class _StreamEnd:
         assert self.candidate is not None
         plan = self.plan
         catalog, day = plan.policy_set.providers, plan.ctx.day
-        inputs = estimate_call(catalog, self.candidate.model, self.redacted.messages, 0, day).input_tokens
-        text = "".join(self.raw)
+        inputs = estimate_call(catalog, self.candidate.model, self.redacted.messages, 0, day, plan.tools).input_tokens
+        text = "".join(self.raw) + self.calls.raw_text()
         return Usage(inputs, output_tokens_upper_bound(text, plan.max_tokens, finished=self.finished))
+
+    def charges(self, usage: Usage) -> dict[str, Any]:
+        """What the stream will be charged for `usage` (settling charges exactly these bills),
+        and the budget left after it, for the final usage chunk."""
+        assert self.candidate is not None
+        plan = self.plan
+        bills = self.pipeline._bills(plan, self.redacted, self.chain)
+        bills.append(bill(plan.policy_set.providers, self.candidate.model, usage, plan.ctx.day))
+        cost = total_usd(bills)
+        out: dict[str, Any] = {"cost_usd": round(cost, 8)}
+        left = None if self.room is None else budget_left(self.room, self.reservation, cost)
+        if left is not None:
+            out["budget_remaining_usd"] = round(left, 8)
+        return out
 
     async def _settle_and_audit(self) -> None:
         p, plan, o = self.pipeline, self.plan, self.outcome
@@ -738,7 +872,8 @@ class _StreamEnd:
             o.usage = self.usage or self.bound_usage()
             bills.append(bill(catalog, self.candidate.model, o.usage, day))
         o.output_text = "".join(self.streamed)
-        o.cost = await p._charge(self.reservation, bills)
+        o.tool_calls = self.calls.calls()
+        o.cost = await p._charge(plan, o, self.reservation, bills)
         await p._record(plan, self.redacted, o, self.chain, context="streamed")
 
 

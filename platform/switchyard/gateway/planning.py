@@ -6,15 +6,20 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from typing import Protocol
+from dataclasses import dataclass, field
+from typing import Any, Protocol
 
+from switchyard.budgets.tokens import EXACT_FAMILIES, count_input_tokens
 from switchyard.gateway.auth import KeySnapshot
+from switchyard.gateway.capabilities import Needs, needs_of
+from switchyard.gateway.contracts import CheckedSchemas, OutputSpec, output_spec
 from switchyard.gateway.errors import BadRequest, NotAllowed
 from switchyard.gateway.evals import EvalVerdict
+from switchyard.gateway.messages import Message, image_parts, text_chars
 from switchyard.gateway.prompting import CompiledPrompts, VariableSchemas, choose_version, render_messages
 from switchyard.gateway.routing import Route, pick_primary, plan_route
 from switchyard.gateway.seams import RequestContext
+from switchyard.gateway.tracing import RequestSpan
 from switchyard.gateway.wire import ChatRequest, parse_chat_request
 from switchyard.policy.keys import Principal
 from switchyard.policy.layering import resolve_flow
@@ -39,9 +44,13 @@ class Plan:
     ctx: RequestContext
     request: ChatRequest
     policy_set: PolicySet
-    messages: list[dict[str, str]]  # rendered prompt + client messages, before redaction
+    messages: list[Message]  # rendered prompt + client messages, before redaction
     route: Route
     max_tokens: int
+    needs: Needs = field(default_factory=Needs)
+    output: OutputSpec | None = None  # the contract answers must keep (flow schema or response_format)
+    tools: tuple[dict[str, Any], ...] = ()  # the request's function tools, as sent
+    span: RequestSpan | None = None  # the request's trace span, once the pipeline started it
 
 
 class FlowCache:
@@ -85,6 +94,7 @@ class Planner:
         self.flows = FlowCache()
         self.prompts = CompiledPrompts()
         self.schemas = VariableSchemas()
+        self.checked_schemas = CheckedSchemas()
 
     def plan(
         self,
@@ -111,15 +121,34 @@ class Planner:
         version = choose_version(ps, flow, request.prompt_version)
         self.schemas.validate(flow, request.variables)
         rendered = render_messages(
-            self.prompts, flow, version, request.variables, [m.as_text() for m in request.messages]
+            self.prompts, flow, version, request.variables, [m.as_message() for m in request.messages]
         )
-        check_text_size(rendered.messages, flow.data_class, ps.data.classes[flow.data_class].max_text_chars)
+        data_class = ps.data.classes[flow.data_class]
+        check_text_size(rendered.messages, flow.data_class, data_class.max_text_chars)
+        if not data_class.images_allowed() and next(image_parts(rendered.messages), None) is not None:
+            raise BadRequest(
+                "images_not_allowed",
+                f"messages: data class {flow.data_class!r} does not allow images (its text is redacted "
+                "before it leaves the platform, and the redactor cannot read an image)",
+                param="messages",
+            )
+        output = output_spec(flow, request.response_format, self.checked_schemas)
+        tools = request.tool_dicts()
+        needs = needs_of(
+            list(rendered.messages), tools, request.parallel_tool_calls, fetch_images=flow.image_fetch is not None
+        )
         prompt_sha = self.prompts.sha256(flow.prompt_id, version)
 
         def judge(f: EffectiveFlow, model: str, entry: ModelEntry) -> EvalVerdict:
             return self.evals.judge(ps, f, model, entry, prompt_sha)
 
-        route = plan_route(ps, flow, primary, judge)
+        def exact_input(entry: ModelEntry) -> int | None:
+            # Only an exact count may skip a model for its context window (see plan_route).
+            if entry.family not in EXACT_FAMILIES or needs.images or tools:
+                return None
+            return count_input_tokens(entry.family, rendered.messages)
+
+        route = plan_route(ps, flow, primary, judge, needs, exact_input)
         max_tokens = min(request.requested_max_tokens() or flow.max_tokens, flow.max_tokens)
         ctx = RequestContext(
             request_id=request_id,
@@ -134,12 +163,13 @@ class Planner:
             deadline_at=now + deadline_ms(flow, headers) / 1000,
             stream=request.stream,
         )
-        return Plan(ctx, request, ps, list(rendered.messages), route, max_tokens)
+        return Plan(ctx, request, ps, list(rendered.messages), route, max_tokens, needs, output, tools)
 
 
-def check_text_size(messages: Sequence[Mapping[str, str]], data_class: str, limit: int) -> None:
-    """The data class's cap on message text, which also bounds the redactor's work."""
-    total = sum(len(m.get("content", "")) for m in messages)
+def check_text_size(messages: Sequence[Message], data_class: str, limit: int) -> None:
+    """The data class's cap on message text (tool arguments and results included), which also
+    bounds the redactor's work."""
+    total = text_chars(messages)
     if total > limit:
         raise BadRequest(
             "text_too_long",

@@ -101,7 +101,7 @@ def render_messages(
     flow: EffectiveFlow,
     version: PromptVersion,
     variables: dict[str, Any],
-    client_messages: list[dict[str, str]],
+    client_messages: list[dict[str, Any]],
 ) -> RenderedPrompt:
     if client_messages and not flow.allow_free_messages:
         raise BadRequest(

@@ -15,10 +15,11 @@ holds its pool slot, which is what keeps the pool bounded.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 from switchyard.gateway.errors import DeadlineExceeded
+from switchyard.gateway.messages import text_chars
 from switchyard.gateway.seams import Redacted, Redactor
 
 
@@ -29,9 +30,9 @@ class RedactionPool:
         self._executor: ThreadPoolExecutor | None = None  # made on first use: most replicas never need it
 
     async def redact(
-        self, redactor: Redactor, messages: list[dict[str, str]], data_class: str, timeout_s: float
+        self, redactor: Redactor, messages: list[dict[str, Any]], data_class: str, timeout_s: float
     ) -> Redacted:
-        if _text_chars(messages) <= self.inline_chars:
+        if text_chars(messages) <= self.inline_chars:
             return redactor.redact(messages, data_class)
         if self._executor is None:
             self._executor = ThreadPoolExecutor(self._workers, thread_name_prefix="redaction")
@@ -53,7 +54,3 @@ class RedactionPool:
 def _retrieve(job: asyncio.Future[Redacted]) -> None:
     if not job.cancelled():
         job.exception()
-
-
-def _text_chars(messages: Sequence[dict[str, str]]) -> int:
-    return sum(len(m.get("content", "")) for m in messages)

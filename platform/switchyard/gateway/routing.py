@@ -4,6 +4,10 @@ The chain is the primary (the flow's model, or the one the client asked for amon
 the flow allows), then the flow's fallback candidates. A candidate is dropped, with a
 reason, when its provider is not allowed for the flow, lacks a compliance tag the flow's
 data class requires, or, on a high-risk flow, has no valid eval record for this flow.
+A candidate, the primary included, is also skipped when it lacks a capability the request
+needs (tools, images, its context window; see `capabilities.py`): those skips depend on the
+request, so they are named in `x-switchyard-fallback` as `model:reason`. When no candidate
+is left the request is refused (400) naming what it needs and why each model cannot serve it.
 A failure moves on only when the next candidate's rule lists its error class.
 """
 
@@ -12,7 +16,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from switchyard.gateway.errors import NotAllowed
+from switchyard.gateway.capabilities import Needs, lacking
+from switchyard.gateway.errors import BadRequest, NotAllowed
 from switchyard.gateway.evals import EvalVerdict
 from switchyard.policy.models import EffectiveFlow, ErrorClass, ModelEntry, RiskTier
 from switchyard.policy.policy_set import PolicySet
@@ -36,6 +41,7 @@ class Candidate:
 class Skip:
     model: str
     reason: str
+    capability: bool = False  # skipped for what this request needs, not for the flow's policy
 
 
 @dataclass(frozen=True)
@@ -58,7 +64,17 @@ def pick_primary(ps: PolicySet, flow: EffectiveFlow, requested: str) -> str:
     )
 
 
-def plan_route(ps: PolicySet, flow: EffectiveFlow, primary: str, judge: EvalJudge) -> Route:
+def plan_route(
+    ps: PolicySet,
+    flow: EffectiveFlow,
+    primary: str,
+    judge: EvalJudge,
+    needs: Needs = Needs(),
+    input_tokens: Callable[[ModelEntry], int | None] | None = None,
+) -> Route:
+    """`input_tokens(entry)`: the request's input in `entry`'s tokenizer where it is counted
+    exactly, checked against the context window; None where only an upper bound is known (a
+    bound must not skip a model the request fits)."""
     required = ps.data.classes[flow.data_class].requires_compliance
     entry = ps.providers.models[primary]
     refusal = _refusal(ps, flow, entry, required)
@@ -68,8 +84,18 @@ def plan_route(ps: PolicySet, flow: EffectiveFlow, primary: str, judge: EvalJudg
             f"model {primary!r} cannot serve flow {flow.team}/{flow.flow}: {refusal}",
             param="model",
         )
-    candidates = [Candidate(primary, entry, frozenset())]
+    candidates: list[Candidate] = []
     skipped: list[Skip] = []
+
+    def consider(model: str, model_entry: ModelEntry, on_errors: frozenset[ErrorClass]) -> None:
+        missing = lacking(model_entry, needs, input_tokens(model_entry) if input_tokens is not None else None)
+        if missing is not None:
+            skipped.append(Skip(model, missing, capability=True))
+        else:
+            # The first capable candidate opens the chain whatever rule led to it.
+            candidates.append(Candidate(model, model_entry, on_errors if candidates else frozenset()))
+
+    consider(primary, entry, frozenset())
     seen = {primary}
     for fb in flow.fallback:
         if fb.model in seen:
@@ -83,8 +109,23 @@ def plan_route(ps: PolicySet, flow: EffectiveFlow, primary: str, judge: EvalJudg
         if reason is not None:
             skipped.append(Skip(fb.model, reason))
             continue
-        candidates.append(Candidate(fb.model, fb_entry, fb.on_errors))
+        consider(fb.model, fb_entry, fb.on_errors)
+    if not candidates:
+        why = "; ".join(f"{s.model}: {s.reason}" for s in skipped)
+        raise BadRequest(
+            "unsupported_feature",
+            f"no model of flow {flow.team}/{flow.flow} can serve a request with {needs.described()} ({why})",
+            param=_feature_param(needs),
+        )
     return Route(tuple(candidates), tuple(skipped))
+
+
+def _feature_param(needs: Needs) -> str:
+    if needs.tools:
+        return "tools"
+    if needs.images:
+        return "messages"
+    return "model"
 
 
 def _refusal(ps: PolicySet, flow: EffectiveFlow, entry: ModelEntry, required: frozenset[str]) -> str | None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime
-from typing import Literal, Protocol
+from typing import Any, Literal, Protocol
 
 from switchyard.policy.models import EffectiveFlow, ErrorClass
 
@@ -119,6 +119,17 @@ class OverBudget(Exception):
         )
 
 
+@dataclass(frozen=True)
+class Headroom:
+    """What a team has left, as of the ledger's last answer to this replica: the least USD left
+    on the request's budget lines (this request's hold counted as spent) and the permits
+    left on its tightest request and token rate limits. None: no such limit applies."""
+
+    budget_usd: float | None = None
+    requests: int | None = None
+    tokens: int | None = None
+
+
 class BudgetUnavailable(Exception):
     """The ledger could not be reached in time. Nothing was reserved or charged: HTTP 503
     with Retry-After, never a 500 and never a call the budget does not cover."""
@@ -136,7 +147,7 @@ class BudgetGate(Protocol):
     """Reserve before calling a provider, settle to the actual cost after, release on failure."""
 
     async def estimate(
-        self, ctx: RequestContext, model: str, messages: list[dict[str, str]], max_tokens: int
+        self, ctx: RequestContext, model: str, messages: list[dict[str, Any]], max_tokens: int
     ) -> CostEstimate: ...
 
     async def reserve(self, ctx: RequestContext, estimate: CostEstimate) -> Reservation:
@@ -154,6 +165,10 @@ class BudgetGate(Protocol):
         """Soft-alert thresholds (`budget.soft_alerts`) the reservation's lines have passed."""
         ...
 
+    def headroom(self, reservation: Reservation) -> Headroom:
+        """What is left once this reservation is held (call before settling or releasing it)."""
+        ...
+
 
 # ---------------------------------------------------------------- redaction
 
@@ -166,13 +181,13 @@ class RedactionSummary:
 
 @dataclass(frozen=True)
 class Redacted:
-    messages: list[dict[str, str]]
+    messages: list[dict[str, Any]]
     summary: RedactionSummary
     restore: dict[str, str] = field(default_factory=dict)  # placeholder -> original (reversible only)
 
 
 class Redactor(Protocol):
-    def redact(self, messages: list[dict[str, str]], data_class: str) -> Redacted:
+    def redact(self, messages: list[dict[str, Any]], data_class: str) -> Redacted:
         """Redact per the data class's `send` rule. Must not download anything."""
         ...
 
@@ -196,7 +211,7 @@ class Exchange:
 
     ctx: RequestContext
     status_code: int
-    input_messages: list[dict[str, str]]  # as rendered, before redaction
+    input_messages: list[dict[str, Any]]  # as rendered, before redaction (OpenAI chat format)
     output_text: str | None
     attempts: tuple[Attempt, ...]
     provider: str | None  # the provider that answered, if any
@@ -208,6 +223,9 @@ class Exchange:
     redaction: RedactionSummary
     contract_result: Literal["valid", "invalid", "not_declared", "not_reached"]
     error_code: str | None = None
+    output_tool_calls: tuple[dict[str, Any], ...] = ()  # OpenAI tool-call objects of the answer
+    skipped: tuple[tuple[str, str], ...] = ()  # (model, reason) of candidates not tried
+    bills: tuple[Bill, ...] = ()  # what was charged, one per billed attempt (sums to cost_usd)
 
 
 class AuditUnavailable(Exception):

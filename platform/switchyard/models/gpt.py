@@ -110,6 +110,14 @@ class GPT(nn.Module):
                 nn.init.zeros_(module.bias)
 
     def forward(self, idx: Tensor) -> Tensor:
+        logits: Tensor = self.head(self.features(idx))
+        return logits
+
+    def features(self, idx: Tensor) -> Tensor:
+        """The final hidden state (batch, time, d_model): the last block's output after the
+        final LayerNorm, i.e. exactly what the LM head reads. The local model's embeddings
+        pool it (`LocalChatModel.embed`); `forward` is `head(features(idx))`, so the logits
+        are unchanged by having it."""
         t = idx.shape[1]
         if t > self.config.max_seq_len:
             raise ValueError(f"sequence length {t} exceeds max_seq_len {self.config.max_seq_len}")
@@ -117,8 +125,8 @@ class GPT(nn.Module):
         x = self.drop(self.tok_emb(idx) + self.pos_emb(pos))
         for block in self.blocks:
             x = block(x)
-        logits: Tensor = self.head(self.ln_f(x))
-        return logits
+        hidden: Tensor = self.ln_f(x)
+        return hidden
 
     @torch.no_grad()  # type: ignore[untyped-decorator]
     def generate(

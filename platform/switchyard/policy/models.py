@@ -99,11 +99,28 @@ class Price(Strict):
     cached_input_per_mtok: float | None = Field(default=None, ge=0)
 
 
+class Capabilities(Strict):
+    """What a model can serve. Routing skips a candidate that lacks a feature the request
+    uses (with the reason in `x-switchyard-fallback`, metrics and the audit record), rather
+    than dropping the feature. Unset means no: a catalog entry declares what it supports."""
+
+    tools: bool = False  # function calling (`tools`, `tool_choice`, tool messages)
+    parallel_tool_calls: bool = False  # several tool calls in one answer
+    json_schema: bool = False  # native structured output; without it the output contract checks
+    vision: bool = False  # image content parts (data URLs)
+    image_urls: bool = False  # https image URLs passed to the provider as URLs
+    streaming_usage: bool = True  # a stream ends with the provider's token counts
+    max_images: int = Field(default=20, ge=0)  # per request
+
+
 class ModelEntry(Strict):
     provider: str
     model_version: str  # the id the provider knows, e.g. "gpt-4o-2024-08-06"
     family: str = "generic"  # tokenizer family for cost estimates
     context_window: int = Field(default=8192, gt=0)
+    task: Literal["chat", "embedding"] = "chat"
+    capabilities: Capabilities = Capabilities()
+    embedding_dimensions: int | None = Field(default=None, gt=0)  # task embedding: the vector size
     prices: tuple[Price, ...] = ()
 
     @field_validator("prices")
@@ -162,6 +179,12 @@ class DataClass(Strict):
     # Characters of message text one request of this class may carry; for redacted classes it
     # also bounds the redactor's work. The default (~500k tokens) is past every context window.
     max_text_chars: int = Field(default=2_000_000, gt=0)
+    # Images in requests of this class. Unset: allowed where `send` is raw, refused where it is
+    # redacted, because the redactor reads text only and an image can carry the same data.
+    allow_images: bool | None = None
+
+    def images_allowed(self) -> bool:
+        return self.allow_images if self.allow_images is not None else self.send == "raw"
 
 
 class DataPolicies(Strict):
@@ -210,6 +233,20 @@ class Priority(StrEnum):
     BATCH = "batch"
 
 
+class ImageFetch(Strict):
+    """Lets the gateway download https image URLs for providers that take only bytes.
+
+    Off unless a flow sets it. Only the listed hosts, over https, within the size and time
+    limits; addresses that resolve to private, loopback or link-local networks are refused
+    unless `allow_private_networks` (tests allow 127.0.0.1 explicitly)."""
+
+    allowed_hosts: frozenset[str]
+    max_bytes: int = Field(default=5 * 1024 * 1024, gt=0)
+    timeout_s: float = Field(default=5.0, gt=0)
+    allow_http: bool = False
+    allow_private_networks: bool = False
+
+
 class EvalGate(Strict):
     suite: str  # path under policies/evals/suites/
     threshold: float = Field(ge=0, le=1)
@@ -237,6 +274,7 @@ class FlowPolicy(Strict):
     budget: BudgetLimits | None = None
     rate_limit: RateLimit | None = None
     retention_days: int | None = Field(default=None, gt=0)
+    image_fetch: ImageFetch | None = None
 
 
 class TeamPolicy(Strict):
@@ -349,6 +387,7 @@ class EffectiveFlow(Strict):
     budget: BudgetLimits = BudgetLimits()
     rate_limit: RateLimit = RateLimit()
     retention_days: int
+    image_fetch: ImageFetch | None = None
 
     @property
     def prompt_id(self) -> str:

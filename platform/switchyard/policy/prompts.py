@@ -61,7 +61,7 @@ class RenderedPrompt(BaseModel):
     model_config = ConfigDict(frozen=True)
 
     ref: str  # "id@version#hash12", recorded with every request
-    messages: tuple[dict[str, str], ...]
+    messages: tuple[dict[str, Any], ...]  # OpenAI chat format (see gateway.messages)
 
 
 class PromptRenderer:

@@ -1,7 +1,28 @@
 """Anthropic's Messages API over HTTP (`POST /v1/messages`), streaming and not.
 
-System messages become the top-level `system`; consecutive turns of one role are merged,
-because the API requires user and assistant turns to alternate.
+What each field of the gateway's OpenAI-format call becomes:
+- system messages: the top-level `system` (text only), after the conversation is read;
+- user / assistant content: `text` blocks; `image_url` parts: `image` blocks (a `data:` URL
+  becomes a base64 source with its media type, an `https:` URL a url source; `detail` has no
+  counterpart and is not sent);
+- assistant `tool_calls`: `tool_use` blocks (`input` is the parsed arguments JSON);
+- `tool` messages: `tool_result` blocks in a user turn. Consecutive turns of one role merge
+  (tool results, then the user's text, in one user turn), because the API requires user and
+  assistant turns to alternate; where two messages' texts meet they join with a blank line;
+- `tools`: `{name, description, input_schema, strict}`; `tool_choice` auto / none /
+  required (`any`) / a named function (`tool`); `parallel_tool_calls: false`:
+  `disable_parallel_tool_use`;
+- `output`: natively (`output_config.format`, a `json_schema`) when the call asks for it
+  natively with a schema; otherwise a system instruction asking for JSON only (with the
+  schema when there is one), and the gateway's output contract checks the answer;
+- `stop`: `stop_sequences`. No `temperature` / `top_p`: the Messages API version the pinned
+  SDK (anthropic 2.10) describes has no sampling parameters.
+Anything else it cannot translate is refused (`bad_request`, naming the field).
+
+Answers: `tool_use` blocks become `ToolCall`s (arguments: the input as JSON text), stop
+reason `tool_use` finish `tool_calls`. Streaming: a `tool_use` block's start is a
+`ToolCallDelta` with its id and name, its `input_json_delta`s the argument fragments
+(`index` counts tool_use blocks only, from 0).
 """
 
 from __future__ import annotations
@@ -12,45 +33,164 @@ from typing import Any
 
 import httpx
 
+from switchyard.gateway.messages import Message
 from switchyard.gateway.providers.base import (
     Completion,
     Delta,
     ProviderCall,
     ProviderError,
+    ToolCall,
+    ToolCallDelta,
     classify_status,
     retry_after_seconds,
 )
 from switchyard.gateway.providers.http_errors import transport_error
+from switchyard.gateway.providers.openai_format import (
+    cannot_honour,
+    content_parts,
+    function_tools,
+    image_url,
+    inline_image,
+    json_instruction,
+    past_tool_calls,
+    text_only,
+    tool_call_id,
+    tool_choice,
+    turn_role,
+    wants_native_schema,
+)
 from switchyard.gateway.seams import Usage
 from switchyard.policy.models import ErrorClass
 
 API_VERSION = "2023-06-01"
-_FINISH = {"end_turn": "stop", "stop_sequence": "stop", "max_tokens": "length", "refusal": "content_filter"}
+_FINISH = {
+    "end_turn": "stop",
+    "stop_sequence": "stop",
+    "max_tokens": "length",
+    "refusal": "content_filter",
+    "tool_use": "tool_calls",
+}
+_CHOICE = {"auto": "auto", "required": "any", "named": "tool"}
 
 
-def to_messages_api(call: ProviderCall, stream: bool) -> dict[str, Any]:
-    system = "\n\n".join(m["content"] for m in call.messages if m["role"] == "system")
-    turns: list[dict[str, str]] = []
-    for m in call.messages:
-        if m["role"] == "system":
-            continue
-        if turns and turns[-1]["role"] == m["role"]:
-            turns[-1] = {"role": m["role"], "content": turns[-1]["content"] + "\n\n" + m["content"]}
-        else:
-            turns.append({"role": m["role"], "content": m["content"]})
-    if not turns or turns[0]["role"] != "user":
-        # The API requires the conversation to open with a user turn.
-        turns.insert(0, {"role": "user", "content": "(see instructions)"})
-    body: dict[str, Any] = {"model": call.model_version, "max_tokens": call.max_tokens, "messages": turns}
+def to_messages_api(name: str, call: ProviderCall, stream: bool) -> dict[str, Any]:
+    """The Messages API request for `call`; `name` (the provider's) is the one refusals use."""
+    body: dict[str, Any] = {
+        "model": call.model_version,
+        "max_tokens": call.max_tokens,
+        "messages": _turns(name, call.messages),
+    }
+    system = _system(name, call)
     if system:
         body["system"] = system
     # No temperature/top_p: the Messages API version the pinned SDK (anthropic 2.10) describes
     # has no sampling parameters, and the fake upstream rejects fields that SDK does not know.
     if call.stop:
         body["stop_sequences"] = call.stop
+    body.update(_tools(name, call))
+    if wants_native_schema(call.output):
+        assert call.output is not None and call.output.schema is not None
+        body["output_config"] = {"format": {"type": "json_schema", "schema": call.output.schema}}
     if stream:
         body["stream"] = True
     return body
+
+
+def _system(name: str, call: ProviderCall) -> str:
+    parts = [text_only(name, f"messages[{i}].content", m) for i, m in enumerate(call.messages) if m["role"] == "system"]
+    if call.output is not None and not wants_native_schema(call.output):
+        parts.append(json_instruction(call.output))
+    return "\n\n".join(parts)
+
+
+def _turns(name: str, messages: list[Message]) -> list[dict[str, Any]]:
+    turns: list[dict[str, Any]] = []
+    for i, m in enumerate(messages):
+        api_role = turn_role(name, i, m)
+        if api_role is None:
+            continue
+        blocks = _blocks(name, i, m)
+        if turns and turns[-1]["role"] == api_role:
+            _merge(turns[-1]["content"], blocks)
+        else:
+            turns.append({"role": api_role, "content": blocks})
+    if not turns or turns[0]["role"] != "user":
+        # The API requires the conversation to open with a user turn.
+        turns.insert(0, {"role": "user", "content": [{"type": "text", "text": "(see instructions)"}]})
+    return [_compact(t) for t in turns]
+
+
+def _blocks(name: str, i: int, m: Message) -> list[dict[str, Any]]:
+    field = f"messages[{i}].content"
+    if m["role"] == "tool":
+        return [{"type": "tool_result", "tool_use_id": tool_call_id(name, i, m), "content": text_only(name, field, m)}]
+    if m["role"] == "user":
+        return [
+            _user_block(name, f, part)
+            for f, part in content_parts(name, field, m.get("content"), ("text", "image_url"))
+        ]
+    calls = past_tool_calls(name, i, m)
+    texts = [{"type": "text", "text": p["text"]} for _, p in content_parts(name, field, m.get("content"), ("text",))]
+    if calls:
+        texts = [t for t in texts if t["text"]]  # the API refuses empty text blocks beside tool_use
+    return texts + [{"type": "tool_use", "id": c.id, "name": c.name, "input": c.arguments} for c in calls]
+
+
+def _user_block(name: str, field: str, part: dict[str, Any]) -> dict[str, Any]:
+    if part["type"] == "text":
+        return {"type": "text", "text": part.get("text", "")}
+    url = image_url(name, field, part)
+    if url.startswith("data:"):
+        image = inline_image(name, f"{field}.image_url.url", url)
+        return {
+            "type": "image",
+            "source": {"type": "base64", "media_type": image.media_type, "data": image.base64_data},
+        }
+    if url.startswith("https://"):
+        return {"type": "image", "source": {"type": "url", "url": url}}
+    raise cannot_honour(name, f"{field}.image_url.url", "only data: and https: image URLs translate")
+
+
+def _merge(into: list[dict[str, Any]], blocks: list[dict[str, Any]]) -> None:
+    """Append one message's blocks to the turn; texts that meet join with a blank line (as
+    separate messages read), which keeps a run of plain-string messages one string."""
+    if into and blocks and into[-1]["type"] == "text" and blocks[0]["type"] == "text":
+        into[-1] = {"type": "text", "text": into[-1]["text"] + "\n\n" + blocks[0]["text"]}
+        blocks = blocks[1:]
+    into.extend(blocks)
+
+
+def _compact(turn: dict[str, Any]) -> dict[str, Any]:
+    blocks = turn["content"]
+    if len(blocks) == 1 and blocks[0]["type"] == "text":
+        return {"role": turn["role"], "content": blocks[0]["text"]}
+    return turn
+
+
+def _tools(name: str, call: ProviderCall) -> dict[str, Any]:
+    """`tools` and `tool_choice` for the body (none when the call has no tools)."""
+    choice = tool_choice(name, call.tool_choice)
+    if not call.tools:
+        if choice is not None and choice.mode in ("required", "named"):
+            raise cannot_honour(name, "tool_choice", "it asks for a tool call but the request has no tools")
+        return {}  # auto or none without tools: nothing to choose from
+    tools = []
+    for tool in function_tools(name, call.tools):
+        spec: dict[str, Any] = {"name": tool.name, "input_schema": tool.parameters}
+        if tool.description:
+            spec["description"] = tool.description
+        if tool.strict is not None:
+            spec["strict"] = tool.strict
+        tools.append(spec)
+    mode = choice.mode if choice is not None else "auto"  # OpenAI's default, said explicitly
+    if mode == "none":
+        return {"tools": tools, "tool_choice": {"type": "none"}}
+    api_choice: dict[str, Any] = {"type": _CHOICE[mode]}
+    if choice is not None and choice.name:
+        api_choice["name"] = choice.name
+    if call.parallel_tool_calls is False:
+        api_choice["disable_parallel_tool_use"] = True
+    return {"tools": tools, "tool_choice": api_choice}
 
 
 class AnthropicProvider:
@@ -66,15 +206,18 @@ class AnthropicProvider:
         )
 
     async def complete(self, call: ProviderCall) -> Completion:
+        body = to_messages_api(self.name, call, False)
         try:
-            resp = await self._client.post("v1/messages", json=to_messages_api(call, False), timeout=call.timeout_s)
+            resp = await self._client.post("v1/messages", json=body, timeout=call.timeout_s)
         except httpx.HTTPError as exc:
             raise transport_error(self.name, exc) from None
         if resp.status_code != 200:
             raise self._status_error(resp.status_code, resp.text, resp.headers)
         try:
             data = resp.json()
-            text = "".join(b["text"] for b in data["content"] if b.get("type") == "text")
+            blocks = data["content"]
+            text = "".join(b["text"] for b in blocks if b.get("type") == "text")
+            calls = tuple(_tool_call(b) for b in blocks if b.get("type") == "tool_use")
             u = data["usage"]
             usage = Usage(int(u["input_tokens"]), int(u["output_tokens"]), int(u.get("cache_read_input_tokens") or 0))
             finish = _FINISH.get(data.get("stop_reason") or "end_turn", "stop")
@@ -85,38 +228,30 @@ class AnthropicProvider:
             ) from None
         if finish == "content_filter":
             raise ProviderError(ErrorClass.CONTENT_FILTER, f"{self.name} refused the request")
-        return Completion(text, usage, finish, data.get("model") or call.model_version)
+        return Completion(text, usage, finish, data.get("model") or call.model_version, tool_calls=calls)
 
     async def stream(self, call: ProviderCall) -> AsyncIterator[Delta]:
+        body = to_messages_api(self.name, call, True)
         try:
-            async with self._client.stream(
-                "POST", "v1/messages", json=to_messages_api(call, True), timeout=call.timeout_s
-            ) as resp:
+            async with self._client.stream("POST", "v1/messages", json=body, timeout=call.timeout_s) as resp:
                 if resp.status_code != 200:
                     await resp.aread()
                     raise self._status_error(resp.status_code, resp.text, resp.headers)
-                input_tokens, output_tokens, finish = 0, 0, "stop"
+                reader = _StreamReader()
                 async for line in resp.aiter_lines():
                     if not line.startswith("data:"):
                         continue
                     event = _event(self.name, line[5:].strip())
-                    kind = event.get("type")
-                    if kind == "message_start":
-                        input_tokens = int(event["message"]["usage"]["input_tokens"])
-                    elif kind == "content_block_delta" and event["delta"].get("type") == "text_delta":
-                        yield Delta(text=event["delta"]["text"])
-                    elif kind == "message_delta":
-                        output_tokens = int(event.get("usage", {}).get("output_tokens", output_tokens))
-                        finish = _FINISH.get(event["delta"].get("stop_reason") or "end_turn", "stop")
-                    elif kind == "message_stop":
-                        yield Delta(finish_reason=finish, usage=Usage(input_tokens, output_tokens))
-                        return
-                    elif kind == "error":
+                    if event.get("type") == "error":
                         raise ProviderError(ErrorClass.SERVER_ERROR, f"{self.name} reported an error mid-stream")
+                    for delta in reader.read(event):
+                        yield delta
+                    if reader.finished:
+                        return
                 raise ProviderError(ErrorClass.CONNECTION, f"{self.name} stream ended without message_stop")
         except httpx.HTTPError as exc:
             raise transport_error(self.name, exc) from None
-        except (KeyError, TypeError):
+        except (KeyError, TypeError, ValueError):
             raise ProviderError(ErrorClass.SERVER_ERROR, f"{self.name} sent a malformed stream event") from None
 
     def _status_error(self, status: int, text: str, headers: httpx.Headers) -> ProviderError:
@@ -132,6 +267,69 @@ class AnthropicProvider:
 
     async def aclose(self) -> None:
         await self._client.aclose()
+
+
+def _tool_call(block: dict[str, Any]) -> ToolCall:
+    call_id, name, arguments = block["id"], block["name"], block["input"]
+    if not isinstance(call_id, str) or not isinstance(name, str) or not isinstance(arguments, dict):
+        raise TypeError("tool_use block")
+    return ToolCall(call_id, name, json.dumps(arguments))
+
+
+class _StreamReader:
+    """Turns Messages API stream events into deltas; `finished` after `message_stop`."""
+
+    def __init__(self) -> None:
+        self.input_tokens = 0
+        self.output_tokens = 0
+        self.finish = "stop"
+        self.finished = False
+        self._tool_of_block: dict[int, int] = {}  # content block index -> tool call index
+        self._argued: set[int] = set()  # tool calls that have had an argument fragment
+
+    def read(self, event: dict[str, Any]) -> list[Delta]:
+        kind = event.get("type")
+        if kind == "message_start":
+            self.input_tokens = int(event["message"]["usage"]["input_tokens"])
+        elif kind == "content_block_start" and event["content_block"].get("type") == "tool_use":
+            return [self._tool_start(int(event["index"]), event["content_block"])]
+        elif kind == "content_block_delta":
+            return self._block_delta(int(event["index"]), event["delta"])
+        elif kind == "content_block_stop" and int(event["index"]) in self._tool_of_block:
+            tool = self._tool_of_block[int(event["index"])]
+            if tool not in self._argued:
+                # A call without arguments streams no fragment; its arguments are still JSON.
+                return [Delta(tool_calls=(ToolCallDelta(tool, arguments="{}"),))]
+        elif kind == "message_delta":
+            self.output_tokens = int(event.get("usage", {}).get("output_tokens", self.output_tokens))
+            self.finish = _FINISH.get(event["delta"].get("stop_reason") or "end_turn", "stop")
+        elif kind == "message_stop":
+            self.finished = True
+            return [Delta(finish_reason=self.finish, usage=Usage(self.input_tokens, self.output_tokens))]
+        return []
+
+    def _tool_start(self, block: int, content: dict[str, Any]) -> Delta:
+        tool = len(self._tool_of_block)
+        self._tool_of_block[block] = tool
+        start_input = content.get("input") or {}
+        if start_input:
+            self._argued.add(tool)
+        arguments = json.dumps(start_input) if start_input else ""
+        return Delta(
+            tool_calls=(ToolCallDelta(tool, id=str(content["id"]), name=str(content["name"]), arguments=arguments),)
+        )
+
+    def _block_delta(self, block: int, delta: dict[str, Any]) -> list[Delta]:
+        if delta.get("type") == "text_delta":
+            return [Delta(text=delta["text"])]
+        if delta.get("type") == "input_json_delta" and block in self._tool_of_block:
+            fragment = str(delta["partial_json"])
+            if not fragment:
+                return []
+            tool = self._tool_of_block[block]
+            self._argued.add(tool)
+            return [Delta(tool_calls=(ToolCallDelta(tool, arguments=fragment),))]
+        return []
 
 
 def _error_facts(text: str) -> tuple[str, bool]:

@@ -8,35 +8,80 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 from switchyard.gateway.seams import Usage
 from switchyard.policy.models import ErrorClass
 
 
 @dataclass(frozen=True)
+class OutputFormat:
+    """The JSON the answer must be: `schema` None means any JSON object (`json_object`).
+
+    `native`: the provider is asked for it in its own terms (OpenAI's `response_format`);
+    otherwise the answer is checked by the output contract, repaired once, then falls back."""
+
+    schema: dict[str, Any] | None = None
+    name: str = "answer"
+    strict: bool = False
+    native: bool = False
+
+
+@dataclass(frozen=True)
 class ProviderCall:
-    """What one attempt sends: already rendered and redacted messages, and its time budget."""
+    """What one attempt sends: already rendered and redacted messages, and its time budget.
+
+    `messages` are in OpenAI's chat format (see `switchyard.gateway.messages`): content a
+    string or a list of `text` / `image_url` parts, assistant `tool_calls`, `tool` results.
+    Each adapter translates them, and every field here, or refuses what it cannot honour."""
 
     model: str  # catalog name
     model_version: str  # the id the provider knows
-    messages: list[dict[str, str]]
+    messages: list[dict[str, Any]]
     max_tokens: int
     timeout_s: float
     request_id: str
     temperature: float | None = None
     top_p: float | None = None
     stop: list[str] = field(default_factory=list)
-    json_output: bool = False  # the flow declares an output schema: ask for JSON where supported
+    output: OutputFormat | None = None  # the answer must be JSON (a flow's schema or the request's)
+    tools: tuple[dict[str, Any], ...] = ()  # OpenAI function tools: {"type": "function", "function": {...}}
+    tool_choice: str | dict[str, Any] | None = None  # "auto" | "none" | "required" | {"type": "function", ...}
+    parallel_tool_calls: bool | None = None
+
+    @property
+    def json_output(self) -> bool:
+        return self.output is not None
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    """A function call the model asks the client to run; `arguments` is a JSON text."""
+
+    id: str
+    name: str
+    arguments: str
 
 
 @dataclass(frozen=True)
 class Completion:
     text: str
     usage: Usage
-    finish_reason: str  # OpenAI's vocabulary: stop, length, content_filter
+    finish_reason: str  # OpenAI's vocabulary: stop, length, content_filter, tool_calls
     model_version: str
     usage_reported: bool = True  # False: the provider sent no usage; it is billed at the bound
+    tool_calls: tuple[ToolCall, ...] = ()
+
+
+@dataclass(frozen=True)
+class ToolCallDelta:
+    """A piece of a streamed tool call, in OpenAI's chunk shape: the first piece of call
+    `index` carries its `id` and `name`, later pieces carry `arguments` fragments."""
+
+    index: int
+    id: str | None = None
+    name: str | None = None
+    arguments: str = ""
 
 
 @dataclass(frozen=True)
@@ -46,6 +91,7 @@ class Delta:
     text: str = ""
     finish_reason: str | None = None
     usage: Usage | None = None
+    tool_calls: tuple[ToolCallDelta, ...] = ()
 
 
 class ProviderError(Exception):
@@ -90,6 +136,34 @@ class ChatProvider(Protocol):
     def stream(self, call: ProviderCall) -> AsyncIterator[Delta]: ...
 
     async def aclose(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class EmbeddingCall:
+    """One embeddings attempt: already redacted input texts, in order."""
+
+    model: str  # catalog name
+    model_version: str
+    inputs: tuple[str, ...]
+    timeout_s: float
+    request_id: str
+    dimensions: int | None = None
+
+
+@dataclass(frozen=True)
+class Embeddings:
+    vectors: tuple[tuple[float, ...], ...]  # one per input, in input order
+    prompt_tokens: int
+    model_version: str
+    usage_reported: bool = True
+
+
+class EmbeddingProvider(Protocol):
+    """An upstream that embeds text (OpenAI-compatible `/embeddings`, Bedrock, in-cluster)."""
+
+    name: str
+
+    async def embed(self, call: EmbeddingCall) -> Embeddings: ...
 
 
 def classify_status(status: int, detail: str) -> ErrorClass:

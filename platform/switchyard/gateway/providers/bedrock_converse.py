@@ -1,13 +1,37 @@
 """AWS Bedrock's Converse API through boto3, run in a worker thread (boto3 is synchronous).
 
 `endpoint_url` (the provider's `base_url` in policy) points tests at a local server.
-Streaming uses Converse (not ConverseStream) and yields the answer as one delta: the
-fallback rules are the same, and clients still receive a valid SSE stream.
+
+What each field of the gateway's OpenAI-format call becomes:
+- system messages: top-level `system` text blocks (text only);
+- user / assistant content: `text` blocks; `image_url` parts with a `data:` URL: `image`
+  blocks (the decoded bytes and their format: png, jpeg, gif or webp). An `https:` URL is
+  refused: Converse takes image bytes (or S3), never a URL. `detail` is not sent;
+- assistant `tool_calls`: `toolUse` blocks (`input` is the parsed arguments JSON);
+- `tool` messages: `toolResult` blocks in a user turn (consecutive turns of one role merge,
+  as Converse requires user and assistant turns to alternate);
+- `tools`: `toolConfig.tools[].toolSpec` (`name`, `description`, `inputSchema.json`,
+  `strict`); `tool_choice` auto / required (`any`) / a named function (`tool`). Converse has
+  no "none": the tools are left out, which is only possible while no message uses tools
+  (Converse then needs `toolConfig`), so `none` with tool history is refused. Converse cannot
+  limit a model to one call, so `parallel_tool_calls: false` with tools is refused;
+- `output`: natively (`outputConfig.textFormat`, a `json_schema`) when the call asks for it
+  natively with a schema; otherwise a system instruction asking for JSON only (with the
+  schema when there is one), and the gateway's output contract checks the answer;
+- `temperature` (capped at 1, Converse's range), `top_p`, `stop`, `max_tokens`:
+  `inferenceConfig`.
+Anything else it cannot translate is refused (`bad_request`, naming the field).
+
+Answers: `toolUse` blocks become `ToolCall`s, stop reason `tool_use` finish `tool_calls`.
+Streaming uses Converse (not ConverseStream): the text as one delta, then one
+`ToolCallDelta` per call (whole arguments), then the finish. The fallback rules are the
+same, and clients still receive a valid SSE stream.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -21,7 +45,31 @@ from botocore.exceptions import (
     ReadTimeoutError,
 )
 
-from switchyard.gateway.providers.base import Completion, Delta, ProviderCall, ProviderError
+from switchyard.gateway.messages import Message, uses_tools
+from switchyard.gateway.providers.base import (
+    Completion,
+    Delta,
+    OutputFormat,
+    ProviderCall,
+    ProviderError,
+    ToolCall,
+    ToolCallDelta,
+)
+from switchyard.gateway.providers.openai_format import (
+    FunctionTool,
+    cannot_honour,
+    content_parts,
+    function_tools,
+    image_url,
+    inline_image,
+    json_instruction,
+    past_tool_calls,
+    text_only,
+    tool_call_id,
+    tool_choice,
+    turn_role,
+    wants_native_schema,
+)
 from switchyard.gateway.seams import Usage
 from switchyard.policy.models import ErrorClass
 
@@ -29,6 +77,7 @@ _FINISH = {
     "end_turn": "stop",
     "stop_sequence": "stop",
     "max_tokens": "length",
+    "tool_use": "tool_calls",
     "content_filtered": "content_filter",
     "guardrail_intervened": "content_filter",
 }
@@ -45,18 +94,32 @@ _ERRORS = {
 }
 
 
-def to_converse(call: ProviderCall) -> dict[str, Any]:
-    system = [{"text": m["content"]} for m in call.messages if m["role"] == "system"]
-    turns: list[dict[str, Any]] = []
-    for m in call.messages:
-        if m["role"] == "system":
-            continue
-        if turns and turns[-1]["role"] == m["role"]:
-            turns[-1]["content"].append({"text": m["content"]})
-        else:
-            turns.append({"role": m["role"], "content": [{"text": m["content"]}]})
-    if not turns or turns[0]["role"] != "user":
-        turns.insert(0, {"role": "user", "content": [{"text": "(see instructions)"}]})
+def to_converse(name: str, call: ProviderCall) -> dict[str, Any]:
+    """The Converse parameters for `call`; `name` (the provider's) is the one refusals use."""
+    params: dict[str, Any] = {
+        "modelId": call.model_version,
+        "messages": _turns(name, call.messages),
+        "inferenceConfig": _inference(call),
+    }
+    system = [
+        {"text": text_only(name, f"messages[{i}].content", m)}
+        for i, m in enumerate(call.messages)
+        if m["role"] == "system"
+    ]
+    if call.output is not None and not wants_native_schema(call.output):
+        system.append({"text": json_instruction(call.output)})
+    if system:
+        params["system"] = system
+    tool_config = _tool_config(name, call)
+    if tool_config is not None:
+        params["toolConfig"] = tool_config
+    if wants_native_schema(call.output):
+        assert call.output is not None
+        params["outputConfig"] = _native_output(call.output)
+    return params
+
+
+def _inference(call: ProviderCall) -> dict[str, Any]:
     inference: dict[str, Any] = {"maxTokens": call.max_tokens}
     if call.temperature is not None:
         inference["temperature"] = min(call.temperature, 1.0)
@@ -64,10 +127,86 @@ def to_converse(call: ProviderCall) -> dict[str, Any]:
         inference["topP"] = call.top_p
     if call.stop:
         inference["stopSequences"] = call.stop
-    params: dict[str, Any] = {"modelId": call.model_version, "messages": turns, "inferenceConfig": inference}
-    if system:
-        params["system"] = system
-    return params
+    return inference
+
+
+def _native_output(output: OutputFormat) -> dict[str, Any]:
+    # Converse carries the schema as a JSON text, not a document.
+    schema = {"schema": json.dumps(output.schema), "name": output.name}
+    return {"textFormat": {"type": "json_schema", "structure": {"jsonSchema": schema}}}
+
+
+def _turns(name: str, messages: list[Message]) -> list[dict[str, Any]]:
+    turns: list[dict[str, Any]] = []
+    for i, m in enumerate(messages):
+        api_role = turn_role(name, i, m)
+        if api_role is None:
+            continue
+        blocks = _blocks(name, i, m)
+        if turns and turns[-1]["role"] == api_role:
+            turns[-1]["content"].extend(blocks)
+        else:
+            turns.append({"role": api_role, "content": blocks})
+    if not turns or turns[0]["role"] != "user":
+        turns.insert(0, {"role": "user", "content": [{"text": "(see instructions)"}]})
+    return turns
+
+
+def _blocks(name: str, i: int, m: Message) -> list[dict[str, Any]]:
+    field = f"messages[{i}].content"
+    if m["role"] == "tool":
+        result = {"toolUseId": tool_call_id(name, i, m), "content": [{"text": text_only(name, field, m)}]}
+        return [{"toolResult": result}]
+    if m["role"] == "user":
+        return [
+            _user_block(name, f, part)
+            for f, part in content_parts(name, field, m.get("content"), ("text", "image_url"))
+        ]
+    calls = past_tool_calls(name, i, m)
+    texts = [{"text": p.get("text", "")} for _, p in content_parts(name, field, m.get("content"), ("text",))]
+    if calls:
+        texts = [t for t in texts if t["text"]]  # Converse refuses blank text blocks
+    return texts + [{"toolUse": {"toolUseId": c.id, "name": c.name, "input": c.arguments}} for c in calls]
+
+
+def _user_block(name: str, field: str, part: dict[str, Any]) -> dict[str, Any]:
+    if part["type"] == "text":
+        return {"text": part.get("text", "")}
+    url = image_url(name, field, part)
+    if not url.startswith("data:"):
+        raise cannot_honour(name, f"{field}.image_url.url", "Bedrock takes image bytes (a data: URL), not a URL")
+    image = inline_image(name, f"{field}.image_url.url", url)
+    return {"image": {"format": image.subtype, "source": {"bytes": image.raw()}}}
+
+
+def _tool_config(name: str, call: ProviderCall) -> dict[str, Any] | None:
+    choice = tool_choice(name, call.tool_choice)
+    if not call.tools or (choice is not None and choice.mode == "none"):
+        if uses_tools(call.messages):
+            # Converse rejects toolUse/toolResult blocks without a toolConfig.
+            field = "tool_choice" if call.tools else "tools"
+            raise cannot_honour(name, field, "Converse needs the tools when the conversation uses them")
+        if choice is not None and choice.mode in ("required", "named"):
+            raise cannot_honour(name, "tool_choice", "it asks for a tool call but the request has no tools")
+        return None  # no tools, or none: the model is simply not offered them
+    if call.parallel_tool_calls is False:
+        raise cannot_honour(name, "parallel_tool_calls", "Converse cannot limit a model to one tool call")
+    config: dict[str, Any] = {"tools": [{"toolSpec": _tool_spec(t)} for t in function_tools(name, call.tools)]}
+    if choice is not None:
+        if choice.mode == "named":
+            config["toolChoice"] = {"tool": {"name": choice.name}}
+        else:
+            config["toolChoice"] = {"any" if choice.mode == "required" else "auto": {}}
+    return config
+
+
+def _tool_spec(tool: FunctionTool) -> dict[str, Any]:
+    spec: dict[str, Any] = {"name": tool.name, "inputSchema": {"json": tool.parameters}}
+    if tool.description:
+        spec["description"] = tool.description
+    if tool.strict is not None:
+        spec["strict"] = tool.strict
+    return spec
 
 
 class BedrockProvider:
@@ -84,10 +223,9 @@ class BedrockProvider:
         )
 
     async def complete(self, call: ProviderCall) -> Completion:
+        params = to_converse(self.name, call)
         try:
-            resp = await asyncio.wait_for(
-                asyncio.to_thread(self._client.converse, **to_converse(call)), timeout=call.timeout_s
-            )
+            resp = await asyncio.wait_for(asyncio.to_thread(self._client.converse, **params), timeout=call.timeout_s)
         except TimeoutError:
             raise ProviderError(ErrorClass.TIMEOUT, f"{self.name} timed out") from None
         except ClientError as exc:
@@ -99,23 +237,35 @@ class BedrockProvider:
         except BotoCoreError as exc:
             raise ProviderError(ErrorClass.CONNECTION, f"{self.name} failed ({type(exc).__name__})") from None
         try:
-            text = "".join(b.get("text", "") for b in resp["output"]["message"]["content"])
+            blocks = resp["output"]["message"]["content"]
+            text = "".join(b.get("text", "") for b in blocks)
+            calls = tuple(_tool_call(b["toolUse"]) for b in blocks if "toolUse" in b)
             u = resp["usage"]
             usage = Usage(int(u["inputTokens"]), int(u["outputTokens"]), int(u.get("cacheReadInputTokens") or 0))
             finish = _FINISH.get(resp.get("stopReason", "end_turn"), "stop")
-        except (KeyError, TypeError, AttributeError):
+        except (KeyError, TypeError, AttributeError, ValueError):
             raise ProviderError(ErrorClass.SERVER_ERROR, f"{self.name} returned a malformed response") from None
         if finish == "content_filter":
             raise ProviderError(ErrorClass.CONTENT_FILTER, f"{self.name} filtered the answer")
-        return Completion(text, usage, finish, call.model_version)
+        return Completion(text, usage, finish, call.model_version, tool_calls=calls)
 
     async def stream(self, call: ProviderCall) -> AsyncIterator[Delta]:
         done = await self.complete(call)
-        yield Delta(text=done.text)
+        if done.text:
+            yield Delta(text=done.text)
+        for index, tc in enumerate(done.tool_calls):
+            yield Delta(tool_calls=(ToolCallDelta(index, id=tc.id, name=tc.name, arguments=tc.arguments),))
         yield Delta(finish_reason=done.finish_reason, usage=done.usage)
 
     async def aclose(self) -> None:
         self._client.close()
+
+
+def _tool_call(block: dict[str, Any]) -> ToolCall:
+    call_id, name, arguments = block["toolUseId"], block["name"], block["input"]
+    if not isinstance(call_id, str) or not isinstance(name, str):
+        raise TypeError("toolUse block")
+    return ToolCall(call_id, name, json.dumps(arguments))
 
 
 def _client_error(name: str, exc: ClientError) -> ProviderError:

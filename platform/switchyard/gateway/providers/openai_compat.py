@@ -2,6 +2,15 @@
 
 One pooled `httpx.AsyncClient` per provider; the per-attempt timeout comes from the caller's
 remaining deadline.
+
+The gateway's call is already in this format, so each field is sent as it is: `messages`
+(text and image parts, assistant `tool_calls`, `tool` messages), `tools`, `tool_choice`,
+`parallel_tool_calls`, `temperature`, `top_p`, `stop`, `max_tokens`. `output` becomes
+`response_format`: `json_schema` (name, schema, strict) when the call asks for it natively
+with a schema, else `json_object` (the gateway's output contract checks the schema).
+
+Answers: `message.tool_calls` become `ToolCall`s (content may then be null); streamed
+`delta.tool_calls` become `ToolCallDelta`s as they arrive.
 """
 
 from __future__ import annotations
@@ -15,8 +24,11 @@ import httpx
 from switchyard.gateway.providers.base import (
     Completion,
     Delta,
+    OutputFormat,
     ProviderCall,
     ProviderError,
+    ToolCall,
+    ToolCallDelta,
     classify_status,
     retry_after_seconds,
 )
@@ -47,8 +59,14 @@ class OpenAICompatProvider:
             body["top_p"] = call.top_p
         if call.stop:
             body["stop"] = call.stop
-        if call.json_output:
-            body["response_format"] = {"type": "json_object"}
+        if call.tools:
+            body["tools"] = list(call.tools)
+        if call.tool_choice is not None:
+            body["tool_choice"] = call.tool_choice
+        if call.parallel_tool_calls is not None:
+            body["parallel_tool_calls"] = call.parallel_tool_calls
+        if call.output is not None:
+            body["response_format"] = _response_format(call.output)
         if stream:
             body["stream"] = True
             body["stream_options"] = {"include_usage": True}
@@ -65,6 +83,7 @@ class OpenAICompatProvider:
             data = resp.json()
             choice = data["choices"][0]
             text = choice["message"].get("content") or ""
+            calls = tuple(_tool_call(c) for c in choice["message"].get("tool_calls") or ())
             usage = _usage(data.get("usage") or {})
             finish = choice.get("finish_reason") or "stop"
         except (ValueError, KeyError, IndexError, TypeError, AttributeError):
@@ -75,7 +94,8 @@ class OpenAICompatProvider:
         if finish == "content_filter":
             raise ProviderError(ErrorClass.CONTENT_FILTER, f"{self.name} filtered the answer")
         reported = isinstance(data.get("usage"), dict)
-        return Completion(text, usage, finish, data.get("model") or call.model_version, usage_reported=reported)
+        model_version = data.get("model") or call.model_version
+        return Completion(text, usage, finish, model_version, usage_reported=reported, tool_calls=calls)
 
     async def stream(self, call: ProviderCall) -> AsyncIterator[Delta]:
         try:
@@ -99,9 +119,9 @@ class OpenAICompatProvider:
                         usage = _usage(chunk["usage"])
                     for choice in chunk.get("choices") or []:
                         finish = choice.get("finish_reason") or finish
-                        text = (choice.get("delta") or {}).get("content")
-                        if text:
-                            yield Delta(text=text)
+                        delta = _delta(self.name, choice.get("delta") or {})
+                        if delta.text or delta.tool_calls:
+                            yield delta
                 raise ProviderError(ErrorClass.CONNECTION, f"{self.name} stream ended without [DONE]")
         except httpx.HTTPError as exc:
             raise transport_error(self.name, exc) from None
@@ -124,6 +144,38 @@ def _usage(u: dict[str, Any]) -> Usage:
     return Usage(
         int(u.get("prompt_tokens", 0)), int(u.get("completion_tokens", 0)), int(details.get("cached_tokens") or 0)
     )
+
+
+def _response_format(output: OutputFormat) -> dict[str, Any]:
+    if output.native and output.schema is not None:
+        schema = {"name": output.name, "schema": output.schema, "strict": output.strict}
+        return {"type": "json_schema", "json_schema": schema}
+    return {"type": "json_object"}
+
+
+def _tool_call(call: dict[str, Any]) -> ToolCall:
+    fn = call["function"]
+    call_id, name, arguments = call["id"], fn["name"], fn.get("arguments") or ""
+    if not isinstance(call_id, str) or not isinstance(name, str) or not isinstance(arguments, str):
+        raise TypeError("tool call")
+    return ToolCall(call_id, name, arguments)
+
+
+def _delta(name: str, delta: dict[str, Any]) -> Delta:
+    try:
+        calls = tuple(_tool_call_delta(c) for c in delta.get("tool_calls") or ())
+        return Delta(text=delta.get("content") or "", tool_calls=calls)
+    except (KeyError, TypeError, ValueError, AttributeError):
+        raise ProviderError(ErrorClass.SERVER_ERROR, f"{name} sent a malformed stream event") from None
+
+
+def _tool_call_delta(piece: dict[str, Any]) -> ToolCallDelta:
+    """One `delta.tool_calls` entry: the first piece of a call has its id and name."""
+    fn = piece.get("function") or {}
+    call_id, name, arguments = piece.get("id"), fn.get("name"), fn.get("arguments") or ""
+    if not isinstance(arguments, str) or not all(v is None or isinstance(v, str) for v in (call_id, name)):
+        raise TypeError("tool call delta")
+    return ToolCallDelta(int(piece["index"]), id=call_id, name=name, arguments=arguments)
 
 
 def _json_chunk(name: str, payload: str) -> dict[str, Any]:

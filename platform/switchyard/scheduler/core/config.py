@@ -45,6 +45,19 @@ class KnobsSpec(_Strict):
     preemption_retry_s: float = Field(60.0, ge=0)
     restart_cost_s: float = Field(600.0, ge=0)
     starvation_after_s: float | None = Field(24 * 3600.0, gt=0)
+    starving_reservations_per_team: int = Field(0, ge=0)
+    starvation_preempt_after_s: float | None = Field(None, gt=0)
+
+    @model_validator(mode="after")
+    def _escalation_after_aging(self) -> KnobsSpec:
+        if self.starvation_preempt_after_s is None:
+            return self
+        if self.starvation_after_s is None or self.starvation_preempt_after_s < self.starvation_after_s:
+            raise ValueError(
+                f"starvation_preempt_after_s ({self.starvation_preempt_after_s}) must be at least "
+                f"starvation_after_s ({self.starvation_after_s}), which must be set"
+            )
+        return self
 
 
 class PriorityClassSpec(_Strict):
@@ -52,6 +65,27 @@ class PriorityClassSpec(_Strict):
     value: int
     preemptible: bool
     min_runtime_s: float = Field(0.0, ge=0)
+    """Protection from priority preemption after each start."""
+    reclaim_min_runtime_s: float = Field(0.0, ge=0)
+    """Protection of borrowed GPUs from reclaim after each start (inference reclaim excepted)."""
+    preemption_backoff_s: float = Field(0.0, ge=0)
+    """Protection after the n-th preemption: this x 2^(n-1), at most max_preemption_backoff_s."""
+    max_preemption_backoff_s: float = Field(0.0, ge=0)
+
+    @model_validator(mode="after")
+    def _protection_is_coherent(self) -> PriorityClassSpec:
+        protects = self.min_runtime_s or self.reclaim_min_runtime_s or self.preemption_backoff_s
+        if not self.preemptible and protects:
+            raise ValueError(
+                f"priority class {self.name!r} is not preemptible: a minimum runtime or backoff means nothing for it"
+            )
+        if self.max_preemption_backoff_s and self.max_preemption_backoff_s < self.preemption_backoff_s:
+            raise ValueError(
+                f"priority class {self.name!r}: max_preemption_backoff_s "
+                f"({self.max_preemption_backoff_s}) is below preemption_backoff_s "
+                f"({self.preemption_backoff_s})"
+            )
+        return self
 
 
 class QuotaSpec(_Strict):

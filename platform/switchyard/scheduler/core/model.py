@@ -32,6 +32,14 @@ class LeaseState(StrEnum):
     PREEMPTING = "preempting"  # notice sent; still holds its GPUs until release or grace end
 
 
+class HoldKind(StrEnum):
+    """Why a reservation holds GPUs (docs/scheduler.md: reservations and bounded waits)."""
+
+    BLOCKED_HEAD = "blocked-head"  # the first blocked gang in admission order (`max_reservations`)
+    STARVING = "starving"  # a gang past `starvation_after_s`: its own, capped per team
+    PREEMPTOR = "preemptor"  # the GPUs its victims are freeing
+
+
 class PreemptionReason(StrEnum):
     RECLAIM = "reclaim"  # the victim borrowed quota its owner now needs back
     PRIORITY = "priority"  # a higher-priority workload needs the GPUs
@@ -96,6 +104,8 @@ class Lease:
     notice_at: float | None = None
     stop_deadline: float | None = None
     stop_sent: bool = False
+    prior_preemptions: int = 0
+    """How often its workload was preempted before this lease started (for backoff)."""
     _by_node: dict[str, int] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -167,6 +177,7 @@ class Reservation:
 
     workload_id: str
     gpus_by_node: tuple[tuple[str, int], ...]
+    kind: HoldKind = HoldKind.BLOCKED_HEAD
 
 
 @dataclass(slots=True)

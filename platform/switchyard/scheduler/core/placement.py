@@ -120,10 +120,7 @@ class NodePool:
             node = self._best_single(sum(bundles), node_group, held, bonus)
             return None if node is None else (node,) * len(bundles)
         if same_node_group or node_group is not None:
-            groups = (
-                [node_group] if node_group is not None
-                else self._groups_by_fit(held, bonus, sum(bundles))
-            )
+            groups = [node_group] if node_group is not None else self._groups_by_fit(held, bonus, sum(bundles))
             for group in groups:
                 if group in self._groups:
                     placed = self._place_multi(bundles, strategy, self._groups[group], held, bonus)
@@ -159,9 +156,7 @@ class NodePool:
     def _in_group(self, name: str, node_group: str | None) -> bool:
         return node_group is None or self._nodes[name].node_group == node_group
 
-    def _groups_by_fit(
-        self, held: Mapping[str, int], bonus: Mapping[str, int], need: int
-    ) -> list[str]:
+    def _groups_by_fit(self, held: Mapping[str, int], bonus: Mapping[str, int], need: int) -> list[str]:
         avail = dict(self._group_free)
         for name, gpus in held.items():
             if name in self._nodes:
@@ -198,9 +193,7 @@ class NodePool:
             used[node] = None
         return tuple(chosen[i] for i in range(len(bundles)))
 
-    def _pick(
-        self, size: int, strategy: PlacementStrategy, room: dict[str, int], used: dict[str, None]
-    ) -> str | None:
+    def _pick(self, size: int, strategy: PlacementStrategy, room: dict[str, int], used: dict[str, None]) -> str | None:
         used_racks = {self._nodes[n].rack for n in used}
         best: str | None = None
         best_key: tuple[int, int, int] | None = None

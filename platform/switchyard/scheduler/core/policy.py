@@ -29,7 +29,16 @@ class PriorityClass:
     value: int
     preemptible: bool
     min_runtime_s: float = 0.0
-    """Protects a lease from priority preemption until it has run this long (not from reclaim)."""
+    """Protects a lease from priority preemption until it has run this long."""
+    reclaim_min_runtime_s: float = 0.0
+    """Protects a lease on borrowed GPUs from reclaim until it has run this long (inference
+    reclaim excepted); 0 keeps reclaim immediate."""
+    preemption_backoff_s: float = 0.0
+    """After its n-th preemption a workload's next lease is protected from every preemption
+    but inference reclaim for backoff x 2^(n-1) seconds from its start (victim thrash)."""
+    max_preemption_backoff_s: float = 0.0
+    """Cap of that protection (at least `preemption_backoff_s`), which bounds how long a
+    reclaim may have to wait for a backed-off borrower."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,6 +89,13 @@ class PolicyKnobs:
     starvation_after_s: float | None = 24 * 3600.0
     """A request queued longer than this goes ahead of fair share within its priority (oldest
     first), so it reaches a reservation; None turns aging off."""
+    starving_reservations_per_team: int = 0
+    """Reservations of their own for a team's gangs queued past `starvation_after_s` (oldest
+    first); neither blocked-head reservations nor preemptors' holds count against it. 0 (off)
+    until tuned: on September one per team raised the worst-team p99 (docs/scheduler_results.md)."""
+    starvation_preempt_after_s: float | None = None
+    """A starving gang queued longer than this may preempt strictly lower-priority leases past
+    their minimum runtime, of any team (escalation); None turns escalation off."""
     restart_cost_s: float = 600.0
     """Seconds of GPU time a victim also loses to restart (reload its checkpoint, rebuild its
     process group); makes big gangs costlier victims in checkpoint-aware ordering."""

@@ -1,15 +1,18 @@
 """Choosing preemption victims for a blocked gang.
 
 Who may be a victim (KUEUE and CHECKPOINT_AWARE modes):
+  0. never a lease of a non-preemptible priority class, whatever its quota entry borrows
+     through other classes;
   1. only a running lease (not one already preempting);
-  2. of the preemptor's own quota entry: only a preemptible, lower-priority lease that has run
-     its priority class's minimum runtime;
+  2. of the preemptor's own quota entry: only a preemptible, lower-priority lease past its
+     protection for priority preemption (`protection.py`: minimum runtime, backoff);
   3. of another entry: only while that entry is borrowing (above its guarantee, counting GPUs
      already being taken back); a gang cannot be split, so its whole lease goes even when that
      takes the entry below its guarantee (Kueue's rule; otherwise a gang larger than what it
-     borrowed could never be reclaimed), and either the preemptor is reclaiming
-     its own guarantee (any priority; minimum runtime does not protect borrowed GPUs) or the
-     victim is preemptible, lower priority and past its minimum runtime.
+     borrowed could never be reclaimed), and either the preemptor is reclaiming its own
+     guarantee (any priority) and the victim is past its protection from reclaim (none
+     against inference reclaim), or the victim is lower priority and past its protection
+     from priority preemption.
 PRIORITY mode (the strict-priority baseline) keeps only the priority rule.
 
 In which order (documented in docs/scheduler.md):
@@ -33,9 +36,11 @@ from switchyard.scheduler.core.model import (
     Lease,
     PlacementStrategy,
     PreemptionReason,
+    WorkloadClass,
 )
 from switchyard.scheduler.core.placement import NodePool
 from switchyard.scheduler.core.policy import PreemptionMode, SchedulerPolicy
+from switchyard.scheduler.core.protection import may_preempt
 from switchyard.scheduler.core.quota import QuotaBook, QuotaKey
 
 
@@ -99,8 +104,13 @@ class VictimSelector:
             self._cache.clear()
             self._cache_at = now
         my_key = self._book.key(request.team, request.workload_class) if self._quota_rules else None
-        tag = (self._priority[request.priority_class].value, my_key, tuple(running),
-               my_key is not None and self._book.reclaiming(my_key, request.gpus))
+        tag = (
+            self._priority[request.priority_class].value,
+            my_key,
+            tuple(running),
+            my_key is not None and self._book.reclaiming(my_key, request.gpus),
+            request.workload_class is WorkloadClass.INFERENCE,
+        )
         cached = self._cache.get(tag)
         if cached is None:
             candidates = self._candidates(request, running, now)
@@ -115,6 +125,36 @@ class VictimSelector:
         if single:
             return self._plan_single_node(request, cached[1], held)
         return self._plan_multi_node(request, cached[1], held)
+
+    def plan_escalation(
+        self,
+        request: GangRequest,
+        running: Mapping[QuotaKey, Mapping[str, Lease]],
+        held: Mapping[str, int],
+        now: float,
+    ) -> VictimPlan | None:
+        """Victims for a gang past its second wait bound (`starvation.py`): running leases of a
+        strictly lower priority class past their protection from priority preemption, of any
+        team, borrowing or not. Not cached: at most one search per starving gang per retry."""
+        mine = self._priority[request.priority_class].value
+        out: list[_Candidate] = []
+        for key, leases in running.items():
+            for lease in leases.values():
+                theirs = self._priority[lease.request.priority_class]
+                if theirs.value < mine and may_preempt(lease, theirs, request, PreemptionReason.PRIORITY, now):
+                    # Not `cross_team`: escalation takes it whatever its team's guarantee.
+                    out.append(self._candidate(lease, key, False, PreemptionReason.PRIORITY, now))
+        if not out:
+            return None
+        out.sort(key=self._order_key(self._policy.knobs.preemption))
+        by_node: dict[str, list[_Candidate]] = {}
+        for i, c in enumerate(out):
+            c.position = i
+            for node in c.lease.gpus_by_node():
+                by_node.setdefault(node, []).append(c)
+        if len(request.bundles) == 1 or request.strategy is PlacementStrategy.STRICT_PACK:
+            return self._plan_single_node(request, by_node, held)
+        return self._plan_multi_node(request, by_node, held)
 
     # -- who ------------------------------------------------------------------------------
     def _candidates(
@@ -135,17 +175,16 @@ class VictimSelector:
                 continue  # never below its guarantee: a team that is not borrowing is off limits
             for lease in leases.values():
                 theirs = self._priority[lease.request.priority_class]
-                by_priority = (
-                    theirs.preemptible
-                    and theirs.value < mine
-                    and now - lease.started_at >= theirs.min_runtime_s
+                if not theirs.preemptible:
+                    continue  # whatever its entry borrows through other classes (finding 6)
+                by_priority = theirs.value < mine and may_preempt(
+                    lease, theirs, request, PreemptionReason.PRIORITY, now
                 )
-                if not cross:
-                    if by_priority:
-                        out.append(self._candidate(lease, key, False, PreemptionReason.PRIORITY, now))
-                elif reclaiming or by_priority:  # `room` > 0: the team borrows; its gang goes whole
-                    reason = PreemptionReason.RECLAIM if reclaiming else PreemptionReason.PRIORITY
-                    out.append(self._candidate(lease, key, True, reason, now))
+                # `room` > 0 for another entry: the team borrows, and its gang goes whole.
+                if cross and reclaiming and may_preempt(lease, theirs, request, PreemptionReason.RECLAIM, now):
+                    out.append(self._candidate(lease, key, True, PreemptionReason.RECLAIM, now))
+                elif by_priority:
+                    out.append(self._candidate(lease, key, cross, PreemptionReason.PRIORITY, now))
         out.sort(key=self._order_key(mode))
         for i, c in enumerate(out):
             c.position = i
@@ -156,9 +195,7 @@ class VictimSelector:
         knobs = self._policy.knobs
         return knobs.enforce_quota and knobs.preemption is not PreemptionMode.PRIORITY
 
-    def _candidate(
-        self, lease: Lease, key: QuotaKey, cross: bool, reason: PreemptionReason, now: float
-    ) -> _Candidate:
+    def _candidate(self, lease: Lease, key: QuotaKey, cross: bool, reason: PreemptionReason, now: float) -> _Candidate:
         work = lease.lost_gpu_seconds(now)
         restart = lease.gpus * self._policy.knobs.restart_cost_s
         return _Candidate(lease, key, cross, reason, work + restart, work)
@@ -232,9 +269,7 @@ class VictimSelector:
                 if node in self._pool:
                     room[self._pool.node(node).node_group] -= gpus
             for node, on_node in by_node.items():
-                room[self._pool.node(node).node_group] += sum(
-                    c.lease.gpus_by_node()[node] for c in on_node
-                )
+                room[self._pool.node(node).node_group] += sum(c.lease.gpus_by_node()[node] for c in on_node)
             scopes = [self._pool.group_nodes(g) for g, r in room.items() if r >= request.gpus]
         else:
             scopes = [[n.name for n in self._pool.nodes()]]
@@ -304,9 +339,7 @@ class VictimSelector:
             need -= c.lease.gpus_by_node()[node]
         return extra if need <= 0 else None
 
-    def _find(
-        self, request: GangRequest, held: Mapping[str, int], bonus: Mapping[str, int]
-    ) -> tuple[str, ...] | None:
+    def _find(self, request: GangRequest, held: Mapping[str, int], bonus: Mapping[str, int]) -> tuple[str, ...] | None:
         return self._pool.find(
             request.bundles,
             request.strategy,

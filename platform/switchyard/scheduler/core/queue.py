@@ -17,8 +17,16 @@ GroupKey = tuple[int, str, str, str, tuple[int, ...], str, bool, str | None]
 
 
 def group_key(priority_value: int, request: GangRequest) -> GroupKey:
-    return (priority_value, request.team, request.workload_class.value, request.priority_class,
-            request.bundles, request.strategy.value, request.same_node_group, request.node_group)
+    return (
+        priority_value,
+        request.team,
+        request.workload_class.value,
+        request.priority_class,
+        request.bundles,
+        request.strategy.value,
+        request.same_node_group,
+        request.node_group,
+    )
 
 
 def _order(p: PendingWorkload) -> tuple[float, str]:

@@ -7,7 +7,9 @@ back the part of its unused guarantee it does not lend).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 
 from switchyard.scheduler.core.model import WorkloadClass
 from switchyard.scheduler.core.policy import Quota, Team
@@ -15,6 +17,7 @@ from switchyard.scheduler.core.policy import Quota, Team
 QuotaKey = tuple[str, int]  # (team, index of the quota entry in Team.quotas)
 # The one refusal that more GPUs would lift: borrowing is capped by what the cluster can lend.
 NO_LENDABLE_CAPACITY = "no lendable capacity"
+_NOTHING_FREED: Mapping[QuotaKey, int] = MappingProxyType({})
 
 
 @dataclass(frozen=True, slots=True)
@@ -27,9 +30,7 @@ class Admission:
 class QuotaBook:
     def __init__(self, teams: tuple[Team, ...]) -> None:
         self._teams = {t.name: t for t in teams}
-        self._quota: dict[QuotaKey, Quota] = {
-            (t.name, i): q for t in teams for i, q in enumerate(t.quotas)
-        }
+        self._quota: dict[QuotaKey, Quota] = {(t.name, i): q for t in teams for i, q in enumerate(t.quotas)}
         self._usage: dict[QuotaKey, int] = dict.fromkeys(self._quota, 0)
         self._keys: dict[tuple[str, WorkloadClass], QuotaKey] = {}
         self._kept_back = sum(self._floor(k, 0) for k in self._quota)
@@ -79,27 +80,36 @@ class QuotaBook:
 
     def _floor(self, key: QuotaKey, usage: int) -> int:
         quota = self._quota[key]
-        lendable = quota.guaranteed_gpus if quota.lending_limit_gpus is None else min(
-            quota.guaranteed_gpus, quota.lending_limit_gpus
+        lendable = (
+            quota.guaranteed_gpus
+            if quota.lending_limit_gpus is None
+            else min(quota.guaranteed_gpus, quota.lending_limit_gpus)
         )
         return max(usage, quota.guaranteed_gpus - lendable)
 
     def check(
-        self, key: QuotaKey, gpus: int, capacity: int, may_borrow: bool, freed: int = 0
+        self,
+        key: QuotaKey,
+        gpus: int,
+        capacity: int,
+        may_borrow: bool,
+        freed: Mapping[QuotaKey, int] = _NOTHING_FREED,
     ) -> Admission:
         """May `gpus` more be charged to `key` on a cluster of `capacity` GPUs, once `freed`
-        of its own GPUs (its preemption victims) have left?"""
+        GPUs (its preemption victims', per quota entry) have left?"""
         quota = self._quota[key]
-        after = self._usage[key] - freed + gpus
+        after = self._usage[key] - freed.get(key, 0) + gpus
         if after <= quota.guaranteed_gpus:
             return Admission(True, False)
         if not may_borrow:
             return Admission(False, True, "over guarantee and may not borrow")
-        if quota.borrowing_limit_gpus is not None and (
-            after - quota.guaranteed_gpus > quota.borrowing_limit_gpus
-        ):
+        if quota.borrowing_limit_gpus is not None and (after - quota.guaranteed_gpus > quota.borrowing_limit_gpus):
             return Admission(False, True, "borrowing limit")
         kept = self._kept_back - self._floor(key, self._usage[key]) + self._floor(key, max(0, after))
+        for other, gpus_freed in freed.items():
+            if other != key:  # victims of other entries give back what they kept
+                usage = self._usage[other]
+                kept += self._floor(other, usage - gpus_freed) - self._floor(other, usage)
         if kept > capacity:
             return Admission(False, True, NO_LENDABLE_CAPACITY)
         return Admission(True, True)

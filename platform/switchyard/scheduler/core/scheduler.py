@@ -9,13 +9,14 @@ Ray driver run the same code and a replay is deterministic. A driver calls `subm
 from __future__ import annotations
 
 import heapq
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from switchyard.scheduler.core.fairshare import DecayedUsage
 from switchyard.scheduler.core.model import (
     Decisions,
     GangRequest,
+    HoldKind,
     Lease,
     LeaseStart,
     LeaseState,
@@ -30,8 +31,9 @@ from switchyard.scheduler.core.placement import NodePool
 from switchyard.scheduler.core.policy import Ordering, PreemptionMode, SchedulerPolicy
 from switchyard.scheduler.core.preemption import VictimPlan, VictimSelector
 from switchyard.scheduler.core.queue import GroupKey, PendingQueues
-from switchyard.scheduler.core.quota import NO_LENDABLE_CAPACITY, QuotaBook
+from switchyard.scheduler.core.quota import NO_LENDABLE_CAPACITY, Admission, QuotaBook, QuotaKey
 from switchyard.scheduler.core.snapshot import ClusterSnapshot, build_snapshot
+from switchyard.scheduler.core.starvation import may_escalate, reservation_to_take
 
 
 @dataclass(slots=True)
@@ -60,8 +62,11 @@ class Scheduler:
         self._leases: dict[str, Lease] = {}
         self._lease_of: dict[str, str] = {}
         self._attempts: dict[str, int] = {}
+        self._preemptions: dict[str, int] = {}  # workload -> notices it received (backoff)
         self._reserved: dict[str, dict[str, int]] = {}  # workload -> GPUs held per node
         self._reserved_value: dict[str, int] = {}  # workload -> its priority value
+        self._hold_kind: dict[str, HoldKind] = {}  # workload -> why it holds its reservation
+        self._hold_team: dict[str, str] = {}  # workload -> its team (per-team caps)
         self._waived_cache: dict[int, dict[str, int]] = {}  # priority value -> GPUs it may use
         self._held: dict[str, int] = {}  # node -> GPUs held by all reservations
         self._held_free = 0  # free GPUs that reservations hold: sum of min(free, held) per node
@@ -98,13 +103,18 @@ class Scheduler:
         lease = self._leases.pop(lease_id)
         del self._lease_of[lease.request.workload_id]
         self._preempting.pop(lease_id, None)
+        self._victims.forget({lease_id})  # a release between two decisions at one `now`
         self._free_lease(lease, now)
         for waiting in self._awaiting.values():
             waiting.discard(lease_id)
         if lease.state is LeaseState.PREEMPTING and not finished:
             self._enqueue(
-                PendingWorkload(lease.request, lease.submitted_at, lease.submitted_at,
-                                attempts=self._attempts[lease.request.workload_id])
+                PendingWorkload(
+                    lease.request,
+                    lease.submitted_at,
+                    lease.submitted_at,
+                    attempts=self._attempts[lease.request.workload_id],
+                )
             )
             return True
         return False
@@ -121,6 +131,7 @@ class Scheduler:
 
     def add_node(self, node: Node, now: float) -> None:
         self._pool.add(node)
+        self._retarget_reservations()
 
     def remove_node(self, name: str, now: float) -> list[str]:
         """Take a node out; returns the leases that lost GPUs on it (requeued here; the driver
@@ -136,7 +147,15 @@ class Scheduler:
             if workload in self._queues:
                 self._stop_awaiting(self._queues.get(workload).request)
         self._pool.remove(name)
+        self._retarget_reservations()
         return [lease.lease_id for lease in lost]
+
+    def _retarget_reservations(self) -> None:
+        """Nodes changed: blocked gangs choose their reserved nodes afresh in the next decision
+        (preemptors keep theirs: their victims are already leaving)."""
+        for workload, kind in list(self._hold_kind.items()):
+            if kind is not HoldKind.PREEMPTOR:
+                self._drop_reservation(workload)
 
     def adopt(self, request: GangRequest, placement: tuple[str, ...], now: float) -> LeaseStart:
         """Record as a lease a workload that already runs where something else put it (a Serve
@@ -161,22 +180,16 @@ class Scheduler:
                     f"workload {workload!r}: node {node!r} has {self._pool.free(node)} GPUs free in the "
                     f"ledger, {gpus} needed"
                 )
-        priority = self._priority[request.priority_class]
-        if self._knobs.enforce_quota:
-            may_borrow = self._knobs.borrowing and priority.preemptible
-            admission = self._book.check(self._key(request), request.gpus, self._pool.total_gpus, may_borrow)
-            if not admission.allowed:
-                raise ValueError(f"workload {workload!r}: over the quota of team {request.team!r} ({admission.reason})")
-            borrowing = admission.borrowing
-        else:
-            borrowing = False
+        admission = self._admission(request)
+        if not admission.allowed:
+            raise ValueError(f"workload {workload!r}: over the quota of team {request.team!r} ({admission.reason})")
         if workload in self._queues:
             pending = self._queues.get(workload)
         else:
             pending = PendingWorkload(request, submitted_at=now, queued_at=now)
             self._enqueue(pending)
         decisions = Decisions()
-        self._start(pending, placement, borrowing, now, decisions)
+        self._start(pending, placement, admission.borrowing, now, decisions)
         return decisions.starts[0]
 
     # -- the decision -------------------------------------------------------------------------
@@ -200,7 +213,7 @@ class Scheduler:
 
     def _finish(self, decisions: Decisions) -> Decisions:
         decisions.reservations = [
-            Reservation(w, tuple(sorted(r.items()))) for w, r in self._reserved.items()
+            Reservation(w, tuple(sorted(r.items())), self._hold_kind[w]) for w, r in self._reserved.items()
         ]
         return decisions
 
@@ -241,46 +254,53 @@ class Scheduler:
             return (1, self._usage.share(group[1], now), head.queued_at, head.request.workload_id)
         return (head.queued_at, head.request.workload_id)
 
-    def _consider(
-        self, pending: PendingWorkload, now: float, decisions: Decisions, state: _Pass
-    ) -> str:
+    def _consider(self, pending: PendingWorkload, now: float, decisions: Decisions, state: _Pass) -> str:
         request = pending.request
         workload = request.workload_id
         if self._awaiting.get(workload):
             return "waiting"  # its victims still hold the GPUs reserved for it
-        borrowing = False
         waived = self._waived_for(workload, self._priority[request.priority_class].value)
         held = self._held
-        if self._knobs.enforce_quota:
-            key = self._key(request)
-            may_borrow = self._knobs.borrowing and self._priority[request.priority_class].preemptible
-            admission = self._book.check(key, request.gpus, self._pool.total_gpus, may_borrow)
-            if not admission.allowed:
-                # Over quota: only its own team's lower-priority work can make room for it.
-                if workload not in self._awaiting and self._try_preempt(
-                    pending, waived, now, decisions, state, own_entry_only=True
-                ):
-                    return "preempting"
-                return "skip"
-            borrowing = admission.borrowing
+        admission = self._admission(request)
+        if not admission.allowed and admission.reason != NO_LENDABLE_CAPACITY:
+            # Over quota: only its own team's lower-priority work can make room for it.
+            if workload not in self._awaiting and self._try_preempt(
+                pending, waived, now, decisions, state, own_entry_only=True
+            ):
+                return "preempting"
+            return "skip"
+        # Refused for want of lendable capacity, a borrower is blocked by capacity, not by
+        # its quota: like a gang that does not fit, it may preempt and reserve (finding 1).
         room = self._pool.free_gpus if waived else self._open_gpus()
-        placement = self._find(request, held, waived) if room >= request.gpus else None
+        placement = None
+        if admission.allowed and room >= request.gpus:
+            placement = self._find(request, held, waived)
         if placement is not None:
-            self._start(pending, placement, borrowing, now, decisions)
+            self._start(pending, placement, admission.borrowing, now, decisions)
             return "started"
         if workload in self._awaiting:
             return "waiting"
         if self._try_preempt(pending, waived, now, decisions, state):
             return "preempting"
-        if workload not in self._reserved and len(self._reserved) < self._knobs.max_reservations:
-            self._reserve(request, held)
+        if self._try_escalate(pending, waived, now, decisions, state):
+            return "preempting"
+        kind = reservation_to_take(pending, self._knobs, now, self._hold_kind, self._hold_team)
+        if kind is not None:
+            self._drop_reservation(workload)  # a blocked head that starves moves to its own slot
+            self._reserve(request, self._held, kind)
         if not self._knobs.backfill:
             return "halt"
-        if self._pool.free_gpus == 0 and (
-            state.budget[0] <= 0 or self._knobs.preemption is PreemptionMode.NONE
-        ):
+        if self._pool.free_gpus == 0 and (state.budget[0] <= 0 or self._knobs.preemption is PreemptionMode.NONE):
             return "halt"
         return "blocked"
+
+    def _admission(self, request: GangRequest, freed: Mapping[QuotaKey, int] | None = None) -> Admission:
+        """The quota check for `request` (always allowed when quotas are off), once `freed`
+        GPUs per quota entry have left."""
+        if not self._knobs.enforce_quota:
+            return Admission(True, False)
+        may_borrow = self._knobs.borrowing and self._priority[request.priority_class].preemptible
+        return self._book.check(self._key(request), request.gpus, self._pool.total_gpus, may_borrow, freed or {})
 
     def _open_gpus(self) -> int:
         """Free GPUs that no reservation holds."""
@@ -315,9 +335,7 @@ class Scheduler:
             decisions.stops.append(StopOrder(lease.lease_id, lease.request.workload_id, reason))
 
     # -- placement, reservations, preemption --------------------------------------------------
-    def _find(
-        self, request: GangRequest, held: dict[str, int], waived: dict[str, int]
-    ) -> tuple[str, ...] | None:
+    def _find(self, request: GangRequest, held: dict[str, int], waived: dict[str, int]) -> tuple[str, ...] | None:
         if max(request.bundles) > self._pool.max_free():
             return None
         return self._pool.find(
@@ -361,7 +379,7 @@ class Scheduler:
                 del out[node]
         return out
 
-    def _reserve(self, request: GangRequest, held: dict[str, int]) -> None:
+    def _reserve(self, request: GangRequest, held: dict[str, int], kind: HoldKind) -> None:
         group = request.node_group
         if group is None and request.same_node_group and len(request.bundles) > 1:
             groups = self._pool.group_names()
@@ -369,15 +387,13 @@ class Scheduler:
                 return
             free_by_group: dict[str, int] = {}
             for node in self._pool.nodes():
-                free_by_group[node.node_group] = (
-                    free_by_group.get(node.node_group, 0) + self._pool.free(node.name)
-                )
+                free_by_group[node.node_group] = free_by_group.get(node.node_group, 0) + self._pool.free(node.name)
             group = max(groups, key=lambda g: (free_by_group.get(g, 0), g))
         if len(request.bundles) == 1 or request.strategy is PlacementStrategy.STRICT_PACK:
             nodes = self._pool.most_free((request.gpus,), group, held)
             if nodes is None:
                 return
-            self._hold(request, {nodes[0]: request.gpus})
+            self._hold(request, {nodes[0]: request.gpus}, kind)
             return
         nodes = self._pool.most_free(request.bundles, group, held)
         if nodes is None:
@@ -385,14 +401,16 @@ class Scheduler:
         amounts: dict[str, int] = {}
         for name, size in zip(nodes, request.bundles, strict=True):
             amounts[name] = amounts.get(name, 0) + size
-        self._hold(request, amounts)
+        self._hold(request, amounts, kind)
 
-    def _hold(self, request: GangRequest, amounts: dict[str, int]) -> None:
+    def _hold(self, request: GangRequest, amounts: dict[str, int], kind: HoldKind) -> None:
         workload_id = request.workload_id
         self._drop_reservation(workload_id)
         self._waived_cache.clear()
         self._reserved[workload_id] = amounts
         self._reserved_value[workload_id] = self._priority[request.priority_class].value
+        self._hold_kind[workload_id] = kind
+        self._hold_team[workload_id] = request.team
         for node, gpus in amounts.items():
             self._node_change(node, gpus_held=gpus)
 
@@ -402,6 +420,8 @@ class Scheduler:
             return
         self._waived_cache.clear()
         del self._reserved_value[workload_id]
+        del self._hold_kind[workload_id]
+        del self._hold_team[workload_id]
         for node, gpus in amounts.items():
             self._node_change(node, gpus_held=-gpus)
 
@@ -419,8 +439,16 @@ class Scheduler:
         failed_shapes = state.failed_shapes
         if self._knobs.preemption is PreemptionMode.NONE or budget[0] <= 0:
             return False
-        shape = (request.team, request.workload_class, request.priority_class, request.bundles,
-                 request.strategy, request.same_node_group, request.node_group, own_entry_only)
+        shape = (
+            request.team,
+            request.workload_class,
+            request.priority_class,
+            request.bundles,
+            request.strategy,
+            request.same_node_group,
+            request.node_group,
+            own_entry_only,
+        )
         if shape in failed_shapes or now < self._next_victim_search.get(shape, now):
             return False
         if not self._victims_may_exist(request):
@@ -432,12 +460,8 @@ class Scheduler:
             key = self._key(request)
             running = {key: self._running[key]} if key in self._running else {}
         plan = self._victims.plan(request, running, held, now)
-        if plan is not None and own_entry_only:
-            freed = sum(v.lease.gpus for v in plan.victims)
-            may_borrow = self._knobs.borrowing and self._priority[request.priority_class].preemptible
-            if not self._book.check(self._key(request), request.gpus, self._pool.total_gpus,
-                                    may_borrow, freed).allowed:
-                plan = None
+        if plan is not None and not self._admission(request, self._freed_by_entry(plan)).allowed:
+            plan = None  # room on the nodes, but its quota would still refuse it
         if plan is None:
             # Same-shaped requests would find the same nothing; look again after a while.
             failed_shapes.add(shape)
@@ -445,6 +469,35 @@ class Scheduler:
             return False
         self._notify(request, plan, now, decisions)
         return True
+
+    def _try_escalate(
+        self, pending: PendingWorkload, waived: dict[str, int], now: float, decisions: Decisions, state: _Pass
+    ) -> bool:
+        """A gang past the second wait bound preempts strictly lower-priority work of any team."""
+        request = pending.request
+        if self._knobs.preemption is PreemptionMode.NONE or state.budget[0] <= 0:
+            return False
+        if not may_escalate(pending, self._knobs, now):
+            return False
+        search = ("escalate", request.workload_id)
+        if now < self._next_victim_search.get(search, now):
+            return False
+        state.budget[0] -= 1
+        plan = self._victims.plan_escalation(request, self._running, self._held_without(waived), now)
+        if plan is not None and not self._admission(request, self._freed_by_entry(plan)).allowed:
+            plan = None
+        if plan is None:
+            self._next_victim_search[search] = now + self._knobs.preemption_retry_s
+            return False
+        self._notify(request, plan, now, decisions)
+        return True
+
+    def _freed_by_entry(self, plan: VictimPlan) -> dict[QuotaKey, int]:
+        freed: dict[QuotaKey, int] = {}
+        for victim in plan.victims:
+            key = self._key(victim.lease.request)
+            freed[key] = freed.get(key, 0) + victim.lease.gpus
+        return freed
 
     def _may_preempt_for(self, level: int, budget: list[int]) -> bool:
         if self._knobs.preemption is PreemptionMode.NONE or budget[0] <= 0:
@@ -473,18 +526,27 @@ class Scheduler:
             self._preempting[lease.lease_id] = lease
             lease.notice_at = now
             lease.stop_deadline = deadline
+            workload = lease.request.workload_id
+            self._preemptions[workload] = self._preemptions.get(workload, 0) + 1
             self._count_preemptible(lease, -1)
             if self._knobs.enforce_quota:
                 self._book.mark_leaving(self._key(lease.request), lease.gpus)
             waiting.add(lease.lease_id)
-            decisions.notices.append(PreemptionNotice(
-                lease.lease_id, lease.request.workload_id, victim.reason, request.workload_id,
-                rank, deadline, victim.lost_gpu_seconds,
-            ))
+            decisions.notices.append(
+                PreemptionNotice(
+                    lease.lease_id,
+                    lease.request.workload_id,
+                    victim.reason,
+                    request.workload_id,
+                    rank,
+                    deadline,
+                    victim.lost_gpu_seconds,
+                )
+            )
         amounts: dict[str, int] = {}
         for node, size in zip(plan.placement, request.bundles, strict=True):
             amounts[node] = amounts.get(node, 0) + size
-        self._hold(request, amounts)  # the victims' GPUs go to this gang, not backfill
+        self._hold(request, amounts, HoldKind.PREEMPTOR)  # the victims' GPUs go to this gang, not backfill
         self._awaiting[request.workload_id] = waiting
         if self._knobs.enforce_quota:
             self._book.mark_arriving(self._key(request), request.gpus)
@@ -502,10 +564,19 @@ class Scheduler:
         workload = request.workload_id
         self._queues.remove(workload)
         self._drop_reservation(workload)
+        self._next_victim_search.pop(("escalate", workload), None)
         self._stop_awaiting(request)
         attempt = self._attempts.get(workload, 0) + 1
         self._attempts[workload] = attempt
-        lease = Lease(f"{workload}#{attempt}", request, placement, now, pending.submitted_at, borrowing)
+        lease = Lease(
+            f"{workload}#{attempt}",
+            request,
+            placement,
+            now,
+            pending.submitted_at,
+            borrowing,
+            prior_preemptions=self._preemptions.get(workload, 0),
+        )
         for node, size in zip(placement, request.bundles, strict=True):
             self._node_change(node, gpus_freed=-size)
         self._book.charge(self._book.key(request.team, request.workload_class), request.gpus)
@@ -544,15 +615,11 @@ class Scheduler:
                 del self._running[key]
         priority = self._priority[lease.request.priority_class]
         if priority.preemptible:
-            self._preemptible_gpus[priority.value] = (
-                self._preemptible_gpus.get(priority.value, 0) + sign * lease.gpus
-            )
+            self._preemptible_gpus[priority.value] = self._preemptible_gpus.get(priority.value, 0) + sign * lease.gpus
 
     def _enqueue(self, pending: PendingWorkload) -> None:
         # FIFO ignores priority: one level for everything.
-        value = 0 if self._knobs.ordering is Ordering.FIFO else (
-            self._priority[pending.request.priority_class].value
-        )
+        value = 0 if self._knobs.ordering is Ordering.FIFO else (self._priority[pending.request.priority_class].value)
         self._queues.add(value, pending)
 
     def _validate(self, request: GangRequest) -> None:
@@ -563,8 +630,9 @@ class Scheduler:
         except KeyError as err:
             raise ValueError(f"workload {request.workload_id!r}: {err.args[0]}") from None
         if not request.bundles or min(request.bundles) <= 0:
-            raise ValueError(f"workload {request.workload_id!r}: bundles must be positive GPU counts, "
-                             f"got {request.bundles}")
+            raise ValueError(
+                f"workload {request.workload_id!r}: bundles must be positive GPU counts, got {request.bundles}"
+            )
 
     # -- read-only views ----------------------------------------------------------------------
     @property
@@ -591,8 +659,16 @@ class Scheduler:
         return self._book.team_usage(team)
 
     def snapshot(self, now: float) -> ClusterSnapshot:
-        return build_snapshot(self.policy, self._pool, self._book, self._usage, self._leases,
-                              list(self._queues.items()), self._reserved, now)
+        return build_snapshot(
+            self.policy,
+            self._pool,
+            self._book,
+            self._usage,
+            self._leases,
+            list(self._queues.items()),
+            self._reserved,
+            now,
+        )
 
     def waiting_for_capacity(self) -> list[GangRequest]:
         """Queued gangs that more GPUs would let start: within their quota (or refused only
@@ -603,10 +679,8 @@ class Scheduler:
             request = pending.request
             if self._awaiting.get(request.workload_id):
                 continue  # its GPUs are on their way: the victims are leaving
-            if self._knobs.enforce_quota:
-                may_borrow = self._knobs.borrowing and self._priority[request.priority_class].preemptible
-                admission = self._book.check(self._key(request), request.gpus, self._pool.total_gpus, may_borrow)
-                if not admission.allowed and admission.reason != NO_LENDABLE_CAPACITY:
-                    continue  # held back by its quota: more nodes would not admit it
+            admission = self._admission(request)
+            if not admission.allowed and admission.reason != NO_LENDABLE_CAPACITY:
+                continue  # held back by its quota: more nodes would not admit it
             out.append(request)
         return out

@@ -72,19 +72,24 @@ def build_snapshot(
     for team in policy.teams:
         mine = [p for p in pending if p.request.team == team.name]
         keys = [(team.name, i) for i in range(len(team.quotas))]
-        teams.append(TeamStatus(
-            team=team.name,
-            guaranteed_gpus=team.guaranteed_gpus,
-            used_gpus=book.team_usage(team.name),
-            borrowed_gpus=sum(book.borrowed(k) for k in keys),
-            fair_share=round(usage.share(team.name, now), 4),
-            decayed_gpus=round(usage.decayed_gpus(team.name, now), 2),
-            queued=len(mine),
-            queued_gpus=sum(p.request.gpus for p in mine),
-            oldest_wait_s=max((now - p.submitted_at for p in mine), default=0.0),
-            preempting=sum(1 for lease in leases.values()
-                           if lease.request.team == team.name and lease.state.value == "preempting"),
-        ))
+        teams.append(
+            TeamStatus(
+                team=team.name,
+                guaranteed_gpus=team.guaranteed_gpus,
+                used_gpus=book.team_usage(team.name),
+                borrowed_gpus=sum(book.borrowed(k) for k in keys),
+                fair_share=round(usage.share(team.name, now), 4),
+                decayed_gpus=round(usage.decayed_gpus(team.name, now), 2),
+                queued=len(mine),
+                queued_gpus=sum(p.request.gpus for p in mine),
+                oldest_wait_s=max((now - p.submitted_at for p in mine), default=0.0),
+                preempting=sum(
+                    1
+                    for lease in leases.values()
+                    if lease.request.team == team.name and lease.state.value == "preempting"
+                ),
+            )
+        )
     held: dict[str, int] = {}
     for amounts in reserved.values():
         for node, gpus in amounts.items():
@@ -103,8 +108,16 @@ def build_snapshot(
         for g, names in sorted(groups.items())
     )
     lease_rows = tuple(
-        LeaseStatus(x.lease_id, x.request.team, x.request.priority_class, x.gpus, x.state.value,
-                    x.started_at, x.placement, x.borrowing)
+        LeaseStatus(
+            x.lease_id,
+            x.request.team,
+            x.request.priority_class,
+            x.gpus,
+            x.state.value,
+            x.started_at,
+            x.placement,
+            x.borrowing,
+        )
         for x in sorted(leases.values(), key=lambda x: x.lease_id)
     )
     return ClusterSnapshot(

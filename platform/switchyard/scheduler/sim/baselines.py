@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import replace
 from enum import StrEnum
 
-from switchyard.scheduler.core.policy import Ordering, PolicyKnobs, PreemptionMode
+from switchyard.scheduler.core.policy import Ordering, PolicyKnobs, PreemptionMode, PriorityClass
 
 
 class PolicyName(StrEnum):
@@ -23,23 +23,60 @@ def knobs_for(name: PolicyName, switchyard: PolicyKnobs) -> PolicyKnobs:
     return replace(_baseline(name, switchyard, grace), starvation_after_s=None, restart_cost_s=0.0)
 
 
+def classes_for(name: PolicyName, classes: tuple[PriorityClass, ...]) -> tuple[PriorityClass, ...]:
+    """The priority classes a policy runs with: the baselines keep minimum runtimes against
+    priority preemption (Kueue and strict priority have none of switchyard's reclaim
+    protection or backoff), switchyard keeps everything."""
+    if name is PolicyName.SWITCHYARD:
+        return classes
+    return tuple(
+        replace(c, reclaim_min_runtime_s=0.0, preemption_backoff_s=0.0, max_preemption_backoff_s=0.0) for c in classes
+    )
+
+
 def _baseline(name: PolicyName, switchyard: PolicyKnobs, grace: float) -> PolicyKnobs:
     if name is PolicyName.FIFO:
         # Submit order, no quotas, no preemption; the head of the queue blocks everyone.
-        return PolicyKnobs(Ordering.FIFO, PreemptionMode.NONE, borrowing=True, enforce_quota=False,
-                           backfill=False, max_reservations=0, preemption_grace_s=grace)
+        return PolicyKnobs(
+            Ordering.FIFO,
+            PreemptionMode.NONE,
+            borrowing=True,
+            enforce_quota=False,
+            backfill=False,
+            max_reservations=0,
+            preemption_grace_s=grace,
+        )
     if name is PolicyName.PRIORITY:
         # Strict priority: no quotas; a higher priority preempts lower (lowest, newest first).
-        return PolicyKnobs(Ordering.PRIORITY, PreemptionMode.PRIORITY, borrowing=True,
-                           enforce_quota=False, backfill=True, max_reservations=0,
-                           preemption_grace_s=grace)
+        return PolicyKnobs(
+            Ordering.PRIORITY,
+            PreemptionMode.PRIORITY,
+            borrowing=True,
+            enforce_quota=False,
+            backfill=True,
+            max_reservations=0,
+            preemption_grace_s=grace,
+        )
     if name is PolicyName.STATIC:
         # Each team capped at its guarantee, FIFO within it, nothing borrowed or preempted.
-        return PolicyKnobs(Ordering.PRIORITY, PreemptionMode.NONE, borrowing=False,
-                           enforce_quota=True, backfill=True, max_reservations=0,
-                           preemption_grace_s=grace)
+        return PolicyKnobs(
+            Ordering.PRIORITY,
+            PreemptionMode.NONE,
+            borrowing=False,
+            enforce_quota=True,
+            backfill=True,
+            max_reservations=0,
+            preemption_grace_s=grace,
+        )
     # Kueue-like: quota + borrowing + priority/reclaim preemption, BestEffortFIFO, no
     # reservations, victims ordered without regard to checkpoints.
-    return PolicyKnobs(Ordering.PRIORITY, PreemptionMode.KUEUE, borrowing=True, enforce_quota=True,
-                       backfill=True, max_reservations=0, preemption_grace_s=grace,
-                       max_preemption_attempts=switchyard.max_preemption_attempts)
+    return PolicyKnobs(
+        Ordering.PRIORITY,
+        PreemptionMode.KUEUE,
+        borrowing=True,
+        enforce_quota=True,
+        backfill=True,
+        max_reservations=0,
+        preemption_grace_s=grace,
+        max_preemption_attempts=switchyard.max_preemption_attempts,
+    )

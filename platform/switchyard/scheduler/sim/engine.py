@@ -48,8 +48,12 @@ class Cluster:
     def nodes(self) -> list[Node]:
         count = math.ceil(self.gpus / self.gpus_per_node)
         return [
-            Node(f"node-{i:05d}", self.gpus_per_node, f"group-{i // self.nodes_per_group:04d}",
-                 f"rack-{i // self.nodes_per_rack:05d}")
+            Node(
+                f"node-{i:05d}",
+                self.gpus_per_node,
+                f"group-{i // self.nodes_per_group:04d}",
+                f"rack-{i // self.nodes_per_rack:05d}",
+            )
             for i in range(count)
         ]
 
@@ -181,16 +185,35 @@ class Simulation:
 
     # -- driver actions -----------------------------------------------------------------------
     def _submit(self, job: TraceJob, t: float) -> None:
-        record = JobRecord(job.workload_id, job.team, job.gpus, job.priority_class, job.submit_s,
-                           job.duration_s, job.duration_s, job.checkpoint_interval_s, t)
+        record = JobRecord(
+            job.workload_id,
+            job.team,
+            job.gpus,
+            job.priority_class,
+            job.submit_s,
+            job.duration_s,
+            job.duration_s,
+            job.checkpoint_interval_s,
+            t,
+        )
         self._records[job.workload_id] = record
         if self._in_window(job.submit_s):
             self.trace.jobs.append(record)
             self._unfinished_window_jobs += 1
-        self._core.submit(GangRequest(
-            job.workload_id, job.team, job.workload_class, job.priority_class, job.bundles,
-            job.strategy, job.same_node_group, None, job.checkpoint_interval_s,
-        ), t)
+        self._core.submit(
+            GangRequest(
+                job.workload_id,
+                job.team,
+                job.workload_class,
+                job.priority_class,
+                job.bundles,
+                job.strategy,
+                job.same_node_group,
+                None,
+                job.checkpoint_interval_s,
+            ),
+            t,
+        )
         self._pending_change(record, +1)
 
     def _finish(self, lease_id: str, t: float) -> bool:
@@ -217,13 +240,18 @@ class Simulation:
         for _ in range(target - have):
             self._replica_seq += 1
             wid = f"inference-{self._replica_seq}"
-            record = JobRecord(wid, INFERENCE_TEAM, 1, INFERENCE_PRIORITY, t, math.inf, math.inf,
-                               None, t, inference=True)
+            record = JobRecord(
+                wid, INFERENCE_TEAM, 1, INFERENCE_PRIORITY, t, math.inf, math.inf, None, t, inference=True
+            )
             self._records[wid] = record
             self.trace.inference.append(record)
             self._replicas_pending.append(wid)
-            self._core.submit(GangRequest(wid, INFERENCE_TEAM, WorkloadClass.INFERENCE,
-                                          INFERENCE_PRIORITY, (1,), PlacementStrategy.PACK), t)
+            self._core.submit(
+                GangRequest(
+                    wid, INFERENCE_TEAM, WorkloadClass.INFERENCE, INFERENCE_PRIORITY, (1,), PlacementStrategy.PACK
+                ),
+                t,
+            )
             self._pending_change(record, +1)
         for _ in range(have - target):
             if self._replicas_pending:

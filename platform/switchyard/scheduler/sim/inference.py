@@ -1,13 +1,13 @@
 """Inference demand in GPUs, minute by minute.
 
-  rps(t)      = peak_rps * diurnal(t) * burst(t)
-  diurnal(t)  = 0.65 + 0.35 * sin(2*pi*(hour_of_day - 8) / 24)   (peak 14:00, trough 02:00)
-  burst(t)    = per-minute arrivals of the Azure LLM conversation trace divided by their mean;
-                each simulated hour replays that hour from a seeded random starting minute
-  tokens/s    = rps * mean (context + generated) tokens per request in the Azure trace
-  replicas    = ceil(tokens/s / replica_tokens_per_s); one replica = one GPU
-  target(t)   = the largest replica count needed over the last `scale_down_delay_min` minutes
-                (scale up at once, scale down only after demand stayed low)
+rps(t)      = peak_rps * diurnal(t) * burst(t)
+diurnal(t)  = 0.65 + 0.35 * sin(2*pi*(hour_of_day - 8) / 24)   (peak 14:00, trough 02:00)
+burst(t)    = per-minute arrivals of the Azure LLM conversation trace divided by their mean;
+              each simulated hour replays that hour from a seeded random starting minute
+tokens/s    = rps * mean (context + generated) tokens per request in the Azure trace
+replicas    = ceil(tokens/s / replica_tokens_per_s); one replica = one GPU
+target(t)   = the largest replica count needed over the last `scale_down_delay_min` minutes
+              (scale up at once, scale down only after demand stayed low)
 """
 
 from __future__ import annotations

@@ -84,15 +84,16 @@ def build_report(inputs: ReportInputs) -> dict[str, object]:
             fairness_inputs.append(min(1.0, trace.served_gpu_s.get(team, 0.0) / entitled))
     violations = []
     for replica in trace.inference:
-        started = replica.first_start_s if replica.first_start_s is not None else (
-            replica.finish_s if replica.finish_s is not None else trace.end_s)
+        started = (
+            replica.first_start_s
+            if replica.first_start_s is not None
+            else (replica.finish_s if replica.finish_s is not None else trace.end_s)
+        )
         late_from = replica.submit_s + inputs.slo_bound_s
         lo, hi = max(late_from, window.start_s), min(started, window.end_s)
         if hi > lo:
             violations.append((lo, hi))
-    lost = sum(r.lost_gpu_s for r in trace.jobs) + sum(
-        r.lost_gpu_s for r in trace.inference
-    )
+    lost = sum(r.lost_gpu_s for r in trace.jobs) + sum(r.lost_gpu_s for r in trace.inference)
     waits_p99 = [t["wait_p99_s"] for t in teams.values() if isinstance(t["wait_p99_s"], float)]
     return {
         "capacity_gpus": trace.capacity,

@@ -18,7 +18,7 @@ from switchyard.scheduler.core.policy import (
     SchedulerPolicy,
     Team,
 )
-from switchyard.scheduler.sim.baselines import PolicyName, knobs_for
+from switchyard.scheduler.sim.baselines import PolicyName, classes_for, knobs_for
 from switchyard.scheduler.sim.engine import Cluster, SimTrace, Simulation, SimWindow
 from switchyard.scheduler.sim.inference import InferenceDemand, load_azure_profile
 from switchyard.scheduler.sim.metrics import ReportInputs, build_report, percentile
@@ -94,7 +94,7 @@ def _policy(spec: SimSpec, jobs: list[TraceJob], inference_gpus: int) -> tuple[S
         research = max(0, spec.gpus - inference_gpus)
         teams = philly_teams(read_vc_nodes(teams_file), {j.team for j in jobs}, research, inference_gpus)
     knobs = knobs_for(spec.policy, switchyard_knobs)
-    return SchedulerPolicy(classes, teams, knobs), inference_gpus
+    return SchedulerPolicy(classes_for(spec.policy, classes), teams, knobs), inference_gpus
 
 
 def run(spec: SimSpec) -> SimResult:
@@ -114,8 +114,7 @@ def run(spec: SimSpec) -> SimResult:
         inference_gpus = demand.peak(int(start_s // 60), int(window.end_s // 60) + 1)
     policy, inference_gpus = _policy(spec, jobs, inference_gpus)
     began = time.perf_counter()
-    trace = Simulation(policy, Cluster(spec.gpus), jobs, window, demand,
-                       inversion_bound_s=spec.slo_bound_s).run()
+    trace = Simulation(policy, Cluster(spec.gpus), jobs, window, demand, inversion_bound_s=spec.slo_bound_s).run()
     wall = time.perf_counter() - began
     offered = sum(j.gpus * j.duration_s for j in jobs if window.start_s <= j.submit_s < window.end_s)
     if demand is not None:
@@ -139,14 +138,16 @@ def private_cluster_gpus(quota: int, jobs: list[TraceJob], gpus_per_node: int = 
 
 
 def _add_anomaly(
-    report: dict[str, object], jobs: list[TraceJob], window: SimWindow, quotas: dict[str, int],
+    report: dict[str, object],
+    jobs: list[TraceJob],
+    window: SimWindow,
+    quotas: dict[str, int],
     spec: SimSpec,
 ) -> None:
     """Each team's p99 wait on a private cluster the size of its quota (FIFO with backfill)."""
     teams = report["teams"]
     assert isinstance(teams, dict)
-    knobs = PolicyKnobs(Ordering.FIFO, PreemptionMode.NONE, enforce_quota=False, backfill=True,
-                        max_reservations=0)
+    knobs = PolicyKnobs(Ordering.FIFO, PreemptionMode.NONE, enforce_quota=False, backfill=True, max_reservations=0)
     for team, row in teams.items():
         mine = [j for j in jobs if j.team == team]
         gpus = private_cluster_gpus(quotas.get(team, 0), mine)

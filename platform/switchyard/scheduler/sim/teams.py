@@ -10,9 +10,7 @@ from switchyard.scheduler.core.model import WorkloadClass
 from switchyard.scheduler.core.policy import Quota, Team
 
 INFERENCE_TEAM = "inference"
-RESEARCH_CLASSES = frozenset(
-    {WorkloadClass.TRAINING, WorkloadClass.BATCH_FINE_TUNE, WorkloadClass.EXPLORATORY}
-)
+RESEARCH_CLASSES = frozenset({WorkloadClass.TRAINING, WorkloadClass.BATCH_FINE_TUNE, WorkloadClass.EXPLORATORY})
 
 
 class TeamsFileError(ValueError):
@@ -57,12 +55,13 @@ def philly_teams(
     sizes = {t: vc_nodes.get(t, smallest) for t in sorted(trace_teams | set(vc_nodes))}
     guarantees = split_by_share(research_gpus, sizes)
     teams = [
-        Team(name, (Quota(RESEARCH_CLASSES, gpus),), weight=float(max(1, gpus)))
-        for name, gpus in guarantees.items()
+        Team(name, (Quota(RESEARCH_CLASSES, gpus),), weight=float(max(1, gpus))) for name, gpus in guarantees.items()
     ]
-    teams.append(Team(
-        INFERENCE_TEAM,
-        (Quota(frozenset({WorkloadClass.INFERENCE}), inference_gpus, borrowing_limit_gpus=0),),
-        weight=float(max(1, inference_gpus)),
-    ))
+    teams.append(
+        Team(
+            INFERENCE_TEAM,
+            (Quota(frozenset({WorkloadClass.INFERENCE}), inference_gpus, borrowing_limit_gpus=0),),
+            weight=float(max(1, inference_gpus)),
+        )
+    )
     return tuple(teams)

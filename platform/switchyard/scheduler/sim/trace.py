@@ -97,18 +97,20 @@ def load_philly(path: str | Path, seed: int, gpus_per_node: int = 8) -> list[Tra
                 raise TraceError(f"{path}:{line}: num_gpus={gpus} duration={duration} invalid")
             workload_class, interval = classify(gpus, duration, rng.random())
             bundles = bundles_for(gpus, gpus_per_node)
-            jobs.append(TraceJob(
-                workload_id=f"philly-{line - 1}",
-                team=row["cluster"],
-                submit_s=submit,
-                duration_s=max(duration, 1.0),
-                gpus=gpus,
-                workload_class=workload_class,
-                priority_class=_PRIORITY[workload_class],
-                checkpoint_interval_s=interval,
-                bundles=bundles,
-                strategy=PlacementStrategy.PACK,
-                same_node_group=len(bundles) > 1,
-            ))
+            jobs.append(
+                TraceJob(
+                    workload_id=f"philly-{line - 1}",
+                    team=row["cluster"],
+                    submit_s=submit,
+                    duration_s=max(duration, 1.0),
+                    gpus=gpus,
+                    workload_class=workload_class,
+                    priority_class=_PRIORITY[workload_class],
+                    checkpoint_interval_s=interval,
+                    bundles=bundles,
+                    strategy=PlacementStrategy.PACK,
+                    same_node_group=len(bundles) > 1,
+                )
+            )
     jobs.sort(key=lambda j: (j.submit_s, j.workload_id))
     return jobs

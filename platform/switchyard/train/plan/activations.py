@@ -39,9 +39,7 @@ class LayerActivations:
         return self.dense + self.scores
 
 
-def layer_activations(
-    shape: ModelShape, seq_len: int, micro_batch: int, e: int, flash: bool
-) -> LayerActivations:
+def layer_activations(shape: ModelShape, seq_len: int, micro_batch: int, e: int, flash: bool) -> LayerActivations:
     s, b, h, f, a = seq_len, micro_batch, shape.hidden, shape.ffn, shape.heads
     sb, drop = s * b, shape.dropout
     attn = e * (2 * h + h + 2 * shape.kv_width) + (h if drop else 0)
@@ -50,8 +48,7 @@ def layer_activations(
     dense = sb * (attn + mlp + norms)
     mlp_f = f"{e}·sbh+{4 if shape.gated_ffn else 2}·{e}·sbf"
     dense_formula = (
-        f"attention {e}·sb(3h+2kv){'+sbh' if drop else ''} + MLP {mlp_f}{'+sbh' if drop else ''}"
-        f" + norms 2·{e}·sbh"
+        f"attention {e}·sb(3h+2kv){'+sbh' if drop else ''} + MLP {mlp_f}{'+sbh' if drop else ''} + norms 2·{e}·sbh"
     )
     if flash:
         scores: float = 4 * a * sb
@@ -73,8 +70,12 @@ def checkpointed_blocks(layers: int, mode: CheckpointMode, every_k: int) -> int:
 
 
 def blocks_activations(
-    shape: ModelShape, layer: LayerActivations, e: int, sb: int,
-    mode: CheckpointMode, every_k: int,
+    shape: ModelShape,
+    layer: LayerActivations,
+    e: int,
+    sb: int,
+    mode: CheckpointMode,
+    every_k: int,
 ) -> Term:
     L = shape.layers
     if mode is CheckpointMode.NONE:
@@ -113,8 +114,13 @@ class Activations:
 
 
 def activations(
-    shape: ModelShape, seq_len: int, micro_batch: int, e: int, flash: bool,
-    mode: CheckpointMode, every_k: int,
+    shape: ModelShape,
+    seq_len: int,
+    micro_batch: int,
+    e: int,
+    flash: bool,
+    mode: CheckpointMode,
+    every_k: int,
 ) -> Activations:
     sb = seq_len * micro_batch
     layer = layer_activations(shape, seq_len, micro_batch, e, flash)

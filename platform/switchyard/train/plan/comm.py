@@ -92,15 +92,22 @@ def transfers(params: int, cluster: ClusterSpec, job: TrainingJob, group: int) -
     gathers = 1 if strategy is Strategy.FSDP_GRAD_OP else 2
     shard_bw = cluster.ring_gbps(group)
     out = [
-        Transfer("parameters (fwd+bwd)" if gathers == 2 else "parameters (fwd)",
-                 Collective.ALL_GATHER, params * float(e), group, gathers * m, shard_bw),
+        Transfer(
+            "parameters (fwd+bwd)" if gathers == 2 else "parameters (fwd)",
+            Collective.ALL_GATHER,
+            params * float(e),
+            group,
+            gathers * m,
+            shard_bw,
+        ),
         Transfer("gradients", Collective.REDUCE_SCATTER, grads, group, m, shard_bw),
     ]
     if strategy is Strategy.FSDP_HYBRID and n > group:
         replicas = n // group
         cross_bw = cluster.inter_node_gbps if n > cluster.gpus_per_node else bw
-        out.append(Transfer("gradient shards across groups", Collective.ALL_REDUCE,
-                            fp32_grads / group, replicas, m, cross_bw))
+        out.append(
+            Transfer("gradient shards across groups", Collective.ALL_REDUCE, fp32_grads / group, replicas, m, cross_bw)
+        )
     return out
 
 
@@ -112,14 +119,18 @@ def offload_traffic(params: int, cluster: ClusterSpec, job: TrainingJob, group: 
     shard = params / group
     if job.strategy in (Strategy.ZERO1, Strategy.ZERO2):
         value = 2 * e * shard
-        return Term(value, f"gradient partition down + parameter partition up 2·{e}·Ψ/N "
-                           f"= 2·{e}·{count(params)}/{group}")
+        return Term(
+            value, f"gradient partition down + parameter partition up 2·{e}·Ψ/N = 2·{e}·{count(params)}/{group}"
+        )
     gathers = 1 if job.strategy is Strategy.FSDP_GRAD_OP else 2
     p_b = e if job.strategy.is_deepspeed else 4
     g_b = e if job.strategy.is_deepspeed else 4
     value = m * (gathers * p_b + g_b) * shard
-    return Term(value, f"m·({gathers}·{p_b} parameter shard up + {g_b} gradient shard down)·Ψ/N"
-                       f" = {m}·{gathers * p_b + g_b}·{count(params)}/{group}")
+    return Term(
+        value,
+        f"m·({gathers}·{p_b} parameter shard up + {g_b} gradient shard down)·Ψ/N"
+        f" = {m}·{gathers * p_b + g_b}·{count(params)}/{group}",
+    )
 
 
 @dataclass(frozen=True)

@@ -27,8 +27,8 @@ class SpecInput:
 def spec_input(spec: JobSpec) -> SpecInput:
     par, data = spec.parallel, spec.data
     # The spec's `auto` is bf16 on GPU and fp32 on CPU (the trainer's rule).
-    precision = Precision(par.precision) if par.precision != "auto" else (
-        Precision.BF16 if spec.use_gpu else Precision.FP32
+    precision = (
+        Precision(par.precision) if par.precision != "auto" else (Precision.BF16 if spec.use_gpu else Precision.FP32)
     )
     shard_group = None
     if par.strategy is Strategy.FSDP_HYBRID:

@@ -45,8 +45,14 @@ class ClusterSpec:
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise PlanError(f"cluster.{name} must be a positive integer, got {value!r}")
-        for name in ("gpu_memory_gib", "intra_node_gbps", "inter_node_gbps", "pcie_gbps",
-                     "peak_tflops", "fp32_peak_tflops"):
+        for name in (
+            "gpu_memory_gib",
+            "intra_node_gbps",
+            "inter_node_gbps",
+            "pcie_gbps",
+            "peak_tflops",
+            "fp32_peak_tflops",
+        ):
             if getattr(self, name) <= 0:
                 raise PlanError(f"cluster.{name} must be > 0, got {getattr(self, name)!r}")
         if not 0 < self.mfu <= 1:

@@ -134,8 +134,9 @@ def plan(model: ModelShape | int, cluster: ClusterSpec, job: TrainingJob) -> Pla
     acts = compute = None
     units = None
     if shape is not None:
-        acts = activations(shape, job.seq_len, job.micro_batch, e, job.flash_attention,
-                           job.checkpointing, job.checkpoint_every_k)
+        acts = activations(
+            shape, job.seq_len, job.micro_batch, e, job.flash_attention, job.checkpointing, job.checkpoint_every_k
+        )
         compute = compute_seconds(step_flops(shape, job), cluster, job.precision)
         units = shape.deepspeed_units() if job.strategy.is_deepspeed else shape.fsdp_units(job.wrap)
     trans = transient(job.strategy, job.precision, job.offload, params, units, group, job.prefetch)
@@ -145,8 +146,9 @@ def plan(model: ModelShape | int, cluster: ClusterSpec, job: TrainingJob) -> Pla
         f"runtime {cluster.runtime_overhead_gib:g} GiB + fragmentation "
         f"{cluster.fragmentation:g}·(activations + transient = {gib(dynamic)})",
     )
-    return Plan(job, cluster, params, group, states, acts, trans, overhead,
-                communication(params, cluster, job, group), compute)
+    return Plan(
+        job, cluster, params, group, states, acts, trans, overhead, communication(params, cluster, job, group), compute
+    )
 
 
 @dataclass(frozen=True)
@@ -162,16 +164,11 @@ class Comparison:
             "headroom": self.headroom,
             "recommended": None if best is None else best.job.strategy.value,
             "reason": self.reason,
-            "plans": [
-                {**p.to_json(), "fits_with_headroom": p.fits_with_headroom(self.headroom)}
-                for p in self.plans
-            ],
+            "plans": [{**p.to_json(), "fits_with_headroom": p.fits_with_headroom(self.headroom)} for p in self.plans],
         }
 
 
-def compare(
-    model: ModelShape | int, cluster: ClusterSpec, job: TrainingJob, headroom: float = 0.10
-) -> Comparison:
+def compare(model: ModelShape | int, cluster: ClusterSpec, job: TrainingJob, headroom: float = 0.10) -> Comparison:
     """Plan every strategy for the same job and recommend the cheapest that fits.
 
     Cheapest: the shortest predicted step, then the least communication, then the least
@@ -185,13 +182,17 @@ def compare(
     if not fitting:
         smallest = min(plans, key=lambda p: p.total.value)
         tight = [p.job.strategy.value for p in plans if p.fits]
-        return Comparison(plans, headroom, None, (
-            f"no strategy fits {cluster.gpu_memory_gib:g} GiB with {headroom:.0%} headroom; the "
-            f"smallest is {smallest.job.strategy} at {gib(smallest.total.value)}"
-            + (f" ({', '.join(tight)} fit without headroom, at the allocator's mercy)"
-               if tight else "")
-            + ". Add GPUs, offload, activation checkpointing or a smaller micro-batch."
-        ))
+        return Comparison(
+            plans,
+            headroom,
+            None,
+            (
+                f"no strategy fits {cluster.gpu_memory_gib:g} GiB with {headroom:.0%} headroom; the "
+                f"smallest is {smallest.job.strategy} at {gib(smallest.total.value)}"
+                + (f" ({', '.join(tight)} fit without headroom, at the allocator's mercy)" if tight else "")
+                + ". Add GPUs, offload, activation checkpointing or a smaller micro-batch."
+            ),
+        )
     best = min(fitting, key=_cost)
     return Comparison(plans, headroom, best, _why(best, plans, headroom))
 
@@ -223,15 +224,10 @@ def _why(best: Plan, plans: list[Plan], headroom: float) -> str:
     too_big = [p.job.strategy.value for p in plans if not p.fits_with_headroom(headroom)]
     if too_big:
         parts.append(f"too large: {', '.join(too_big)}")
-    slower = sorted(
-        (p for p in plans if p is not best and p.fits_with_headroom(headroom)), key=_cost
-    )
+    slower = sorted((p for p in plans if p is not best and p.fits_with_headroom(headroom)), key=_cost)
     if slower:
         runner = slower[0]
         base = best.comm.bytes_per_gpu
         ratio = runner.comm.bytes_per_gpu / base if base else 0.0
-        parts.append(
-            f"next best {runner.job.strategy} ({gib(runner.total.value)}, communicates "
-            f"{ratio:.2f}x as much)"
-        )
+        parts.append(f"next best {runner.job.strategy} ({gib(runner.total.value)}, communicates {ratio:.2f}x as much)")
     return "; ".join(parts)

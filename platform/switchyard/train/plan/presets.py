@@ -32,9 +32,19 @@ EXTERNAL_PRESETS: dict[str, ModelShape] = {
     "llama3-70b": _llama(80, 8192, 64, 8, 28672, 128256),
     "llama3-405b": _llama(126, 16384, 128, 8, 53248, 128256),
     "gpt3-175b": ModelShape(
-        layers=96, hidden=12288, heads=96, kv_heads=96, ffn=4 * 12288, vocab=50257,
-        gated_ffn=False, bias=True, norm=Norm.LAYERNORM, tied_embeddings=True,
-        positions=2048, dropout=True, fused_qkv=True,
+        layers=96,
+        hidden=12288,
+        heads=96,
+        kv_heads=96,
+        ffn=4 * 12288,
+        vocab=50257,
+        gated_ffn=False,
+        bias=True,
+        norm=Norm.LAYERNORM,
+        tied_embeddings=True,
+        positions=2048,
+        dropout=True,
+        fused_qkv=True,
     ),
 }
 

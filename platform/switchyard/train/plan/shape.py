@@ -58,13 +58,9 @@ class ModelShape:
         if self.positions < 0:
             raise PlanError(f"model.positions must be >= 0, got {self.positions!r}")
         if self.hidden % self.heads:
-            raise PlanError(
-                f"model.hidden ({self.hidden}) must be divisible by model.heads ({self.heads})"
-            )
+            raise PlanError(f"model.hidden ({self.hidden}) must be divisible by model.heads ({self.heads})")
         if self.heads % self.kv_heads:
-            raise PlanError(
-                f"model.heads ({self.heads}) must be divisible by model.kv_heads ({self.kv_heads})"
-            )
+            raise PlanError(f"model.heads ({self.heads}) must be divisible by model.kv_heads ({self.kv_heads})")
 
     @property
     def head_dim(self) -> int:

@@ -29,17 +29,13 @@ class ShardDegrees:
     optimizer: int
 
 
-def shard_group_size(
-    strategy: Strategy, gpus: int, gpus_per_node: int, shard_group: int | None
-) -> int:
+def shard_group_size(strategy: Strategy, gpus: int, gpus_per_node: int, shard_group: int | None) -> int:
     """Ranks a sharded state is spread over: all of them, or one shard group for fsdp-hybrid."""
     if strategy is not Strategy.FSDP_HYBRID:
         return gpus
     group = shard_group or min(gpus, gpus_per_node)
     if gpus % group:
-        raise PlanError(
-            f"job.shard_group: {gpus} GPUs are not a multiple of shard groups of {group}"
-        )
+        raise PlanError(f"job.shard_group: {gpus} GPUs are not a multiple of shard groups of {group}")
     return group
 
 
@@ -60,9 +56,7 @@ class BytesPerParam:
     optimizer: int
 
     @classmethod
-    def of(
-        cls, strategy: Strategy, precision: Precision, optimizer: OptimizerKind
-    ) -> BytesPerParam:
+    def of(cls, strategy: Strategy, precision: Precision, optimizer: OptimizerKind) -> BytesPerParam:
         mixed = precision is not Precision.FP32
         if strategy.is_deepspeed and mixed:
             # ZeRO paper: 16-bit params and grads; fp32 master copy (4) inside the optimizer.

@@ -44,8 +44,7 @@ def transient(
         ahead = prefetch * units.prefetched
         held = Term(
             (unit + ahead) * e,
-            f"(U + {prefetch}·U_p)·{e} = "
-            f"({count(unit)} + {prefetch}·{count(units.prefetched)})·{e}",
+            f"(U + {prefetch}·U_p)·{e} = ({count(unit)} + {prefetch}·{count(units.prefetched)})·{e}",
         )
     return Term(
         held.value + grads.value,

@@ -1,0 +1,107 @@
+"""OpenAI-compatible embeddings over HTTP (`POST {base_url}/embeddings`: OpenAI, Azure OpenAI
+v1, vLLM), and OpenAI's embeddings response shape, which in-cluster deployments answer in too
+(`switchyard.cluster.serve_handle`, `serve_apps/local_model.py`).
+
+One pooled `httpx.AsyncClient` per provider; the per-attempt timeout is the caller's. Floats
+are asked for (`encoding_format: "float"`) whatever the client wants: the gateway checks every
+vector's shape before answering and encodes base64 itself, so one parser serves every client.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+
+from switchyard.gateway.providers.base import (
+    EmbeddingCall,
+    Embeddings,
+    ProviderError,
+    classify_status,
+    retry_after_seconds,
+)
+from switchyard.gateway.providers.http_errors import transport_error, upstream_detail
+from switchyard.policy.models import ErrorClass
+
+
+class OpenAIEmbeddingsProvider:
+    def __init__(self, name: str, base_url: str, api_key: str | None, *, max_connections: int = 100) -> None:
+        self.name = name
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._client = httpx.AsyncClient(
+            base_url=base_url.rstrip("/") + "/",
+            headers=headers,
+            limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections),
+        )
+
+    async def embed(self, call: EmbeddingCall) -> Embeddings:
+        try:
+            resp = await self._client.post("embeddings", json=request_body(call), timeout=call.timeout_s)
+        except httpx.ReadTimeout:
+            # The whole request was sent: the provider may finish it, and bill it, unread.
+            raise ProviderError(ErrorClass.TIMEOUT, f"{self.name} timed out (ReadTimeout)", billed=True) from None
+        except httpx.HTTPError as exc:
+            raise transport_error(self.name, exc) from None
+        if resp.status_code != 200:
+            detail = upstream_detail(resp.text)
+            raise ProviderError(
+                classify_status(resp.status_code, detail),
+                f"{self.name} answered HTTP {resp.status_code}" + (f" ({detail})" if detail else ""),
+                status=resp.status_code,
+                retry_after_s=retry_after_seconds(resp.headers.get("retry-after")),
+            )
+        try:
+            data = resp.json()
+        except ValueError:
+            raise _malformed(self.name, "a body that is not JSON") from None
+        return parse_embeddings(self.name, data, call)
+
+    async def aclose(self) -> None:
+        await self._client.aclose()
+
+
+def request_body(call: EmbeddingCall) -> dict[str, Any]:
+    """OpenAI's embeddings request for `call` (`user` is never sent: end users stay ours)."""
+    body: dict[str, Any] = {"model": call.model_version, "input": list(call.inputs), "encoding_format": "float"}
+    if call.dimensions is not None:
+        body["dimensions"] = call.dimensions
+    return body
+
+
+def parse_embeddings(name: str, data: Any, call: EmbeddingCall) -> Embeddings:
+    """The vectors of an OpenAI embeddings response, in input order.
+
+    `{"error": {...}}` (a deployment refusing an input) raises its class, unbilled. Anything
+    else that is not one vector of numbers per input index is a malformed answer:
+    `server_error`, billed (a 200 the provider may have charged for). The vectors' sizes are
+    the pipeline's to check, for every provider alike."""
+    if isinstance(data, dict) and isinstance(data.get("error"), dict):
+        err = data["error"]
+        detail = "/".join(str(err[k]) for k in ("type", "code") if isinstance(err.get(k), str))[:120]
+        # The error's message is not repeated: a provider's message may quote the input back.
+        raise ProviderError(
+            classify_status(400, detail), f"{name} refused the input" + (f" ({detail})" if detail else "")
+        )
+    try:
+        rows = sorted(data["data"], key=lambda row: int(row["index"]))
+        indices = [int(row["index"]) for row in rows]
+        vectors = tuple(tuple(_component(x) for x in row["embedding"]) for row in rows)
+    except (KeyError, TypeError, ValueError, AttributeError):
+        raise _malformed(name, "a response that is not OpenAI's embeddings shape") from None
+    if indices != list(range(len(call.inputs))):
+        raise _malformed(name, f"{len(indices)} vectors for {len(call.inputs)} inputs")
+    usage = data.get("usage")
+    count = usage.get("prompt_tokens") if isinstance(usage, dict) else None
+    tokens = count if isinstance(count, int) and not isinstance(count, bool) and count >= 0 else None
+    model_version = str(data.get("model") or call.model_version)
+    return Embeddings(vectors, tokens or 0, model_version, usage_reported=tokens is not None)
+
+
+def _component(x: Any) -> float:
+    if isinstance(x, bool) or not isinstance(x, int | float):
+        raise TypeError("a vector component is not a number")
+    return float(x)
+
+
+def _malformed(name: str, what: str) -> ProviderError:
+    return ProviderError(ErrorClass.SERVER_ERROR, f"{name} returned {what}", billed=True)
