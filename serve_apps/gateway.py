@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -33,6 +34,7 @@ from switchyard.cluster.ledger import gateway_budget_gate, gateway_spend_source
 from switchyard.cluster.serve_handle import in_cluster_factory
 from switchyard.gateway.auth import KeySnapshot
 from switchyard.gateway.circuit import CircuitBoard
+from switchyard.gateway.embeddings import EmbeddingsPipeline
 from switchyard.gateway.eval_signing import EvalSigner
 from switchyard.gateway.evalbook import EvalBook
 from switchyard.gateway.http import create_app
@@ -40,6 +42,7 @@ from switchyard.gateway.metrics import FanOutMetrics, InMemoryMetrics
 from switchyard.gateway.pipeline import ChatPipeline, GatewayParts
 from switchyard.gateway.pool import ProviderPool
 from switchyard.gateway.runtime import Refresher, Sources
+from switchyard.gateway.tracing import GatewayTracing
 from switchyard.policy.keys import Principal
 
 log = logging.getLogger(__name__)
@@ -97,8 +100,11 @@ class Gateway:
             circuits=CircuitBoard(on_change=lambda p, s: metrics.circuit_changed(p, s.value)),
             pseudonym=pseudonym,
             evals=EvalBook(EvalSigner.in_state_dir(Path(state_dir))),
+            # OTLP export when OTEL_EXPORTER_OTLP_(TRACES_)ENDPOINT is set (runtime_env env_vars).
+            tracing=GatewayTracing.from_env(os.environ),
         )
         self.pipeline = ChatPipeline(self.parts)
+        self.embeddings = EmbeddingsPipeline(self.parts)  # in-cluster models through the chat pool's handles
         self.refresher = Refresher(self.sources, keys, observe=metrics.config_refresh)
         self.routers = [
             gateway_audit_router(self.sources.policies, state_dir, lambda key: keys.verifier.verify(key)),
@@ -112,6 +118,7 @@ class Gateway:
             routers=self.routers,
             lifespan=self._lifespan,
             policy_state=self.refresher.state,
+            embeddings=lambda: self.embeddings,
         )
 
     @asynccontextmanager
@@ -123,6 +130,8 @@ class Gateway:
         self._refresh_task.cancel()
         await self.pipeline.drain()  # streams whose clients left are still settling and auditing
         await self.pipeline.aclose()
+        await self.embeddings.aclose()  # drains its settle-and-audit work first
+        self.parts.tracing.shutdown()  # export what is buffered
         # Send queued charges and return budget slices now rather than letting them expire;
         # commit what the audit spool has acknowledged.
         await self.budget.aclose()

@@ -42,6 +42,10 @@ from pydantic import TypeAdapter, ValidationError
 
 OPENAI_KEY = "sk-test-openai-0123456789"
 ANTHROPIC_KEY = "sk-ant-test-0123456789"
+PNG_DATA_URL = (  # a 1x1 PNG, for image messages
+    "data:image/png;base64,"
+    "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8BQDwAEhQGAhKmMIQAAAABJRU5ErkJggg=="
+)
 
 _CONVERSE = botocore.session.get_session().get_service_model("bedrock-runtime").operation_model("Converse")
 _ADAPTERS: dict[str, TypeAdapter[Any]] = {

@@ -92,6 +92,7 @@ QA_TEAM = {
             "deadline_ms": 5000,
         },
         "local-only": {"prompt": "assistant@1", "model": "local-gpt", "deadline_ms": 5000},
+        "vectors": {"prompt": "assistant@1", "model": "local-embed", "deadline_ms": 20000},
         "private": {"prompt": "assistant@1", "model": "gpt-4o-mini", "data_class": "personal"},
     },
 }

@@ -32,9 +32,11 @@ async def test_valid_json_passes(gw: Harness, upstreams: FakeUpstreams) -> None:
     assert json.loads(raw.parse().choices[0].message.content) == json.loads(GOOD)  # type: ignore[attr-defined]
     # The flow's schema is asked for natively where the model declares `json_schema`.
     fmt = upstreams.openai.received[-1]["response_format"]
-    assert fmt["type"] == "json_schema" and fmt["json_schema"]["schema"] == gw.pipeline.planner.flows.get(
-        gw.store.current, "support", "triage"
-    ).output_schema
+    assert (
+        fmt["type"] == "json_schema"
+        and fmt["json_schema"]["schema"]
+        == gw.pipeline.planner.flows.get(gw.store.current, "support", "triage").output_schema
+    )
     assert gw.audit.exchanges[-1].contract_result == "valid"
 
 

@@ -23,8 +23,7 @@ import openai
 import pytest
 import uvicorn
 import yaml
-from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, Response
+from fastapi import FastAPI
 from gw_fake_embeddings import FakeEmbeddingUpstreams, Fault, fake_tokens, fake_vector
 from gw_harness import make_policies
 
@@ -37,18 +36,17 @@ from switchyard.audit.subject_keys import SubjectKeyring, unseal
 from switchyard.gateway.attempts import RetryPolicy
 from switchyard.gateway.auth import KeySnapshot
 from switchyard.gateway.embeddings import EmbeddingsPipeline, input_tokens_bound
-from switchyard.gateway.errors import GatewayError
+from switchyard.gateway.http import create_app
 from switchyard.gateway.idempotency import InMemoryIdempotencyStore
 from switchyard.gateway.interim import InMemoryBudgetGate
 from switchyard.gateway.local_model import EmbeddingInputError, LocalChatModel
 from switchyard.gateway.metrics import InMemoryMetrics
-from switchyard.gateway.pipeline import GatewayParts
+from switchyard.gateway.pipeline import ChatPipeline, GatewayParts
 from switchyard.gateway.pool import ProviderPool
 from switchyard.gateway.providers.base import EmbeddingCall, Embeddings, ProviderError
 from switchyard.gateway.providers.bedrock_embeddings import BedrockEmbeddingsProvider
 from switchyard.gateway.providers.embedding_registry import EmbedderPool, UnreachableEmbedder, build_embedder
 from switchyard.gateway.providers.openai_embeddings import OpenAIEmbeddingsProvider, parse_embeddings, request_body
-from switchyard.gateway.request_body import read_capped_body
 from switchyard.gateway.seams import Exchange
 from switchyard.policy.keys import KeyStore
 from switchyard.policy.models import BodyStorage, Credential, ErrorClass, Provider, ProviderKind, Role
@@ -118,22 +116,9 @@ class InProcessLocalEmbedder:
         return parse_embeddings(self.name, await asyncio.to_thread(self.model.embeddings, payload), call)
 
 
-def embeddings_app(pipeline: EmbeddingsPipeline) -> FastAPI:
-    """`POST /v1/embeddings` as `switchyard.gateway.http` would mount it."""
-    app = FastAPI()
-
-    @app.post("/v1/embeddings")
-    async def embeddings(request: Request) -> Response:
-        try:
-            who = pipeline.parts.keys.authenticate(request.headers)
-            raw = await read_capped_body(request, pipeline.parts.policies().org.gateway.limits.max_body_bytes)
-        except GatewayError as exc:
-            pipeline.parts.metrics.request("unknown", "unknown", exc.status, None)
-            return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers)
-        result = await pipeline.handle(raw, request.headers, who)
-        return JSONResponse(result.body, status_code=result.status, headers=result.headers)
-
-    return app
+def embeddings_app(pipeline: EmbeddingsPipeline, chat: ChatPipeline) -> FastAPI:
+    """The gateway's own app, with `POST /v1/embeddings` mounted as Serve mounts it."""
+    return create_app(lambda: chat, embeddings=lambda: pipeline)
 
 
 class _InLoopServer(uvicorn.Server):
@@ -214,7 +199,8 @@ async def egw(tmp_path_factory: pytest.TempPathFactory, gw_env: None) -> AsyncIt
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
-    config = uvicorn.Config(embeddings_app(pipeline), log_level="warning", lifespan="off", access_log=False)
+    chat = ChatPipeline(parts)
+    config = uvicorn.Config(embeddings_app(pipeline, chat), log_level="warning", lifespan="off", access_log=False)
     server = _InLoopServer(config)
     serving = asyncio.get_running_loop().create_task(server.serve(sockets=[sock]))
     while not server.started:
@@ -229,6 +215,7 @@ async def egw(tmp_path_factory: pytest.TempPathFactory, gw_env: None) -> AsyncIt
     server.should_exit = True
     await serving
     await pipeline.aclose()
+    await chat.aclose()
     await parts.providers.aclose()
     audit_store.close()
     fakes.stop()

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from gw_fakes import PNG_DATA_URL
 from gw_harness import Harness
 
 from switchyard.audit.builder import images_by_digest
@@ -25,10 +26,6 @@ from switchyard.policy.models import Capabilities, ModelEntry
 
 ASYNC = pytest.mark.asyncio(loop_scope="session")
 
-PNG = (  # a 1x1 PNG
-    "data:image/png;base64,"
-    "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8BQDwAEhQGAhKmMIQAAAABJRU5ErkJggg=="
-)
 WEATHER = {
     "type": "function",
     "function": {
@@ -98,7 +95,7 @@ def test_a_tool_conversation_parses_into_the_gateway_message_shape() -> None:
             "https",
         ),
         (
-            {"messages": [{"role": "system", "content": [{"type": "image_url", "image_url": {"url": PNG}}]}]},
+            {"messages": [{"role": "system", "content": [{"type": "image_url", "image_url": {"url": PNG_DATA_URL}}]}]},
             "messages[0]",
             "user messages",
         ),
@@ -147,7 +144,7 @@ def test_text_is_every_string_a_model_reads_and_map_text_rewrites_all_of_it() ->
         *TOOL_TURNS,
         {
             "role": "user",
-            "content": [{"type": "text", "text": "see"}, {"type": "image_url", "image_url": {"url": PNG}}],
+            "content": [{"type": "text", "text": "see"}, {"type": "image_url", "image_url": {"url": PNG_DATA_URL}}],
         },
     ]
     assert [t for m in msgs for t in texts(m)] == [
@@ -160,7 +157,7 @@ def test_text_is_every_string_a_model_reads_and_map_text_rewrites_all_of_it() ->
     shouted = [map_text(m, str.upper) for m in msgs]
     assert shouted[1]["tool_calls"][0]["function"] == {"name": "get_weather", "arguments": '{"CITY":"PARIS"}'}
     assert shouted[1]["tool_calls"][0]["id"] == "call_1"  # identifiers are not text
-    assert shouted[3]["content"][1]["image_url"]["url"] == PNG
+    assert shouted[3]["content"][1]["image_url"]["url"] == PNG_DATA_URL
     assert msgs[1]["tool_calls"][0]["function"]["arguments"] == '{"city":"Paris"}'  # input untouched
     assert text_chars(msgs) == sum(len(t) for m in msgs for t in texts(m))
 
@@ -199,13 +196,13 @@ async def test_an_https_image_skips_the_provider_that_takes_bytes_only(gw: Harne
     p = plan(gw, "vision", messages=url_image)
     assert [c.model for c in p.route.candidates] == ["claude-haiku"]
     assert [(s.model, s.reason) for s in p.route.skipped] == [("bedrock-claude-sonnet", "lacks_image_urls")]
-    data_image = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": PNG}}]}]
+    data_image = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": PNG_DATA_URL}}]}]
     assert plan(gw, "vision", messages=data_image).route.candidates[0].model == "bedrock-claude-sonnet"
 
 
 @ASYNC
 async def test_images_in_a_redacted_data_class_are_refused(gw: Harness) -> None:
-    data_image = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": PNG}}]}]
+    data_image = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": PNG_DATA_URL}}]}]
     with pytest.raises(BadRequest) as err:
         plan(gw, "private", messages=data_image)
     assert err.value.code == "images_not_allowed" and "'personal'" in err.value.message
@@ -282,12 +279,15 @@ def test_streamed_tool_arguments_are_restored_across_fragments() -> None:
 def test_images_are_recorded_by_digest_not_bytes() -> None:
     msg = {
         "role": "user",
-        "content": [{"type": "text", "text": "what is this?"}, {"type": "image_url", "image_url": {"url": PNG}}],
+        "content": [
+            {"type": "text", "text": "what is this?"},
+            {"type": "image_url", "image_url": {"url": PNG_DATA_URL}},
+        ],
     }
     stored = images_by_digest(msg)
     url = stored["content"][1]["image_url"]["url"]
     assert url.startswith("data:image/png;base64,<sha256:") and "iVBOR" not in url
-    assert stored["content"][0] == msg["content"][0] and msg["content"][1]["image_url"]["url"] == PNG
+    assert stored["content"][0] == msg["content"][0] and msg["content"][1]["image_url"]["url"] == PNG_DATA_URL
 
 
 def test_answers_a_retry_cannot_fix_say_so() -> None:

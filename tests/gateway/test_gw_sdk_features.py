@@ -13,7 +13,7 @@ from typing import Any
 
 import openai
 import pytest
-from gw_fakes import FakeUpstreams, Fault
+from gw_fakes import PNG_DATA_URL, FakeUpstreams, Fault
 from gw_harness import Harness
 from pydantic import BaseModel
 
@@ -30,10 +30,6 @@ WEATHER: Any = {
     },
 }
 ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
-PNG = (  # a 1x1 PNG
-    "data:image/png;base64,"
-    "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8BQDwAEhQGAhKmMIQAAAABJRU5ErkJggg=="
-)
 AGENT = {"X-Switchyard-Flow": "agent"}
 
 
@@ -160,7 +156,10 @@ async def test_images_reach_vision_models_in_their_own_shape(gw: Harness, upstre
     data_msg: Any = [
         {
             "role": "user",
-            "content": [{"type": "text", "text": "What is this?"}, {"type": "image_url", "image_url": {"url": PNG}}],
+            "content": [
+                {"type": "text", "text": "What is this?"},
+                {"type": "image_url", "image_url": {"url": PNG_DATA_URL}},
+            ],
         }
     ]
     raw = await client.chat.completions.with_raw_response.create(model="auto", messages=data_msg, extra_headers=vision)

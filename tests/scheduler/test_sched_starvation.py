@@ -5,6 +5,7 @@ second bound; the property that a reserved gang starts within the documented bou
 from __future__ import annotations
 
 import random
+from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
@@ -89,8 +90,8 @@ def test_reservations_are_retargeted_when_nodes_change() -> None:
     assert [(x.workload_id, x.placement) for x in starts] == [("a-big", ("n9",))]
 
 
-def test_escalation_must_come_after_aging(tmp_path: pytest.TempPathFactory) -> None:
-    path = tmp_path / "s.yaml"  # type: ignore[operator]
+def test_escalation_must_come_after_aging(tmp_path: Path) -> None:
+    path = tmp_path / "s.yaml"
     path.write_text("policy:\n  starvation_after_s: 7200\n  starvation_preempt_after_s: 3600\n")
     with pytest.raises(PolicyFileError, match="starvation_preempt_after_s"):
         load_policy_file(path)

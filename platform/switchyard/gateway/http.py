@@ -16,12 +16,14 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from switchyard.gateway.embeddings import EmbeddingsPipeline
 from switchyard.gateway.errors import GatewayError, Unauthenticated, json_path
-from switchyard.gateway.pipeline import ChatPipeline
+from switchyard.gateway.pipeline import ChatPipeline, GatewayParts
 from switchyard.gateway.planning import DEADLINE_HEADER, FLOW_HEADER, IDEMPOTENCY_HEADER
 from switchyard.gateway.request_body import read_capped_body
 from switchyard.gateway.results import JSONResult, retry_headers
 from switchyard.gateway.wire import ChatRequest
+from switchyard.policy.keys import Principal
 from switchyard.policy.roles import Action, allowed
 
 log = logging.getLogger(__name__)
@@ -39,9 +41,11 @@ def create_app(
     routers: Iterable[APIRouter] = (),
     lifespan: Lifespan | None = None,
     policy_state: Callable[[], dict[str, Any]] | None = None,
+    embeddings: Callable[[], EmbeddingsPipeline] | None = None,
 ) -> FastAPI:
     """`policy_state` (e.g. `PolicyStore.status`) adds the policy set in force, whether it is
-    degraded and the last rejected change to the health detail, which `switchyard status` shows."""
+    degraded and the last rejected change to the health detail, which `switchyard status` shows.
+    `embeddings`: serves `POST /v1/embeddings` under the same keys, flows and budgets."""
     app = FastAPI(
         lifespan=lifespan,
         title="switchyard gateway",
@@ -77,22 +81,26 @@ def create_app(
     )
     async def chat_completions(request: Request) -> Response:
         p = pipeline()
-        try:
-            # Who calls is known from the headers alone: an unauthenticated body is never read,
-            # and an oversized one is refused by its Content-Length or cut off while streaming in.
-            who = p.parts.keys.authenticate(request.headers)
-            raw = await read_capped_body(request, p.parts.policies().org.gateway.limits.max_body_bytes)
-        except GatewayError as exc:
-            p.parts.metrics.request("unknown", "unknown", exc.status, None)
-            return JSONResponse(
-                exc.body(), status_code=exc.status, headers={**retry_headers(exc.status), **exc.headers}
-            )
-        result = await p.handle(raw, request.headers, who)
+        caller = await _caller_and_body(p.parts, request)
+        if isinstance(caller, JSONResponse):
+            return caller
+        result = await p.handle(caller[1], request.headers, caller[0])
         if isinstance(result, JSONResult):
             return JSONResponse(result.body, status_code=result.status, headers=result.headers)
         return StreamingResponse(
             result.body, status_code=result.status, headers=result.headers, media_type="text/event-stream"
         )
+
+    if embeddings is not None:
+
+        @app.post("/v1/embeddings", summary="Create embeddings (OpenAI-compatible; governed like chat)")
+        async def create_embeddings(request: Request) -> Response:
+            e = embeddings()
+            caller = await _caller_and_body(e.parts, request)
+            if isinstance(caller, JSONResponse):
+                return caller
+            result = await e.handle(caller[1], request.headers, caller[0])
+            return JSONResponse(result.body, status_code=result.status, headers=result.headers)
 
     @app.get("/v1/models", summary="Models the calling team's flows may use")
     async def models(request: Request) -> JSONResponse:
@@ -142,6 +150,18 @@ def create_app(
         app.include_router(router)
     _add_request_schemas(app)
     return app
+
+
+async def _caller_and_body(parts: GatewayParts, request: Request) -> tuple[Principal, bytes] | JSONResponse:
+    """Who calls, from the headers alone (an unauthenticated body is never read), then the body,
+    refused by its Content-Length or cut off while streaming in past the limit."""
+    try:
+        who = parts.keys.authenticate(request.headers)
+        raw = await read_capped_body(request, parts.policies().org.gateway.limits.max_body_bytes)
+    except GatewayError as exc:
+        parts.metrics.request("unknown", "unknown", exc.status, None)
+        return JSONResponse(exc.body(), status_code=exc.status, headers={**retry_headers(exc.status), **exc.headers})
+    return who, raw
 
 
 def _operator(p: ChatPipeline, request: Request) -> GatewayError | None:
