@@ -4,6 +4,7 @@ that validates it with the official SDK's request types, and every fault maps to
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from dataclasses import replace
 
 import pytest
 from gw_fakes import ANTHROPIC_KEY, OPENAI_KEY, FakeUpstreams, Fault, Upstream
@@ -24,7 +25,6 @@ CALL = ProviderCall(
     timeout_s=2.0,
     request_id="r1",
     max_tokens=32,
-    temperature=0.2,
     stop=["END"],
     messages=[
         {"role": "system", "content": "be brief"},
@@ -68,11 +68,28 @@ async def collect(p: ChatProvider, call: ProviderCall = CALL) -> tuple[str, str 
 async def test_complete_and_stream(provider: tuple[ChatProvider, Upstream]) -> None:
     p, up = provider
     up.reply = "a reply long enough to arrive in several chunks"
-    done = await p.complete(CALL)
+    # The pinned Messages API has no sampling fields (the catalog says so; see the next test).
+    call = CALL if p.name == "anthropic" else replace(CALL, temperature=0.2)
+    done = await p.complete(call)
     assert done.text == up.reply and done.usage.prompt_tokens > 0 and done.finish_reason == "stop"
-    assert await collect(p) == (up.reply, "stop")
+    assert await collect(p, call) == (up.reply, "stop")
     assert not up.rejected, up.rejected
     assert len(up.received) == 2
+    if p.name != "anthropic":
+        sent = up.received[-1]
+        assert 0.2 in (sent.get("temperature"), sent.get("inferenceConfig", {}).get("temperature"))
+
+
+@pytest.mark.parametrize("provider", ["anthropic", "bedrock"], indirect=True)  # OpenAI takes them all
+async def test_a_sampling_field_a_provider_lacks_is_refused_by_name_not_dropped(
+    provider: tuple[ChatProvider, Upstream],
+) -> None:
+    p, up = provider
+    field, value = ("temperature", 0.2) if p.name == "anthropic" else ("temperature", 1.5)
+    with pytest.raises(ProviderError) as err:
+        await p.complete(replace(CALL, **{field: value}))
+    assert err.value.error_class is ErrorClass.BAD_REQUEST and f"cannot honour {field}" in err.value.message
+    assert not up.received
 
 
 @ALL

@@ -331,3 +331,15 @@ async def test_a_request_contract_holds_its_repair_turn(gw: Harness, monkeypatch
     await gw.pipeline.handle(body(), headers)
     await gw.pipeline.handle(body(response_format={"type": "json_object"}), headers)
     assert held[1] > held[0] * 1.5  # the repair turn re-sends input and answer, and may answer again
+
+
+@ASYNC
+async def test_sampling_fields_a_model_does_not_take_skip_it_visibly(gw: Harness) -> None:
+    """Anthropic's pinned API has no temperature, Bedrock's Converse stops at 1: those models are
+    skipped (never sent the request with the field dropped or capped)."""
+    p = plan(gw, "plain", temperature=0.3)
+    assert [(s.model, s.reason) for s in p.route.skipped] == [("claude-haiku", "lacks_temperature")]
+    with pytest.raises(BadRequest) as err:
+        plan(gw, "vision", temperature=1.5)
+    assert err.value.param == "temperature" and err.value.code == "unsupported_feature"
+    assert "bedrock-claude-sonnet: temperature_above_max; claude-haiku: lacks_temperature" in err.value.message

@@ -144,6 +144,9 @@ def local_chat_request(name: str, call: ProviderCall) -> dict[str, Any]:
     }
     if call.temperature is not None:
         payload["temperature"] = call.temperature
+    for field_name, value in (("top_p", call.top_p), ("stop", call.stop)):
+        if value:
+            raise cannot_honour(name, field_name, "the in-cluster model samples with temperature only")
     return payload
 
 

@@ -20,6 +20,8 @@ class Needs:
     images: int = 0
     image_urls: bool = False  # some image is an https URL, not a data URL
     embedding: bool = False  # the request wants vectors, not an answer
+    sampling: frozenset[str] = frozenset()  # the sampling fields the request sets
+    temperature: float | None = None
 
     @property
     def any(self) -> bool:
@@ -33,6 +35,7 @@ class Needs:
                 ("parallel_tool_calls", self.parallel_tool_calls),
                 ("images", self.images > 0),
                 ("image URLs", self.image_urls),
+                *((name, True) for name in sorted(self.sampling)),
             )
             if on
         ]
@@ -40,16 +43,30 @@ class Needs:
 
 
 def needs_of(
-    messages: list[Message], tools: tuple[object, ...], parallel_tool_calls: bool | None, *, fetch_images: bool = False
+    messages: list[Message],
+    tools: tuple[object, ...],
+    parallel_tool_calls: bool | None,
+    *,
+    fetch_images: bool = False,
+    temperature: float | None = None,
+    top_p: float | None = None,
+    stop: bool = False,
 ) -> Needs:
     """`fetch_images`: the flow downloads https images itself, so a URL reaches the provider
     as bytes and any vision model will do."""
     images = list(image_parts(messages))
+    sampling = {
+        name
+        for name, used in (("temperature", temperature is not None), ("top_p", top_p is not None), ("stop", stop))
+        if used
+    }
     return Needs(
         tools=bool(tools) or uses_tools(messages),
         parallel_tool_calls=bool(tools) and parallel_tool_calls is True,
         images=len(images),
         image_urls=not fetch_images and any(not is_data_url(p["image_url"]["url"]) for p in images),
+        sampling=frozenset(sampling),
+        temperature=temperature,
     )
 
 
@@ -68,6 +85,11 @@ def lacking(entry: ModelEntry, needs: Needs, input_tokens: int | None = None) ->
         return "too_many_images"
     if needs.image_urls and not caps.image_urls:
         return "lacks_image_urls"
+    missing = needs.sampling - caps.sampling
+    if missing:
+        return f"lacks_{min(missing)}"
+    if needs.temperature is not None and needs.temperature > caps.max_temperature:
+        return "temperature_above_max"
     if input_tokens is not None and input_tokens >= entry.context_window:
         return "context_window"
     return None

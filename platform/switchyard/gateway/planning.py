@@ -135,7 +135,13 @@ class Planner:
         output = output_spec(flow, request.response_format, self.checked_schemas)
         tools = request.tool_dicts()
         needs = needs_of(
-            list(rendered.messages), tools, request.parallel_tool_calls, fetch_images=flow.image_fetch is not None
+            list(rendered.messages),
+            tools,
+            request.parallel_tool_calls,
+            fetch_images=flow.image_fetch is not None,
+            temperature=request.temperature,
+            top_p=request.top_p,
+            stop=bool(request.stop_sequences()),
         )
         prompt_sha = self.prompts.sha256(flow.prompt_id, version)
 

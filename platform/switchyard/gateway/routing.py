@@ -125,6 +125,8 @@ def _feature_param(needs: Needs) -> str:
         return "tools"
     if needs.images:
         return "messages"
+    if needs.sampling:
+        return min(needs.sampling)
     return "model"
 
 

@@ -111,6 +111,9 @@ class Capabilities(Strict):
     image_urls: bool = False  # https image URLs passed to the provider as URLs
     streaming_usage: bool = True  # a stream ends with the provider's token counts
     max_images: int = Field(default=20, ge=0)  # per request
+    # The sampling fields the provider takes; a request that sets another skips the model.
+    sampling: frozenset[Literal["temperature", "top_p", "stop"]] = frozenset({"temperature", "top_p", "stop"})
+    max_temperature: float = Field(default=2.0, ge=0)  # OpenAI's range; Bedrock's Converse stops at 1
 
 
 class ModelEntry(Strict):

@@ -83,8 +83,11 @@ def to_messages_api(name: str, call: ProviderCall, stream: bool) -> dict[str, An
     system = _system(name, call)
     if system:
         body["system"] = system
-    # No temperature/top_p: the Messages API version the pinned SDK (anthropic 2.10) describes
-    # has no sampling parameters, and the fake upstream rejects fields that SDK does not know.
+    # The Messages API version the pinned SDK (anthropic 2.10) describes has no sampling
+    # parameters: refused, never dropped (the catalog says so and routing skips the model).
+    for field_name in ("temperature", "top_p"):
+        if getattr(call, field_name) is not None:
+            raise cannot_honour(name, field_name, "this Messages API version has no sampling parameters")
     if call.stop:
         body["stop_sequences"] = call.stop
     body.update(_tools(name, call))

@@ -99,7 +99,7 @@ def to_converse(name: str, call: ProviderCall) -> dict[str, Any]:
     params: dict[str, Any] = {
         "modelId": call.model_version,
         "messages": _turns(name, call.messages),
-        "inferenceConfig": _inference(call),
+        "inferenceConfig": _inference(name, call),
     }
     system = [
         {"text": text_only(name, f"messages[{i}].content", m)}
@@ -119,10 +119,12 @@ def to_converse(name: str, call: ProviderCall) -> dict[str, Any]:
     return params
 
 
-def _inference(call: ProviderCall) -> dict[str, Any]:
+def _inference(name: str, call: ProviderCall) -> dict[str, Any]:
     inference: dict[str, Any] = {"maxTokens": call.max_tokens}
     if call.temperature is not None:
-        inference["temperature"] = min(call.temperature, 1.0)
+        if call.temperature > 1.0:  # refused, not capped: a silently cooler answer is a downgrade
+            raise cannot_honour(name, "temperature", "Converse takes 0 to 1")
+        inference["temperature"] = call.temperature
     if call.top_p is not None:
         inference["topP"] = call.top_p
     if call.stop:
