@@ -21,7 +21,8 @@ from datetime import date
 from typing import Any
 
 from switchyard.budgets.money import nanos_to_usd
-from switchyard.budgets.pricing import entry_price, estimate_call
+from switchyard.budgets.pricing import CallEstimate, entry_price, estimate_call, model_entry
+from switchyard.budgets.tokens import count_input_tokens
 from switchyard.gateway.routing import Candidate
 from switchyard.gateway.seams import Attempt, Bill, CostEstimate, Usage
 from switchyard.policy.models import ProviderCatalog
@@ -42,8 +43,13 @@ def chain_bound(
     turn each when the flow has an output contract (`repairs`). Raises `UnknownPrice`."""
     total = 0
     primary = None
+    counted: dict[str, int] = {}  # input tokens per tokenizer family: candidates often share one
     for cand in candidates:
-        est = estimate_call(catalog, cand.model, messages, max_tokens, day, tools)
+        family = model_entry(catalog, cand.model).family
+        if family not in counted:
+            counted[family] = count_input_tokens(family, messages, tools)
+        nanos = entry_price(cand.model, cand.entry, day).estimate_nanos(counted[family], max_tokens)
+        est = CallEstimate(cand.model, counted[family], max_tokens, nanos)
         primary = primary or est
         total += est.nanos
         if repairs:  # the repair re-sends the input, the rejected answer and an instruction

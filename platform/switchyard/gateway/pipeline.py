@@ -205,15 +205,17 @@ class ChatPipeline:
         hdr[H_PROMPT] = plan.ctx.prompt_ref
         ctx = plan.ctx
         # Ended by `_count`, once the request's fate is known (a stream's after its last byte).
-        span = self.parts.tracing.start_request(
-            "chat",
-            ctx.requested_model,
-            team=ctx.team,
-            flow=ctx.flow.flow,
-            request_id=ctx.request_id,
-            max_tokens=plan.max_tokens,
-        )
-        plan = replace(plan, span=span)
+        tracing = self.parts.tracing
+        if tracing.enabled:  # untraced, the plan carries no span and every stage is free
+            span = tracing.start_request(
+                "chat",
+                ctx.requested_model,
+                team=ctx.team,
+                flow=ctx.flow.flow,
+                request_id=ctx.request_id,
+                max_tokens=plan.max_tokens,
+            )
+            plan = replace(plan, span=span)
         if plan.ctx.idempotency_key is not None:
             return await self._idempotent(plan, raw, hdr)
         return await self._execute(plan, hdr)

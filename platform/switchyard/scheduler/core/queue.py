@@ -69,6 +69,10 @@ class PendingQueues:
                 return item
         raise AssertionError(f"queue index lost workload {workload_id!r}")
 
+    def level_of(self, workload_id: str) -> int:
+        """The priority level `workload_id` is queued at."""
+        return self._where[workload_id][0]
+
     def levels(self) -> list[int]:
         """Priority values with pending work, highest first."""
         return sorted({k[0] for k in self._groups}, reverse=True)

@@ -197,19 +197,27 @@ class Scheduler:
         decisions = Decisions()
         self._due_stops(now, decisions)
         state = _Pass(self._knobs.max_preemption_attempts)
-        # Gangs holding reservations (blocked heads, preemptors) go first: backfill must never
-        # delay them, and they were first in admission order when they got the reservation.
-        for workload in list(self._reserved):
-            if workload in self._queues:
-                state.considered.add(workload)
-                if self._consider(self._queues.get(workload), now, decisions, state) == "halt":
-                    return self._finish(decisions)
         for level in self._queues.levels():
+            if self._run_reserved(level, now, decisions, state) == "halt":
+                break
             if self._pool.free_gpus == 0 and not self._may_preempt_for(level, state.budget):
                 continue  # nothing can start at this level: no free GPUs and no victims
             if self._run_level(level, now, decisions, state) == "halt":
                 break
         return self._finish(decisions)
+
+    def _run_reserved(self, level: int, now: float, decisions: Decisions, state: _Pass) -> str:
+        """Gangs of `level` holding reservations (blocked heads, starving gangs, preemptors) go
+        before the rest of their level: backfill must never delay them. Higher levels go before
+        them, as they may use lower-priority reservations anyway; that also keeps the victim
+        searches of many starving gangs from using up the budget inference reclaim needs."""
+        for workload in [w for w in self._reserved if w in self._queues and self._queues.level_of(w) == level]:
+            if workload not in self._queues or workload in state.considered:
+                continue
+            state.considered.add(workload)
+            if self._consider(self._queues.get(workload), now, decisions, state) == "halt":
+                return "halt"
+        return "done"
 
     def _finish(self, decisions: Decisions) -> Decisions:
         decisions.reservations = [
