@@ -4,7 +4,7 @@ Plain `nn.Module`s with no knowledge of sharding, Ray or the trainer.
 """
 
 from switchyard.models.config import PRESETS, GPTConfig
-from switchyard.models.gpt import GPT, next_token_loss
+from switchyard.models.gpt import GPT, InitRule, next_token_loss
 from switchyard.models.tokenizer import ByteTokenizer
 
-__all__ = ["GPT", "PRESETS", "ByteTokenizer", "GPTConfig", "next_token_loss"]
+__all__ = ["GPT", "InitRule", "PRESETS", "ByteTokenizer", "GPTConfig", "next_token_loss"]

@@ -9,12 +9,21 @@ checkpointing can recompute exactly softmax(QK^T)V and nothing else.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from switchyard.models.config import GPTConfig
+
+
+@dataclass(frozen=True)
+class InitRule:
+    """How one parameter starts: drawn from N(0, std) when `std` is set, else the constant `fill`."""
+
+    std: float | None = None
+    fill: float = 0.0
 
 
 class AttentionCore(nn.Module):
@@ -91,23 +100,35 @@ class GPT(nn.Module):
             self.head.weight = self.tok_emb.weight
         self.init_weights()
 
-    def init_weights(self) -> None:
-        """GPT-2 initialisation; call again after `to_empty()` when built on the meta device."""
+    def init_plan(self) -> list[tuple[str, nn.Parameter, InitRule]]:
+        """GPT-2 initialisation as data: each parameter's name and how it starts, in the order
+        `init_weights` draws them. The trainer fills sharded parameters from the same plan."""
         std = 0.02
         # Residual projections are scaled so the residual stream's variance does not grow
         # with depth (GPT-2, section 2.3).
         residual_std = std / math.sqrt(2 * self.config.n_layer)
+        plan: list[tuple[str, nn.Parameter, InitRule]] = []
         for name, module in self.named_modules():
             if isinstance(module, nn.Linear):
                 is_residual = name.endswith(("attn.proj", "mlp.down"))
-                nn.init.normal_(module.weight, 0.0, residual_std if is_residual else std)
+                plan.append((f"{name}.weight", module.weight, InitRule(std=residual_std if is_residual else std)))
                 if module.bias is not None:
-                    nn.init.zeros_(module.bias)
+                    plan.append((f"{name}.bias", module.bias, InitRule(fill=0.0)))
             elif isinstance(module, nn.Embedding):
-                nn.init.normal_(module.weight, 0.0, std)
+                plan.append((f"{name}.weight", module.weight, InitRule(std=std)))
             elif isinstance(module, nn.LayerNorm):
-                nn.init.ones_(module.weight)
-                nn.init.zeros_(module.bias)
+                plan.append((f"{name}.weight", module.weight, InitRule(fill=1.0)))
+                plan.append((f"{name}.bias", module.bias, InitRule(fill=0.0)))
+        return plan
+
+    @torch.no_grad()  # type: ignore[untyped-decorator]
+    def init_weights(self) -> None:
+        """GPT-2 initialisation from the global RNG (the gateway's seeded model relies on it)."""
+        for _, param, rule in self.init_plan():
+            if rule.std is None:
+                param.fill_(rule.fill)
+            else:
+                param.normal_(0.0, rule.std)
 
     def forward(self, idx: Tensor) -> Tensor:
         logits: Tensor = self.head(self.features(idx))
