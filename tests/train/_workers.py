@@ -114,3 +114,54 @@ def preempt_mid_run(rank: int, world_size: int, out_dir: str) -> None:
         )
         results[trigger] = json.loads(Trainer(tiny_spec(trigger, steps=8), ctx).run().to_json())
     (out / f"rank{rank}.json").write_text(json.dumps(results))
+
+
+def _first_losses(engine: TrainEngine, spec: JobSpec, rank: int, world_size: int, steps: int = 3) -> list[float]:
+    """Train `steps` steps on fixed per-rank batches; every rank's mean loss per step."""
+    from switchyard.models import next_token_loss  # noqa: F401  (the engines compute it)
+
+    g = torch.Generator().manual_seed(100 + rank)
+    losses = []
+    for _ in range(steps):
+        x = torch.randint(0, 256, (2, 33), generator=g)
+        loss = engine.train_step([(x[:, :-1], x[:, 1:])], 3e-3).detach().clone()
+        torch.distributed.all_reduce(loss)
+        losses.append(float(loss) / world_size)
+    return losses
+
+
+def construct_on_meta(rank: int, world_size: int, strategies: list[str], out_path: str) -> None:
+    """Per strategy: build the engine from a meta model (the trainer's path) and from a
+    whole model with the same initialisation; peak live storage bytes while building, and
+    the first losses of each."""
+    from switchyard.models import GPT
+    from switchyard.train.loop import build_engine, build_model
+    from switchyard.train.materialize import init_sharded_weights
+    from switchyard.train.memory import PeakLiveBytes
+
+    device = torch.device("cpu")
+    results: dict[str, Any] = {}
+    for strategy in strategies:
+        spec = meta_spec(strategy)
+        with PeakLiveBytes() as meta_peak:
+            engine = build_engine(build_model(spec, device, None), spec, device, world_size)
+        meta_losses = _first_losses(engine, spec, rank, world_size)
+        del engine
+        with PeakLiveBytes() as whole_peak:
+            model = GPT(spec.model.gpt_config())
+            init_sharded_weights(model, spec.seed)
+            engine = build_engine(model, spec, device, world_size)
+        whole_losses = _first_losses(engine, spec, rank, world_size)
+        del engine, model
+        peaks: list[Any] = [None] * world_size
+        torch.distributed.all_gather_object(peaks, (meta_peak.peak, whole_peak.peak))
+        results[strategy] = {"meta": meta_losses, "whole": whole_losses, "peaks": peaks}
+    if rank == 0:
+        Path(out_path).write_text(json.dumps(results))
+
+
+def meta_spec(strategy: str) -> JobSpec:
+    """Four blocks, so a block is a small part of the model and the bound says something."""
+    return tiny_spec(
+        "meta", **{"parallel.strategy": strategy, "model.overrides": {"max_seq_len": 32, "n_layer": 4}}
+    )

@@ -55,8 +55,9 @@ from switchyard.gateway.errors import (
     Unavailable,
 )
 from switchyard.gateway.evals import EvalVerdict
+from switchyard.gateway.owned_tasks import OwnedTasks
 from switchyard.gateway.pipeline import GatewayParts
-from switchyard.gateway.planning import FLOW_HEADER, IDEMPOTENCY_HEADER, FlowCache, deadline_ms
+from switchyard.gateway.planning import IDEMPOTENCY_HEADER, FlowCache, deadline_ms
 from switchyard.gateway.providers.base import Embeddings, ProviderError
 from switchyard.gateway.providers.embedding_registry import EmbedderPool
 from switchyard.gateway.redaction_pool import RedactionPool
@@ -181,9 +182,7 @@ class EmbeddingsPipeline:
             embedders = EmbedderPool(in_cluster=lambda name, spec: parts.providers.get(name))
         self.embedders = embedders
         self.caller = EmbeddingCaller(parts, embedders)
-        # Settle-and-audit work that must outlive the request that started it (a client that
-        # hangs up cancels its handler); `drain` awaits it at shutdown.
-        self._owned: set[asyncio.Task[None]] = set()
+        self._owned = OwnedTasks()  # settle-and-audit work a client's hang-up cannot cut short
         self._sync(parts.policies())  # build the clients now, not on a request's time
 
     def _sync(self, ps: PolicySet) -> None:
@@ -232,15 +231,7 @@ class EmbeddingsPipeline:
                 param="Idempotency-Key",
             )
         request, texts = parse_embedding_request(raw)
-        team = ps.teams.get(principal.team)
-        flow_name = headers.get(FLOW_HEADER) or (team.default_flow if team is not None else None)
-        if not flow_name:
-            raise BadRequest(
-                "flow_required",
-                f"name the flow in the {FLOW_HEADER} header (team {principal.team!r} has no default flow)",
-                param=FLOW_HEADER,
-            )
-        flow = self.flows.get(ps, principal.team, flow_name)
+        flow = self.flows.for_request(ps, principal.team, headers)
         model = pick_primary(ps, flow, request.model)
         entry = ps.providers.models[model]
         check_embedding_model(flow, model, entry, request)
@@ -465,17 +456,12 @@ class EmbeddingsPipeline:
         await self.parts.audit.record(exchange, durable=ctx.flow.risk_tier is RiskTier.HIGH)
 
     def _own(self, work: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
-        task = asyncio.get_running_loop().create_task(work)
-        self._owned.add(task)
-        task.add_done_callback(self._owned.discard)
-        task.add_done_callback(_log_failure)
-        return task
+        return self._owned.run(work)
 
     async def drain(self) -> None:
-        """Wait for settle-and-audit work still running (at shutdown, before the budget gate
-        and the audit sink close)."""
-        while self._owned:
-            await asyncio.gather(*self._owned, return_exceptions=True)
+        """Wait for settle-and-audit work still running (call at shutdown, before the budget
+        gate and audit sink close)."""
+        await self._owned.drain()
 
     async def aclose(self) -> None:
         """`drain`, then close the embedding clients this pipeline built."""
@@ -512,8 +498,3 @@ def cost_bound(cand: Candidate, texts: Sequence[str], day: date) -> CostEstimate
 
 def _no_fallback_judge(flow: EffectiveFlow, model: str, entry: ModelEntry) -> EvalVerdict:
     raise AssertionError("an embeddings route has no fallbacks to judge")
-
-
-def _log_failure(task: asyncio.Task[None]) -> None:
-    if not task.cancelled() and task.exception() is not None:
-        log.error("settling or auditing an embeddings request failed", exc_info=task.exception())

@@ -57,6 +57,7 @@ from switchyard.gateway.idempotency import (
 from switchyard.gateway.image_fetch import ImageFetcher
 from switchyard.gateway.messages import Message
 from switchyard.gateway.metrics import GatewayMetrics
+from switchyard.gateway.owned_tasks import OwnedTasks
 from switchyard.gateway.planning import Plan, Planner
 from switchyard.gateway.pool import ProviderPool
 from switchyard.gateway.providers.base import Delta, ProviderCall, ProviderError, ProviderOverloaded, ToolCall
@@ -161,9 +162,7 @@ class ChatPipeline:
         self.contracts = OutputContracts()
         self.redaction = RedactionPool(parts.redaction_workers)
         self._images: ImageFetcher | None = None  # made when a flow first fetches an image
-        # Settle-and-audit work that must outlive the request that started it (a client that
-        # hangs up cancels its handler); `drain` awaits it at shutdown.
-        self._owned: set[asyncio.Task[None]] = set()
+        self._owned = OwnedTasks()  # settle-and-audit work a client's hang-up cannot cut short
         self.runner = AttemptRunner(
             parts.providers.get,
             parts.circuits,
@@ -774,17 +773,12 @@ class ChatPipeline:
             plan.span.end()
 
     def _own(self, work: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
-        task = asyncio.get_running_loop().create_task(work)
-        self._owned.add(task)
-        task.add_done_callback(self._owned.discard)
-        task.add_done_callback(_log_failure)
-        return task
+        return self._owned.run(work)
 
     async def drain(self) -> None:
         """Wait for settle-and-audit work still running (call at shutdown, before the budget
         gate and audit sink close)."""
-        while self._owned:
-            await asyncio.gather(*self._owned, return_exceptions=True)
+        await self._owned.drain()
 
     async def aclose(self) -> None:
         """Close what the pipeline owns (after `drain`)."""
@@ -877,8 +871,3 @@ class _StreamEnd:
         o.tool_calls = self.calls.calls()
         o.cost = await p._charge(plan, o, self.reservation, bills)
         await p._record(plan, self.redacted, o, self.chain, context="streamed")
-
-
-def _log_failure(task: asyncio.Task[None]) -> None:
-    if not task.cancelled() and task.exception() is not None:
-        log.error("settling or auditing a request failed", exc_info=task.exception())

@@ -60,6 +60,18 @@ class FlowCache:
         self._policy_set: PolicySet | None = None
         self._flows: dict[tuple[str, str], EffectiveFlow] = {}
 
+    def for_request(self, ps: PolicySet, team: str, headers: Mapping[str, str]) -> EffectiveFlow:
+        """The flow a request runs: the one its header names, else the team's default flow."""
+        policy = ps.teams.get(team)
+        flow_name = headers.get(FLOW_HEADER) or (policy.default_flow if policy is not None else None)
+        if not flow_name:
+            raise BadRequest(
+                "flow_required",
+                f"name the flow in the {FLOW_HEADER} header (team {team!r} has no default flow)",
+                param=FLOW_HEADER,
+            )
+        return self.get(ps, team, flow_name)
+
     def get(self, ps: PolicySet, team: str, flow: str) -> EffectiveFlow:
         if ps is not self._policy_set:  # identity: a reload always makes a new PolicySet
             self._flows = {}
@@ -108,15 +120,7 @@ class Planner:
         """`principal`: the caller, when the HTTP layer authenticated before reading the body."""
         principal = principal or self.keys.authenticate(headers)
         request = parse_chat_request(raw, ps.org.gateway.limits)
-        team = ps.teams.get(principal.team)
-        flow_name = headers.get(FLOW_HEADER) or (team.default_flow if team is not None else None)
-        if not flow_name:
-            raise BadRequest(
-                "flow_required",
-                f"name the flow in the {FLOW_HEADER} header (team {principal.team!r} has no default flow)",
-                param=FLOW_HEADER,
-            )
-        flow = self.flows.get(ps, principal.team, flow_name)
+        flow = self.flows.for_request(ps, principal.team, headers)
         primary = pick_primary(ps, flow, request.model)
         version = choose_version(ps, flow, request.prompt_version)
         self.schemas.validate(flow, request.variables)

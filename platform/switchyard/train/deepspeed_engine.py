@@ -8,8 +8,14 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from switchyard.models import GPT, next_token_loss
+from switchyard.models import GPT, GPTConfig, next_token_loss
 from switchyard.train.engine import Batch
+from switchyard.train.materialize import (
+    init_partitioned_weights,
+    is_meta,
+    materialize,
+    partitioned_construction,
+)
 from switchyard.train.memory import RankMemory, grad_bytes, optimizer_state_bytes, param_bytes
 from switchyard.train.spec import JobSpec
 from switchyard.train.strategy import Offload, Strategy
@@ -42,6 +48,17 @@ def deepspeed_config(spec: JobSpec, *, bf16: bool) -> dict[str, Any]:
     }
 
 
+def is_partitioned(model: nn.Module) -> bool:
+    """Built under `deepspeed.zero.Init`: every parameter already holds only its partition."""
+    return all(hasattr(p, "ds_tensor") for p in model.parameters())
+
+
+def partitioned_model(config: GPTConfig, spec: JobSpec, *, bf16: bool) -> GPT:
+    """ZeRO-3: construct the model partitioned from the start (no rank ever holds it all)."""
+    with partitioned_construction(deepspeed_config(spec, bf16=bf16)):
+        return GPT(config)
+
+
 class DeepSpeedEngine:
     checkpoint_format = "deepspeed"
 
@@ -50,7 +67,12 @@ class DeepSpeedEngine:
 
         if not spec.parallel.strategy.is_deepspeed:
             raise ValueError(f"DeepSpeedEngine got strategy {spec.parallel.strategy.value!r}")
-        model.to(device)
+        if is_partitioned(model):
+            init_partitioned_weights(model, spec.seed)  # built under zero.Init (ZeRO-3)
+        elif is_meta(model):
+            materialize(model, device, spec.seed)  # ZeRO-1/2 replicate the parameters anyway
+        else:
+            model.to(device)
         optimizer = torch.optim.AdamW(
             model.parameters(),
             lr=spec.optim.lr,

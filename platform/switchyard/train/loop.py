@@ -39,10 +39,12 @@ from switchyard.train.checkpoint import (
 )
 from switchyard.train.data import TokenBatches, load_tokens
 from switchyard.train.engine import Batch, TrainEngine
+from switchyard.train.materialize import init_sharded_weights, meta_model
 from switchyard.train.preemption import PreemptionChannel, PreemptionWatcher, SigtermFlag
 from switchyard.train.prefetch import DevicePrefetcher
 from switchyard.train.profiling import StepProfiler
 from switchyard.train.spec import JobSpec, OptimSpec
+from switchyard.train.strategy import Strategy
 
 log = logging.getLogger(__name__)
 
@@ -126,6 +128,23 @@ def use_bf16(spec: JobSpec, device: torch.device) -> bool:
     if spec.parallel.precision == "auto":
         return bool(device.type == "cuda")
     return bool(spec.parallel.precision == "bf16")
+
+
+def build_model(spec: JobSpec, device: torch.device, base: CheckpointRef | None) -> GPT:
+    """The model before any wrapping: on the meta device (ZeRO-3: partitioned by
+    `zero.Init`), so no rank materialises it whole; the engine gives it storage after
+    sharding. Only `init_from` builds it whole, to load another job's weights into it."""
+    config = spec.model.gpt_config()
+    if base is not None:
+        model = GPT(config)
+        init_sharded_weights(model, spec.seed)
+        load_base_weights(model, base)
+        return model
+    if spec.parallel.strategy is Strategy.ZERO3:
+        from switchyard.train.deepspeed_engine import partitioned_model
+
+        return partitioned_model(config, spec, bf16=use_bf16(spec, device))
+    return meta_model(config)
 
 
 def build_engine(model: GPT, spec: JobSpec, device: torch.device, world_size: int) -> TrainEngine:
@@ -272,13 +291,13 @@ class Trainer:
     def run(self) -> TrainResult:
         spec, ctx = self.spec, self.ctx
         resume = ctx.store.latest_valid() if spec.checkpoint.resume else None
-        torch.manual_seed(spec.seed)  # identical initial weights on every rank and strategy
-        model = GPT(spec.model.gpt_config())
+        base = None
         if spec.init_from and resume is None:
             base = open_checkpoint(spec.init_from, ctx.work_dir / "init_from")
-            load_base_weights(model, base)
-            log.info("initialised weights from %s (step %d)", base.uri, base.step)
-        engine = build_engine(model, spec, ctx.device, ctx.world_size)
+            log.info("initialising weights from %s (step %d)", base.uri, base.step)
+        # Initial weights depend on the seed and each parameter's name only: the same on
+        # every rank, strategy and sharding (switchyard.train.materialize).
+        engine = build_engine(build_model(spec, ctx.device, base), spec, ctx.device, ctx.world_size)
         if ctx.on_engine is not None:
             ctx.on_engine(engine)
         torch.manual_seed(spec.seed + 7919 * (ctx.rank + 1))  # per-rank dropout streams

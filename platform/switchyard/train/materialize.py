@@ -65,10 +65,27 @@ def init_sharded_weights(model: GPT, seed: int) -> None:
         _fill_local(param, name, rule, seed)
 
 
+def _aliases(model: nn.Module) -> list[tuple[nn.Module, str, nn.Module, str]]:
+    """(module, name) pairs that share another's parameter (the tied LM head)."""
+    first: dict[int, tuple[nn.Module, str]] = {}
+    out = []
+    for module in model.modules():
+        for name, param in module.named_parameters(recurse=False):
+            owner = first.setdefault(id(param), (module, name))
+            if owner[0] is not module or owner[1] != name:
+                out.append((module, name, *owner))
+    return out
+
+
 def materialize(model: GPT, device: torch.device, seed: int) -> None:
     """Allocate this rank's storage for a meta-built (and possibly sharded) model and
     initialise it."""
+    aliases = _aliases(model)
     model.to_empty(device=device)
+    # A meta tensor cannot be swapped in place for a real one, so `to_empty` gives each
+    # module a new Parameter and would untie shared ones (FSDP's own params stay shared).
+    for module, name, owner, owner_name in aliases:
+        setattr(module, name, getattr(owner, owner_name))
     init_sharded_weights(model, seed)
 
 
@@ -80,7 +97,8 @@ def init_partitioned_weights(model: GPT, seed: int) -> None:
     for name, param, rule in model.init_plan():
         # modifier_rank=0: rank 0's values are broadcast on exit (all ranks compute the same).
         with deepspeed.zero.GatheredParameters([param], modifier_rank=0):
-            param.copy_(full_value(param.shape, rule, parameter_generator(seed, name)))
+            shape = getattr(param, "ds_shape", param.shape)  # a partitioned param reports its own size
+            param.copy_(full_value(torch.Size(shape), rule, parameter_generator(seed, name)))
 
 
 @contextmanager

@@ -63,3 +63,32 @@ def optimizer_state_bytes(optimizer: torch.optim.Optimizer) -> int:
         for v in state.values()
         if isinstance(v, Tensor) and v.dim() > 0  # the scalar step counter is not state size
     )
+
+
+@dataclass
+class PeakLiveBytes:
+    """Peak bytes of live tensor storage on one device while the block runs, from the
+    profiler's allocator events (each allocation and free, with its size), relative to
+    what was live when it started. Not RSS: only tensor storage counts."""
+
+    device_type: str = "cpu"
+    peak: int = 0
+
+    def __enter__(self) -> PeakLiveBytes:
+        self._profile = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True)
+        self._profile.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._profile.__exit__(None, None, None)
+        events = self._profile.profiler.kineto_results.events()  # type: ignore[union-attr]
+        wanted = torch.device(self.device_type).type
+        memory = sorted(
+            (e.start_ns(), e.nbytes())
+            for e in events
+            if e.name() == "[memory]" and str(e.device_type()).split(".")[-1].lower() == wanted
+        )
+        live = 0
+        for _, nbytes in memory:
+            live += nbytes
+            self.peak = max(self.peak, live)

@@ -13,25 +13,31 @@ from torch.nn.parallel import DistributedDataParallel
 
 from switchyard.models import GPT, next_token_loss
 from switchyard.train.engine import Batch
+from switchyard.train.materialize import is_meta, materialize
 from switchyard.train.memory import RankMemory, grad_bytes, optimizer_state_bytes, param_bytes
 from switchyard.train.parallelize import apply_ddp, apply_fsdp
 from switchyard.train.spec import JobSpec
-from switchyard.train.strategy import Strategy
+from switchyard.train.strategy import Offload, Strategy
 
 
 class TorchEngine:
     checkpoint_format = "dcp"
 
     def __init__(self, model: GPT, spec: JobSpec, *, device: torch.device, world_size: int, bf16: bool) -> None:
+        """`model` may be on the meta device: it is then given storage only after sharding."""
         par = spec.parallel
+        on_meta = is_meta(model)
         self.strategy = par.strategy
         self.device = device
         self.bf16 = bf16
         self.grad_clip = spec.optim.grad_clip
         if par.strategy is Strategy.DDP:
+            if on_meta:
+                materialize(model, device, spec.seed)  # DDP replicates: every rank holds it all
             self.model: nn.Module = apply_ddp(model, device)
         else:
-            model.to(device)
+            if not on_meta:
+                model.to(device)
             self.model = apply_fsdp(
                 model,
                 par.strategy,
@@ -42,6 +48,9 @@ class TorchEngine:
                 offload=par.offload,
                 replicate_degree=par.replicate_degree,
             )
+            if on_meta:
+                # With CPU offload the shards live on the host; FSDP moves them per unit.
+                materialize(model, torch.device("cpu") if par.offload is Offload.CPU else device, spec.seed)
         self.optimizer = torch.optim.AdamW(
             self.model.parameters(),
             lr=spec.optim.lr,

@@ -197,6 +197,11 @@ class Scheduler:
         decisions = Decisions()
         self._due_stops(now, decisions)
         state = _Pass(self._knobs.max_preemption_attempts)
+        # Gangs holding reservations (blocked heads, starving gangs, preemptors) start first
+        # where their holds let them: backfill must never take GPUs made ready for them.
+        for workload in list(self._reserved):
+            if workload in self._queues and self._start_reserved(self._queues.get(workload), now, decisions):
+                state.considered.add(workload)
         for level in self._queues.levels():
             if self._run_reserved(level, now, decisions, state) == "halt":
                 break
@@ -207,17 +212,30 @@ class Scheduler:
         return self._finish(decisions)
 
     def _run_reserved(self, level: int, now: float, decisions: Decisions, state: _Pass) -> str:
-        """Gangs of `level` holding reservations (blocked heads, starving gangs, preemptors) go
-        before the rest of their level: backfill must never delay them. Higher levels go before
-        them, as they may use lower-priority reservations anyway; that also keeps the victim
-        searches of many starving gangs from using up the budget inference reclaim needs."""
+        """The rest of `level`'s reserved gangs (victim searches, escalation) go before the rest
+        of their level, but after every higher level: the searches of many starving gangs must
+        not use up the budget that inference reclaim (or any higher priority) needs."""
         for workload in [w for w in self._reserved if w in self._queues and self._queues.level_of(w) == level]:
-            if workload not in self._queues or workload in state.considered:
+            if workload in state.considered:
                 continue
             state.considered.add(workload)
             if self._consider(self._queues.get(workload), now, decisions, state) == "halt":
                 return "halt"
         return "done"
+
+    def _start_reserved(self, pending: PendingWorkload, now: float, decisions: Decisions) -> bool:
+        """Start a reserved gang if it fits now, without any victim search."""
+        request = pending.request
+        if self._awaiting.get(request.workload_id):
+            return False
+        admission = self._admission(request)
+        if not admission.allowed:
+            return False
+        placement = self._find(request, self._held, self._waived_for(request.workload_id, self._value(request)))
+        if placement is None:
+            return False
+        self._start(pending, placement, admission.borrowing, now, decisions)
+        return True
 
     def _finish(self, decisions: Decisions) -> Decisions:
         decisions.reservations = [
@@ -267,7 +285,7 @@ class Scheduler:
         workload = request.workload_id
         if self._awaiting.get(workload):
             return "waiting"  # its victims still hold the GPUs reserved for it
-        waived = self._waived_for(workload, self._priority[request.priority_class].value)
+        waived = self._waived_for(workload, self._value(request))
         held = self._held
         admission = self._admission(request)
         if not admission.allowed and admission.reason != NO_LENDABLE_CAPACITY:
@@ -416,7 +434,7 @@ class Scheduler:
         self._drop_reservation(workload_id)
         self._waived_cache.clear()
         self._reserved[workload_id] = amounts
-        self._reserved_value[workload_id] = self._priority[request.priority_class].value
+        self._reserved_value[workload_id] = self._value(request)
         self._hold_kind[workload_id] = kind
         self._hold_team[workload_id] = request.team
         for node, gpus in amounts.items():
@@ -516,7 +534,7 @@ class Scheduler:
 
     def _victims_may_exist(self, request: GangRequest) -> bool:
         """Cheap upper bound on victim GPUs, so hopeless searches are skipped."""
-        mine = self._priority[request.priority_class].value
+        mine = self._value(request)
         lower = sum(g for v, g in self._preemptible_gpus.items() if v < mine)
         if lower >= request.gpus:
             return True
@@ -597,6 +615,9 @@ class Scheduler:
     def _stop_awaiting(self, request: GangRequest) -> None:
         if self._awaiting.pop(request.workload_id, None) is not None and self._knobs.enforce_quota:
             self._book.mark_arriving(self._key(request), -request.gpus)
+
+    def _value(self, request: GangRequest) -> int:
+        return self._priority[request.priority_class].value
 
     def _key(self, request: GangRequest) -> tuple[str, int]:
         return self._book.key(request.team, request.workload_class)

@@ -1,9 +1,10 @@
 """The discrete-event simulator: replays jobs and inference demand through the policy core.
 
 The simulator plays the live driver's part: it submits, releases, reports checkpoints and
-carries out the core's decisions. A victim keeps running after its notice and is stopped
-at the core's stop order (grace over, or right after its next periodic checkpoint); it
-keeps the progress of its last checkpoint and loses the rest.
+carries out the core's decisions. A victim keeps running after its notice (a periodic
+checkpoint that falls inside the grace period is reported, which the core only records) and
+is stopped at the core's stop order when the grace period ends; it keeps the progress of its
+last periodic checkpoint and loses the rest.
 """
 
 from __future__ import annotations
