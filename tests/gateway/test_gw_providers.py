@@ -116,6 +116,9 @@ async def test_faults_map_to_error_classes(
         error_class = ErrorClass.SERVER_ERROR
     assert err.value.error_class is error_class
     assert "hello" not in err.value.message and OPENAI_KEY not in err.value.message
+    if fault.kind == "latency":
+        # The request was sent whole: the provider may bill the answer nobody reads.
+        assert err.value.billed
 
 
 @ALL

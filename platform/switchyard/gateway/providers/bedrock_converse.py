@@ -229,10 +229,13 @@ class BedrockProvider:
         try:
             resp = await asyncio.wait_for(asyncio.to_thread(self._client.converse, **params), timeout=call.timeout_s)
         except TimeoutError:
-            raise ProviderError(ErrorClass.TIMEOUT, f"{self.name} timed out") from None
+            # The call goes on in its thread and may be answered (and billed): charged at the bound.
+            raise ProviderError(ErrorClass.TIMEOUT, f"{self.name} timed out", billed=True) from None
         except ClientError as exc:
             raise _client_error(self.name, exc) from None
-        except (ReadTimeoutError, ConnectTimeoutError):
+        except ReadTimeoutError:  # sent whole: the model may finish, and bill, the answer
+            raise ProviderError(ErrorClass.TIMEOUT, f"{self.name} timed out", billed=True) from None
+        except ConnectTimeoutError:
             raise ProviderError(ErrorClass.TIMEOUT, f"{self.name} timed out") from None
         except EndpointConnectionError:
             raise ProviderError(ErrorClass.CONNECTION, f"{self.name} connection failed") from None

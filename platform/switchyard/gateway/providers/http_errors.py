@@ -12,7 +12,11 @@ from switchyard.policy.models import ErrorClass
 
 def transport_error(name: str, exc: httpx.HTTPError) -> ProviderError:
     if isinstance(exc, httpx.TimeoutException):
-        return ProviderError(ErrorClass.TIMEOUT, f"{name} timed out ({type(exc).__name__})")
+        # A read timeout comes after the whole request was sent: the provider may finish, and
+        # bill, an answer nobody reads, so it is charged at the bound (as the attempt's own
+        # deadline is); a connect, write or pool timeout sent nothing to bill.
+        billed = isinstance(exc, httpx.ReadTimeout)
+        return ProviderError(ErrorClass.TIMEOUT, f"{name} timed out ({type(exc).__name__})", billed=billed)
     return ProviderError(ErrorClass.CONNECTION, f"{name} connection failed ({type(exc).__name__})")
 
 
