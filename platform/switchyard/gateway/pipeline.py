@@ -14,13 +14,13 @@ import math
 import time
 import uuid
 import weakref
-from collections.abc import AsyncIterator, Callable, Coroutine, Mapping
+from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from switchyard.budgets.money import nanos_to_usd
 from switchyard.budgets.pricing import UnknownPrice, estimate_call
-from switchyard.budgets.tokens import EXACT_FAMILIES, openai_encoding, output_tokens_upper_bound
+from switchyard.budgets.tokens import EXACT_FAMILIES, openai_encoding
 from switchyard.gateway.admission_control import AdmissionController, Shed
 from switchyard.gateway.attempts import (
     AttemptRunner,
@@ -28,7 +28,6 @@ from switchyard.gateway.attempts import (
     ChainLog,
     ChainRequest,
     RetryPolicy,
-    close_stream_soon,
 )
 from switchyard.gateway.auth import KeySnapshot
 from switchyard.gateway.billing import bill, billed_attempts, chain_bound, total_usd
@@ -40,7 +39,6 @@ from switchyard.gateway.errors import (
     GatewayError,
     IdempotencyConflict,
     PaymentRequired,
-    ProviderFailure,
     TooManyRequests,
     Unavailable,
 )
@@ -57,10 +55,11 @@ from switchyard.gateway.idempotency import (
 from switchyard.gateway.image_fetch import ImageFetcher
 from switchyard.gateway.messages import Message
 from switchyard.gateway.metrics import GatewayMetrics
+from switchyard.gateway.outcome import Outcome
 from switchyard.gateway.owned_tasks import OwnedTasks
 from switchyard.gateway.planning import Plan, Planner
 from switchyard.gateway.pool import ProviderPool
-from switchyard.gateway.providers.base import Delta, ProviderCall, ProviderError, ProviderOverloaded, ToolCall
+from switchyard.gateway.providers.base import ProviderCall, ProviderOverloaded
 from switchyard.gateway.redaction_pool import RedactionPool
 from switchyard.gateway.results import (
     H_BUDGET_LEFT,
@@ -73,7 +72,6 @@ from switchyard.gateway.results import (
     H_REPLAY,
     H_REQUEST_ID,
     H_SDK_REQUEST_ID,
-    ContractResult,
     JSONResult,
     Result,
     StreamResult,
@@ -84,7 +82,6 @@ from switchyard.gateway.results import (
     release_after,
     replay_stream,
 )
-from switchyard.gateway.routing import Candidate
 from switchyard.gateway.seams import (
     AuditSink,
     AuditUnavailable,
@@ -102,11 +99,11 @@ from switchyard.gateway.seams import (
     Reservation,
     Usage,
 )
-from switchyard.gateway.stream_tools import StreamedToolCalls
+from switchyard.gateway.streaming import StreamSettlement, stream_body
 from switchyard.gateway.tracing import GatewayTracing
-from switchyard.gateway.wire import chunk_body, completion_body, sse, tool_call_body
+from switchyard.gateway.wire import completion_body, tool_call_body
 from switchyard.policy.keys import Principal
-from switchyard.policy.models import ErrorClass, RiskTier
+from switchyard.policy.models import RiskTier
 from switchyard.policy.policy_set import PolicySet
 
 log = logging.getLogger(__name__)
@@ -136,23 +133,6 @@ class GatewayParts:
     # (team, user) -> the end user's audit pseudonym, which names stored idempotent answers
     pseudonym: Callable[[str, str], str] | None = None
     tracing: GatewayTracing = field(default_factory=GatewayTracing)  # default: no-op
-
-
-@dataclass(kw_only=True)
-class _Outcome:
-    """What the audit record and the metrics need once a request's fate is known."""
-
-    status: int
-    budget_decision: str = "not_reached"
-    contract: ContractResult = "not_reached"
-    output_text: str | None = None
-    tool_calls: tuple[ToolCall, ...] = ()
-    provider: str | None = None
-    model_version: str | None = None
-    usage: Usage | None = None
-    cost: float = 0.0
-    bills: tuple[Bill, ...] = ()  # what the providers billed, one per billed attempt
-    error_code: str | None = None
 
 
 class ChatPipeline:
@@ -278,7 +258,7 @@ class ChatPipeline:
         try:
             result = await self._execute(plan, hdr)
         except BaseException:
-            self._own(forget_claim(store, ctx.team, key))
+            self.own(forget_claim(store, ctx.team, key))
             raise
         if isinstance(result, JSONResult) and result.status == 200:
             stored = StoredResponse(result.status, result.body, result.headers, await self._subject(ctx))
@@ -288,9 +268,9 @@ class ChatPipeline:
                 # Answered and charged: the answer goes out, and it is stored once the store is
                 # back, so a retry meanwhile waits on the claim rather than running (and paying) again.
                 log.error("request %s: storing the answer failed, retrying in the background: %s", ctx.request_id, exc)
-                self._own(complete_later(store, ctx.team, key, stored))
+                self.own(complete_later(store, ctx.team, key, stored))
         else:
-            self._own(forget_claim(store, ctx.team, key))  # failures are not stored: a retry may succeed
+            self.own(forget_claim(store, ctx.team, key))  # failures are not stored: a retry may succeed
         return result
 
     def _answered_here(self, plan: Plan, result: JSONResult) -> JSONResult:
@@ -319,7 +299,7 @@ class ChatPipeline:
             err = Unavailable("overloaded", ticket.message(), headers={"retry-after": str(ticket.retry_after_s)})
             nothing_sent = Redacted([], RedactionSummary("none"))
             return await self._fail(
-                plan, nothing_sent, _Outcome(status=503, error_code="overloaded"), err, hdr, ChainLog()
+                plan, nothing_sent, Outcome(status=503, error_code="overloaded"), err, hdr, ChainLog()
             )
         try:
             result = await self._admitted(plan, hdr)
@@ -362,7 +342,7 @@ class ChatPipeline:
             outgoing = await self._fetch_images(plan)
         except GatewayError as exc:  # the client's image could not be fetched: nothing was sent
             nothing_sent = Redacted([], RedactionSummary("none"))
-            outcome = _Outcome(status=exc.status, error_code=exc.code)
+            outcome = Outcome(status=exc.status, error_code=exc.code)
             return await self._fail(plan, nothing_sent, outcome, exc, hdr, ChainLog())
         try:
             remaining_s = ctx.deadline_at - parts.clock()
@@ -370,7 +350,7 @@ class ChatPipeline:
                 redacted = await self.redaction.redact(parts.redactor, outgoing, flow.data_class, remaining_s)
         except DeadlineExceeded as exc:
             nothing_sent = Redacted([], RedactionSummary("none"))
-            outcome = _Outcome(status=504, error_code=exc.code)
+            outcome = Outcome(status=504, error_code=exc.code)
             return await self._fail(plan, nothing_sent, outcome, exc, hdr, ChainLog())
         except Exception:  # fail closed: nothing leaves unredacted when the redactor breaks
             log.exception("redaction failed for request %s (data class %s)", ctx.request_id, flow.data_class)
@@ -383,7 +363,7 @@ class ChatPipeline:
             parts.metrics.candidate_skipped(plan.policy_set.providers.models[skip.model].provider, skip.reason)
         chain = ChainLog(hops=[f"{s.model}:{s.reason}" for s in plan.route.skipped if s.capability])
         primary = plan.route.candidates[0]
-        outcome = _Outcome(status=200)
+        outcome = Outcome(status=200)
         catalog = plan.policy_set.providers
         try:
             # Held before the first call: everything the chain may bill, fallbacks and repairs
@@ -399,7 +379,7 @@ class ChatPipeline:
             )
         except UnknownPrice as exc:
             log.error("request %s: %s", ctx.request_id, exc)
-            outcome = _Outcome(status=503, budget_decision="no_price", error_code="price_unknown")
+            outcome = Outcome(status=503, budget_decision="no_price", error_code="price_unknown")
             unpriced = Unavailable("price_unknown", "a model of this flow has no price today; nothing was charged")
             return await self._fail(plan, redacted, outcome, unpriced, hdr, chain)
         try:
@@ -409,17 +389,17 @@ class ChatPipeline:
                 async with asyncio.timeout(max(ctx.deadline_at - parts.clock(), 0.0)):
                     reservation = await parts.budget.reserve(ctx, estimate)
         except OverBudget as exc:
-            outcome = _Outcome(status=402, budget_decision=f"over_budget:{exc.budget}", error_code="over_budget")
+            outcome = Outcome(status=402, budget_decision=f"over_budget:{exc.budget}", error_code="over_budget")
             return await self._fail(plan, redacted, outcome, PaymentRequired("over_budget", str(exc)), hdr, chain)
         except RateLimited as exc:
-            outcome = _Outcome(status=429, budget_decision=f"rate_limited:{exc.limit}", error_code="rate_limited")
+            outcome = Outcome(status=429, budget_decision=f"rate_limited:{exc.limit}", error_code="rate_limited")
             limited = TooManyRequests(
                 "rate_limited", str(exc), headers={"retry-after": str(max(1, math.ceil(exc.retry_after_s)))}
             )
             return await self._fail(plan, redacted, outcome, limited, hdr, chain)
         except (BudgetUnavailable, TimeoutError) as exc:
             log.error("request %s: the budget ledger is unavailable: %s", ctx.request_id, exc or "deadline passed")
-            outcome = _Outcome(status=503, budget_decision="ledger_unavailable", error_code="budget_unavailable")
+            outcome = Outcome(status=503, budget_decision="ledger_unavailable", error_code="budget_unavailable")
             down = Unavailable(
                 "budget_unavailable",
                 "the budget ledger cannot be reached right now; nothing was charged",
@@ -465,7 +445,7 @@ class ChatPipeline:
             answer = await self.runner.complete(run, restore)
         except ChainFailed as failed:
             err = self._chain_error(plan, failed, chain)
-            outcome = _Outcome(
+            outcome = Outcome(
                 status=err.status,
                 budget_decision="reserved",
                 contract="invalid" if failed.contract_problem else "not_reached",
@@ -476,8 +456,8 @@ class ChatPipeline:
         except BaseException:
             # Cancelled (the client left) or a bug: what was billed is charged, the rest freed,
             # and the request audited, in a task the cancellation cannot reach.
-            gone = _Outcome(status=499, budget_decision="reserved", error_code="client_disconnected")
-            await asyncio.shield(self._own(self._charge_and_audit(plan, redacted, reservation, gone, chain)))
+            gone = Outcome(status=499, budget_decision="reserved", error_code="client_disconnected")
+            await asyncio.shield(self.own(self._charge_and_audit(plan, redacted, reservation, gone, chain)))
             raise
         done, cand = answer.value, answer.candidate
         text = restore(done.text)
@@ -489,7 +469,7 @@ class ChatPipeline:
                 H_FALLBACK: chain.header(),
             }
         )
-        outcome = _Outcome(
+        outcome = Outcome(
             status=200,
             budget_decision="reserved",
             contract="valid" if plan.output is not None and not calls else "not_declared",
@@ -502,7 +482,7 @@ class ChatPipeline:
         try:
             # Charged and audited in a task the pipeline owns: a client that hangs up now
             # cannot cut the charge or the record short (the answer just is not sent).
-            await asyncio.shield(self._own(self._charge_and_audit_answer(plan, redacted, reservation, outcome, chain)))
+            await asyncio.shield(self.own(self._charge_and_audit_answer(plan, redacted, reservation, outcome, chain)))
         except AuditUnavailable as exc:
             return error_result(
                 Unavailable(
@@ -555,107 +535,32 @@ class ChatPipeline:
             answer = await self.runner.stream(run)
         except ChainFailed as failed:
             err = self._chain_error(plan, failed, chain)
-            outcome = _Outcome(status=err.status, budget_decision="reserved", error_code=err.code)
+            outcome = Outcome(status=err.status, budget_decision="reserved", error_code=err.code)
             return await self._fail(plan, redacted, outcome, err, hdr, chain, reservation)
         except BaseException:
             # Cancelled (the client hung up) before the first token: what the provider may
             # have billed is settled and the request audited, in a task the request's
             # cancellation cannot reach.
-            gone = _Outcome(status=499, budget_decision="reserved", error_code="client_disconnected")
-            await asyncio.shield(_StreamEnd(self, plan, redacted, reservation, chain, chain.current, gone).finish())
+            gone = Outcome(status=499, budget_decision="reserved", error_code="client_disconnected")
+            await asyncio.shield(
+                StreamSettlement(self, plan, redacted, reservation, chain, chain.current, gone).finish()
+            )
             raise
         cand = answer.candidate
         hdr.update({H_PROVIDER: cand.provider, H_MODEL: cand.entry.model_version, H_FALLBACK: chain.header()})
         first, rest = answer.value
-        outcome = _Outcome(
+        outcome = Outcome(
             status=200,
             budget_decision="reserved",
             contract="not_declared",
             provider=cand.provider,
             model_version=cand.entry.model_version,
         )
-        end = _StreamEnd(self, plan, redacted, reservation, chain, cand, outcome, room)
-        body = self._stream_body(plan, redacted, end, cand.model, first, rest)
+        end = StreamSettlement(self, plan, redacted, reservation, chain, cand, outcome, room)
+        body = stream_body(self.parts, plan, redacted, end, cand.model, first, rest)
         # A body the server never starts (the client left before it) never runs its `finally`.
         weakref.finalize(body, end.finish_soon, asyncio.get_running_loop())
         return StreamResult(hdr, body)
-
-    async def _stream_body(
-        self,
-        plan: Plan,
-        redacted: Redacted,
-        end: _StreamEnd,
-        model: str,
-        first: Delta,
-        rest: AsyncIterator[Delta],
-    ) -> AsyncIterator[bytes]:
-        """After the first byte there is no fallback: a failure ends the stream with an error
-        event (OpenAI's SDK raises it as an APIError), and what was streamed is charged."""
-        ctx, parts = plan.ctx, self.parts
-        provider, outcome = end.outcome.provider or "none", end.outcome
-        created = int(ctx.received_at)
-        restorer = parts.redactor.restorer(redacted)
-        parts_out = end.streamed
-        usage: Usage | None = None
-        try:
-            # The provider's first piece is in hand (the chain waited for it before answering).
-            parts.metrics.first_token(ctx.team, ctx.flow.flow, provider, parts.clock() - ctx.received_at)
-            yield sse(chunk_body(ctx.request_id, model, created, role=True, text=""))
-            delta = first
-            while True:
-                if delta.text:
-                    end.raw.append(delta.text)
-                    out = restorer.feed(delta.text)
-                    parts_out.append(out)
-                    if out:
-                        yield sse(chunk_body(ctx.request_id, model, created, text=out))
-                if delta.tool_calls:
-                    pieces = end.calls.feed(delta.tool_calls)
-                    if pieces:
-                        yield sse(chunk_body(ctx.request_id, model, created, tool_calls=pieces))
-                if delta.finish_reason is not None:
-                    usage, end.finished = delta.usage, True
-                    tail = restorer.flush()
-                    if tail:
-                        parts_out.append(tail)
-                        yield sse(chunk_body(ctx.request_id, model, created, text=tail))
-                    rest_of_calls = end.calls.flush()
-                    if rest_of_calls:
-                        yield sse(chunk_body(ctx.request_id, model, created, tool_calls=rest_of_calls))
-                    yield sse(chunk_body(ctx.request_id, model, created, finish_reason=delta.finish_reason))
-                    break
-                remaining = ctx.deadline_at - parts.clock()
-                try:
-                    async with asyncio.timeout(max(remaining, 0.0)):
-                        delta = await anext(rest)
-                except StopAsyncIteration:
-                    raise ProviderError(ErrorClass.CONNECTION, f"{provider} ended the stream early") from None
-                except TimeoutError:
-                    raise ProviderError(ErrorClass.TIMEOUT, "the flow's deadline passed mid-stream") from None
-            usage = usage or end.bound_usage()
-            if plan.request.stream_options is not None and plan.request.stream_options.include_usage:
-                # The headers left before the cost was known: it comes with the usage.
-                yield sse(chunk_body(ctx.request_id, model, created, usage=usage, switchyard=end.charges(usage)))
-            yield sse("[DONE]")
-        except ProviderError as exc:
-            parts.metrics.attempt_failed(provider, exc.error_class.value)
-            parts.circuits.breaker(provider).record(exc.error_class)
-            code = "deadline_exceeded" if exc.error_class is ErrorClass.TIMEOUT else "stream_interrupted"
-            outcome.status, outcome.error_code = (504 if code == "deadline_exceeded" else 502), code
-            err = (
-                DeadlineExceeded(code, exc.message)
-                if code == "deadline_exceeded"
-                else ProviderFailure(code, exc.message)
-            )
-            yield sse(err.body())
-        except BaseException:
-            if outcome.status == 200:  # cancelled or closed mid-stream: the client hung up
-                outcome.status, outcome.error_code = 499, "client_disconnected"
-            raise
-        finally:
-            close_stream_soon(rest)  # the provider's response, if it is still open
-            end.usage = usage
-            await asyncio.shield(end.finish())  # goes on if this request is cancelled
 
     # ------------------------------------------------------------ failures and records
 
@@ -663,7 +568,7 @@ class ChatPipeline:
         self,
         plan: Plan,
         redacted: Redacted,
-        outcome: _Outcome,
+        outcome: Outcome,
         err: GatewayError,
         hdr: dict[str, str],
         chain: ChainLog,
@@ -672,26 +577,26 @@ class ChatPipeline:
         """Answer `err`; first charge what was billed (if anything was reserved) and audit the
         refusal, in a task the pipeline owns, so a client that hangs up cannot cut it short."""
         hdr[H_FALLBACK] = chain.header()
-        await asyncio.shield(self._own(self._charge_and_record(plan, redacted, reservation, outcome, chain)))
+        await asyncio.shield(self.own(self._charge_and_record(plan, redacted, reservation, outcome, chain)))
         if reservation is not None:
             hdr[H_COST] = cost_header(outcome.cost)
         return error_result(err, hdr)
 
     async def _charge_and_record(
-        self, plan: Plan, redacted: Redacted, reservation: Reservation | None, o: _Outcome, chain: ChainLog
+        self, plan: Plan, redacted: Redacted, reservation: Reservation | None, o: Outcome, chain: ChainLog
     ) -> None:
         if reservation is not None:
-            o.cost = await self._charge(plan, o, reservation, self._bills(plan, redacted, chain))
-        await self._record(plan, redacted, o, chain, context="failed")
+            o.cost = await self.charge(plan, o, reservation, self.bills(plan, redacted, chain))
+        await self.record_outcome(plan, redacted, o, chain, context="failed")
 
     async def _charge_and_audit_answer(
-        self, plan: Plan, redacted: Redacted, reservation: Reservation, o: _Outcome, chain: ChainLog
+        self, plan: Plan, redacted: Redacted, reservation: Reservation, o: Outcome, chain: ChainLog
     ) -> None:
         """An answer's charge and record; `AuditUnavailable` means it must not be sent."""
-        o.cost = await self._charge(plan, o, reservation, self._bills(plan, redacted, chain))
+        o.cost = await self.charge(plan, o, reservation, self.bills(plan, redacted, chain))
         await self._audit(plan, redacted, o, chain)
 
-    async def _audit(self, plan: Plan, redacted: Redacted, o: _Outcome, chain: ChainLog) -> None:
+    async def _audit(self, plan: Plan, redacted: Redacted, o: Outcome, chain: ChainLog) -> None:
         ctx = plan.ctx
         exchange = Exchange(
             ctx=ctx,
@@ -715,13 +620,13 @@ class ChatPipeline:
         with self.parts.tracing.stage("audit.record", plan.span):
             await self.parts.audit.record(exchange, durable=ctx.flow.risk_tier is RiskTier.HIGH)
 
-    def _bills(self, plan: Plan, redacted: Redacted, chain: ChainLog) -> list[Bill]:
+    def bills(self, plan: Plan, redacted: Redacted, chain: ChainLog) -> list[Bill]:
         """What the providers billed for this request's attempts so far."""
         return billed_attempts(
             plan.policy_set.providers, chain.attempts, plan.ctx.day, redacted.messages, plan.max_tokens, plan.tools
         )
 
-    async def _charge(self, plan: Plan, o: _Outcome, reservation: Reservation, bills: list[Bill]) -> float:
+    async def charge(self, plan: Plan, o: Outcome, reservation: Reservation, bills: list[Bill]) -> float:
         """Settle what the providers billed, or free the reservation if nothing was billed.
         Each bill is counted in the token and cost metrics and listed in the audit record, so
         the two always agree."""
@@ -740,19 +645,19 @@ class ChatPipeline:
         return total_usd(bills)
 
     async def _charge_and_audit(
-        self, plan: Plan, redacted: Redacted, reservation: Reservation, o: _Outcome, chain: ChainLog
+        self, plan: Plan, redacted: Redacted, reservation: Reservation, o: Outcome, chain: ChainLog
     ) -> None:
-        bills = self._bills(plan, redacted, chain)
+        bills = self.bills(plan, redacted, chain)
         cand = chain.current
         if cand is not None:  # cut off mid-call: the provider may bill its answer all the same
             catalog, day = plan.policy_set.providers, plan.ctx.day
             inputs = estimate_call(catalog, cand.model, redacted.messages, 0, day, plan.tools).input_tokens
             bills.append(bill(catalog, cand.model, Usage(inputs, plan.max_tokens), day))
             o.provider, o.model_version = cand.provider, cand.entry.model_version
-        o.cost = await self._charge(plan, o, reservation, bills)
-        await self._record(plan, redacted, o, chain, context="cancelled")
+        o.cost = await self.charge(plan, o, reservation, bills)
+        await self.record_outcome(plan, redacted, o, chain, context="cancelled")
 
-    async def _record(self, plan: Plan, redacted: Redacted, o: _Outcome, chain: ChainLog, context: str) -> None:
+    async def record_outcome(self, plan: Plan, redacted: Redacted, o: Outcome, chain: ChainLog, context: str) -> None:
         """Count and audit a request whose answer is already gone (or was never going to be
         sent): an audit failure is logged, since there is no response left to refuse."""
         try:
@@ -772,7 +677,7 @@ class ChatPipeline:
             plan.span.set_response(status, error)
             plan.span.end()
 
-    def _own(self, work: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
+    def own(self, work: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
         return self._owned.run(work)
 
     async def drain(self) -> None:
@@ -793,81 +698,3 @@ class ChatPipeline:
             "admission": self.parts.admission.snapshot(self.parts.policies().org.gateway.admission),
             "counters": snapshot() if callable(snapshot) else {},
         }
-
-
-class _StreamEnd:
-    """Settles and audits one streamed request exactly once, however it ends: finished,
-    failed mid-stream, its client gone before or after the first token, or its body never
-    started. The work runs in a task the pipeline owns, so the request's cancellation
-    cannot cut it short."""
-
-    def __init__(
-        self,
-        pipeline: ChatPipeline,
-        plan: Plan,
-        redacted: Redacted,
-        reservation: Reservation,
-        chain: ChainLog,
-        candidate: Candidate | None,
-        outcome: _Outcome,
-        room: Headroom | None = None,
-    ) -> None:
-        self.pipeline, self.plan, self.redacted = pipeline, plan, redacted
-        self.room = room  # what the budget had left when the stream started
-        self.reservation, self.chain = reservation, chain
-        self.candidate = candidate  # whose stream may be billed; None: no call was under way
-        self.outcome = outcome
-        if candidate is not None and outcome.provider is None:
-            outcome.provider, outcome.model_version = candidate.provider, candidate.entry.model_version
-        self.streamed: list[str] = []  # restored text sent so far
-        self.raw: list[str] = []  # the provider's text, placeholders and all (what it billed)
-        self.calls = StreamedToolCalls(lambda: pipeline.parts.redactor.restorer(redacted))
-        self.finished = False  # the provider ended the answer itself
-        self.usage: Usage | None = None  # as the provider reported it, if it did
-        self._task: asyncio.Task[None] | None = None
-
-    def finish(self) -> asyncio.Task[None]:
-        if self._task is None:
-            self._task = self.pipeline._own(self._settle_and_audit())
-        return self._task
-
-    def finish_soon(self, loop: asyncio.AbstractEventLoop) -> None:
-        """From a finalizer, which may run anywhere: hand the work to the loop."""
-        if self._task is None and not loop.is_closed():
-            loop.call_soon_threadsafe(self.finish)
-
-    def bound_usage(self) -> Usage:
-        """The stream's usage when its provider reported none: the input as estimated and the
-        documented upper bound of the output (all of `max_tokens` unless it finished)."""
-        assert self.candidate is not None
-        plan = self.plan
-        catalog, day = plan.policy_set.providers, plan.ctx.day
-        inputs = estimate_call(catalog, self.candidate.model, self.redacted.messages, 0, day, plan.tools).input_tokens
-        text = "".join(self.raw) + self.calls.raw_text()
-        return Usage(inputs, output_tokens_upper_bound(text, plan.max_tokens, finished=self.finished))
-
-    def charges(self, usage: Usage) -> dict[str, Any]:
-        """What the stream will be charged for `usage` (settling charges exactly these bills),
-        and the budget left after it, for the final usage chunk."""
-        assert self.candidate is not None
-        plan = self.plan
-        bills = self.pipeline._bills(plan, self.redacted, self.chain)
-        bills.append(bill(plan.policy_set.providers, self.candidate.model, usage, plan.ctx.day))
-        cost = total_usd(bills)
-        out: dict[str, Any] = {"cost_usd": round(cost, 8)}
-        left = None if self.room is None else budget_left(self.room, self.reservation, cost)
-        if left is not None:
-            out["budget_remaining_usd"] = round(left, 8)
-        return out
-
-    async def _settle_and_audit(self) -> None:
-        p, plan, o = self.pipeline, self.plan, self.outcome
-        catalog, day = plan.policy_set.providers, plan.ctx.day
-        bills = p._bills(plan, self.redacted, self.chain)
-        if self.candidate is not None:
-            o.usage = self.usage or self.bound_usage()
-            bills.append(bill(catalog, self.candidate.model, o.usage, day))
-        o.output_text = "".join(self.streamed)
-        o.tool_calls = self.calls.calls()
-        o.cost = await p._charge(plan, o, self.reservation, bills)
-        await p._record(plan, self.redacted, o, self.chain, context="streamed")
