@@ -537,3 +537,22 @@ async def test_features_are_what_the_head_reads() -> None:
     ids = torch.tensor([[1, 2, 3, 4]])
     with torch.no_grad():
         assert torch.equal(model(ids), model.head(model.features(ids)))
+
+
+async def test_usage_counters_equal_the_audit_records_bills(gw: EmbeddingGateway) -> None:
+    """As for chat: each bill is counted and listed in the record (a billed timeout included)."""
+    before = len(gw.metrics.usages)
+    ids = []
+    for fault in (None, Fault("latency", delay_s=1.0), Fault("no_usage")):
+        if fault is not None:
+            gw.fakes.openai.faults.append(fault)
+        try:
+            raw = await gw.client().embeddings.with_raw_response.create(model="auto", input=["one", "two"])
+            ids.append(raw.headers["x-switchyard-request-id"])
+        except openai.APIStatusError as exc:
+            ids.append(exc.response.headers["x-switchyard-request-id"])
+    await gw.pipeline.drain()
+    counted = [(m, p, usd) for _, _, m, p, _, usd in gw.metrics.usages[before:]]
+    billed = [(b.model, b.prompt_tokens, b.cost_usd) for rid in ids for b in gw.record(rid).bills]
+    assert len(billed) == 3 and sorted(counted) == sorted(billed)
+    assert all(abs(sum(b.cost_usd for b in gw.record(r).bills) - gw.record(r).cost_usd) < 1e-12 for r in ids)

@@ -55,6 +55,7 @@ from switchyard.gateway.errors import (
     Unavailable,
 )
 from switchyard.gateway.evals import EvalVerdict
+from switchyard.gateway.outcome import Outcome
 from switchyard.gateway.owned_tasks import OwnedTasks
 from switchyard.gateway.pipeline import GatewayParts
 from switchyard.gateway.planning import IDEMPOTENCY_HEADER, FlowCache, deadline_ms
@@ -151,21 +152,10 @@ class _Run:
     sent: tuple[str, ...] = ()  # the inputs as sent to the provider (redacted)
 
 
-@dataclass(kw_only=True)
-class _Outcome:
-    status: int
-    budget_decision: str = "not_reached"
-    provider: str | None = None
-    model_version: str | None = None
-    usage: Usage | None = None
-    cost: float = 0.0
-    error_code: str | None = None
-
-
 class _Refused(Exception):
     """A request refused before the provider call: its error and what the record says."""
 
-    def __init__(self, error: GatewayError, outcome: _Outcome) -> None:
+    def __init__(self, error: GatewayError, outcome: Outcome) -> None:
         super().__init__(error.message)
         self.error = error
         self.outcome = outcome
@@ -273,7 +263,7 @@ class EmbeddingsPipeline:
         if isinstance(ticket, Shed):
             parts.metrics.shed(ctx.team, ctx.flow.flow, ticket.priority.value, ticket.reason)
             err = Unavailable("overloaded", ticket.message(), headers={"retry-after": str(ticket.retry_after_s)})
-            return await self._fail(run, _Outcome(status=503, error_code="overloaded"), err, hdr)
+            return await self._fail(run, Outcome(status=503, error_code="overloaded"), err, hdr)
         try:
             return await self._admitted(run, hdr)
         finally:
@@ -286,10 +276,10 @@ class EmbeddingsPipeline:
             remaining_s = ctx.deadline_at - parts.clock()
             redacted = await self.redaction.redact(parts.redactor, plan.messages, flow.data_class, remaining_s)
         except DeadlineExceeded as exc:
-            return await self._fail(run, _Outcome(status=504, error_code=exc.code), exc, hdr)
+            return await self._fail(run, Outcome(status=504, error_code=exc.code), exc, hdr)
         except Exception:  # fail closed: nothing leaves unredacted when the redactor breaks
             log.exception("redaction failed for request %s (data class %s)", ctx.request_id, flow.data_class)
-            parts.metrics.request(ctx.team, flow.flow, 503, None)
+            self._count(ctx, 503, None)
             return error_result(
                 Unavailable("redaction_unavailable", f"data class {flow.data_class!r} cannot be redacted right now"),
                 hdr,
@@ -306,12 +296,12 @@ class EmbeddingsPipeline:
             )
         except ProviderError as exc:
             err = self.caller.failure(plan.ctx, plan.policy_set, plan.candidate, exc, run.log)
-            outcome = _Outcome(status=err.status, budget_decision="reserved", error_code=err.code)
+            outcome = Outcome(status=err.status, budget_decision="reserved", error_code=err.code)
             return await self._fail(run, outcome, err, hdr, reservation)
         except BaseException:
             # Cancelled (the client hung up) or a bug: the call under way is charged at the bound,
             # the request audited, in a task the request's cancellation cannot reach.
-            gone = _Outcome(status=499, budget_decision="reserved", error_code="client_disconnected")
+            gone = Outcome(status=499, budget_decision="reserved", error_code="client_disconnected")
             await asyncio.shield(self._own(self._charge_and_record(run, reservation, gone)))
             raise
         return await self._answer(run, reservation, answer, hdr)
@@ -327,7 +317,7 @@ class EmbeddingsPipeline:
                 "price_unknown", "this flow's embedding model has no price today; nothing was charged"
             )
             raise _Refused(
-                unpriced, _Outcome(status=503, budget_decision="no_price", error_code="price_unknown")
+                unpriced, Outcome(status=503, budget_decision="no_price", error_code="price_unknown")
             ) from None
         try:
             # Bounded by the deadline: a ledger that cannot answer in time is an outage (503),
@@ -338,13 +328,13 @@ class EmbeddingsPipeline:
             if isinstance(exc, BudgetUnavailable | TimeoutError):
                 log.error("request %s: the budget ledger is unavailable: %s", ctx.request_id, exc or "deadline passed")
             err, decision = budget_refusal(exc)
-            raise _Refused(err, _Outcome(status=err.status, budget_decision=decision, error_code=err.code)) from None
+            raise _Refused(err, Outcome(status=err.status, budget_decision=decision, error_code=err.code)) from None
 
     async def _answer(self, run: _Run, reservation: Reservation, answer: Embeddings, hdr: dict[str, str]) -> JSONResult:
         plan, parts = run.plan, self.parts
         ctx, cand = plan.ctx, plan.candidate
         tokens = answer.prompt_tokens if answer.usage_reported else input_tokens_bound(cand.entry.family, run.sent)
-        outcome = _Outcome(
+        outcome = Outcome(
             status=200,
             budget_decision="reserved",
             provider=cand.provider,
@@ -357,7 +347,7 @@ class EmbeddingsPipeline:
             # cannot cut the charge or the record short (the answer just is not sent).
             await asyncio.shield(self._own(self._charge_and_audit(run, reservation, outcome)))
         except AuditUnavailable as exc:
-            parts.metrics.request(ctx.team, ctx.flow.flow, 503, cand.provider)
+            self._count(ctx, 503, cand.provider)
             hdr[H_COST] = f"{outcome.cost:.8f}"
             down = Unavailable(
                 "audit_unavailable", f"the audit store cannot take the record of this high-risk request ({exc})"
@@ -367,7 +357,7 @@ class EmbeddingsPipeline:
         warnings = parts.budget.warnings(reservation)
         if warnings:
             hdr[H_BUDGET_WARNING] = "; ".join(warnings)
-        parts.metrics.request(ctx.team, ctx.flow.flow, 200, cand.provider)
+        self._count(ctx, 200, cand.provider)
         total_ms = (parts.clock() - ctx.received_at) * 1000
         upstream_ms = sum(a.latency_ms for a in run.log.attempts)
         parts.metrics.stage_latency("total", total_ms)
@@ -381,7 +371,7 @@ class EmbeddingsPipeline:
     async def _fail(
         self,
         run: _Run,
-        outcome: _Outcome,
+        outcome: Outcome,
         err: GatewayError,
         hdr: dict[str, str],
         reservation: Reservation | None = None,
@@ -392,26 +382,28 @@ class EmbeddingsPipeline:
         hdr[H_COST] = f"{outcome.cost:.8f}"
         return error_result(err, hdr)
 
-    async def _charge_and_record(self, run: _Run, reservation: Reservation | None, o: _Outcome) -> None:
+    async def _charge_and_record(self, run: _Run, reservation: Reservation | None, o: Outcome) -> None:
         cand = run.log.current
         if cand is not None:  # cut off mid-call: the provider may bill its answer all the same
             o.provider, o.model_version = cand.provider, cand.entry.model_version
         if reservation is not None:
-            o.cost = await self._charge(run, reservation)
-        self.parts.metrics.request(run.plan.ctx.team, run.plan.ctx.flow.flow, o.status, o.provider)
+            o.cost = await self._charge(run, reservation, o)
+        self._count(run.plan.ctx, o.status, o.provider)
         try:
             await self._audit(run, o)
         except AuditUnavailable as exc:  # no answer is left to withhold: logged
             log.error("audit record of failed request %s was not written: %s", run.plan.ctx.request_id, exc)
 
-    async def _charge_and_audit(self, run: _Run, reservation: Reservation, o: _Outcome) -> None:
+    async def _charge_and_audit(self, run: _Run, reservation: Reservation, o: Outcome) -> None:
         """An answer's charge and record; `AuditUnavailable` means it must not be sent."""
-        o.cost = await self._charge(run, reservation)
+        o.cost = await self._charge(run, reservation, o)
         await self._audit(run, o)
 
-    async def _charge(self, run: _Run, reservation: Reservation) -> float:
-        """Settle what the provider billed, or free the reservation if nothing was billed."""
+    async def _charge(self, run: _Run, reservation: Reservation, o: Outcome) -> float:
+        """Settle what the provider billed, or free the reservation if nothing was billed; the
+        bills go to the metrics and the audit record alike."""
         bills = self._bills(run)
+        o.bills = tuple(bills)
         if not bills:
             await self.parts.budget.release(reservation)
             return 0.0
@@ -435,7 +427,7 @@ class EmbeddingsPipeline:
             bills.append(bill(catalog, run.log.current.model, bound, day))
         return bills
 
-    async def _audit(self, run: _Run, o: _Outcome) -> None:
+    async def _audit(self, run: _Run, o: Outcome) -> None:
         ctx = run.plan.ctx
         exchange = Exchange(
             ctx=ctx,
@@ -447,6 +439,7 @@ class EmbeddingsPipeline:
             model_version=o.model_version,
             usage=o.usage,
             cost_usd=o.cost,
+            bills=o.bills,
             latency_ms=(self.parts.clock() - ctx.received_at) * 1000,
             budget_decision=o.budget_decision,
             redaction=run.redaction,
@@ -454,6 +447,11 @@ class EmbeddingsPipeline:
             error_code=o.error_code,
         )
         await self.parts.audit.record(exchange, durable=ctx.flow.risk_tier is RiskTier.HIGH)
+
+    def _count(self, ctx: RequestContext, status: int, provider: str | None) -> None:
+        """One request's fate in the metrics: its status and its end-to-end time."""
+        self.parts.metrics.request(ctx.team, ctx.flow.flow, status, provider)
+        self.parts.metrics.latency(ctx.team, ctx.flow.flow, provider, status, self.parts.clock() - ctx.received_at)
 
     def _own(self, work: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
         return self._owned.run(work)
