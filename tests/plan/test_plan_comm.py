@@ -63,6 +63,16 @@ def test_gradient_accumulation_repeats_gathers_not_zero1_reduction() -> None:
     assert _comm(Strategy.ZERO1, grad_accum=4)[0] == _comm(Strategy.ZERO1)[0]
 
 
+def test_accumulation_traffic_is_what_the_trainer_runs() -> None:
+    # The trainer: DDP and NO_SHARD reduce once per step; FULL_SHARD reduce-scatters (and
+    # gathers) every micro-batch; HSDP reduce-scatters every micro-batch inside its group of
+    # 8 but all-reduces the Ψ/2 shard sums across groups once: 4·7Ψ + 0.875Ψ.
+    for strategy in (Strategy.DDP, Strategy.FSDP_NO_SHARD):
+        assert _comm(strategy, grad_accum=4)[0] == _comm(strategy)[0]
+    assert _comm(Strategy.FSDP_FULL, grad_accum=4)[0] == pytest.approx(4 * _comm(Strategy.FSDP_FULL)[0])
+    assert _comm(Strategy.FSDP_HYBRID, grad_accum=4)[0] == pytest.approx((4 * 7 + 0.875) * PSI, rel=1e-9)
+
+
 def test_one_node_uses_nvlink_and_one_gpu_sends_nothing() -> None:
     # 8 GPUs: (7/8)·4Ψ at 360 GB/s
     _, seconds = _comm(Strategy.ZERO1, ClusterSpec(gpus=8))

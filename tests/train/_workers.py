@@ -67,6 +67,7 @@ def run_jobs(rank: int, world_size: int, jobs: list[dict[str, Any]], out_path: s
                 memory["after_step"] = engine.memory().as_dict()
                 for name, probe in getattr(engine, "probes", {}).items():
                     memory[name] = probe.as_dict()
+                memory["peak_grad_bytes"] = getattr(engine, "peak_grad_bytes", None)
 
         ctx = RunContext(
             rank=rank,
@@ -137,14 +138,17 @@ def construct_on_meta(rank: int, world_size: int, strategies: list[str], out_pat
     from switchyard.models import GPT
     from switchyard.train.loop import build_engine, build_model
     from switchyard.train.materialize import init_sharded_weights
-    from switchyard.train.memory import PeakLiveBytes
+    from switchyard.train.memory import PeakLiveBytes, param_bytes
 
     device = torch.device("cpu")
     results: dict[str, Any] = {}
     for strategy in strategies:
         spec = meta_spec(strategy)
         with PeakLiveBytes() as meta_peak:
-            engine = build_engine(build_model(spec, device, None), spec, device, world_size)
+            built = build_model(spec, device, None)
+            # Storage the unwrapped model holds: none on meta, a partition under zero.Init.
+            held = param_bytes(p for p in built.parameters() if not p.is_meta)
+            engine = build_engine(built, spec, device, world_size)
         meta_losses = _first_losses(engine, spec, rank, world_size)
         del engine
         with PeakLiveBytes() as whole_peak:
@@ -152,9 +156,9 @@ def construct_on_meta(rank: int, world_size: int, strategies: list[str], out_pat
             init_sharded_weights(model, spec.seed)
             engine = build_engine(model, spec, device, world_size)
         whole_losses = _first_losses(engine, spec, rank, world_size)
-        del engine, model
+        del engine, model, built
         peaks: list[Any] = [None] * world_size
-        torch.distributed.all_gather_object(peaks, (meta_peak.peak, whole_peak.peak))
+        torch.distributed.all_gather_object(peaks, (meta_peak.peak, whole_peak.peak, held))
         results[strategy] = {"meta": meta_losses, "whole": whole_losses, "peaks": peaks}
     if rank == 0:
         Path(out_path).write_text(json.dumps(results))
@@ -163,5 +167,5 @@ def construct_on_meta(rank: int, world_size: int, strategies: list[str], out_pat
 def meta_spec(strategy: str) -> JobSpec:
     """Four blocks, so a block is a small part of the model and the bound says something."""
     return tiny_spec(
-        "meta", **{"parallel.strategy": strategy, "model.overrides": {"max_seq_len": 32, "n_layer": 4}}
+        f"meta-{strategy}", **{"parallel.strategy": strategy, "model.overrides": {"max_seq_len": 32, "n_layer": 4}}
     )

@@ -28,6 +28,10 @@ MATRIX_2 = [
     ("fsdp-no-shard", "selective", "block", 1),
     ("ddp", "none", "block", 2),
     ("fsdp-full", "full", "block", 2),
+    ("ddp", "none", "block", 4),
+    ("fsdp-full", "none", "block", 4),
+    ("fsdp-grad-op", "none", "block", 4),
+    ("fsdp-no-shard", "none", "block", 4),
 ]
 
 
@@ -102,8 +106,23 @@ def test_grad_op_holds_full_parameters_between_forward_and_backward(
     assert all(_about(p, P / 2) for p in _mem(two_rank_results, grad_op, "after_step", "params"))
 
 
+def test_accumulation_keeps_sharded_gradients_sharded(two_rank_results: dict[str, Any]) -> None:
+    """grad_accum_steps 4: sharded strategies reduce-scatter every micro-batch, so no rank
+    ever holds more than its shard of the gradients; replicated ones hold them whole."""
+    for strategy in ("fsdp-full", "fsdp-grad-op"):
+        peaks = _mem_peak(two_rank_results, _name(strategy, "none", "block", 4))
+        assert all(_about(p, P / 2) for p in peaks), (strategy, peaks, P)
+    for strategy in ("ddp", "fsdp-no-shard"):
+        assert _mem_peak(two_rank_results, _name(strategy, "none", "block", 4)) == [P, P]
+
+
+def _mem_peak(results: dict[str, dict[str, Any]], name: str) -> list[int]:
+    return [rank_memory["peak_grad_bytes"] for rank_memory in results[name]["memory"]]
+
+
 def test_hybrid_on_four_ranks_matches_ddp_and_shards_within_groups() -> None:
     kw = {"num_workers": 4, "data.micro_batch_size": 1}
+    accum = {**kw, "data.grad_accum_steps": 4}
     results = {
         r["job"]: r
         for r in run_jobs(
@@ -117,6 +136,8 @@ def test_hybrid_on_four_ranks_matches_ddp_and_shards_within_groups() -> None:
                     )
                 ),
                 job(tiny_spec("full4", **kw, **{"parallel.strategy": "fsdp-full"})),
+                job(tiny_spec("ddp4-a4", **accum)),
+                job(tiny_spec("hybrid4-a4", **accum, **{"parallel.strategy": "fsdp-hybrid"})),
             ],
             nproc=4,
         )
@@ -127,3 +148,7 @@ def test_hybrid_on_four_ranks_matches_ddp_and_shards_within_groups() -> None:
     assert all(_about(p, P / 2) for p in hybrid)  # 2 replicas x 2 shards
     assert hybrid[0] == hybrid[2] and hybrid[1] == hybrid[3]  # replicas hold the same shard
     assert all(_about(p, P / 4) for p in _mem(results, "full4", "after_step", "params"))
+    # Accumulating 4 micro-batches, HSDP reduce-scatters each one inside its shard group and
+    # all-reduces across replicas once: a rank holds half the gradients, never all of them.
+    _assert_matches(results["hybrid4-a4"]["losses"], results["ddp4-a4"]["losses"])
+    assert all(_about(p, P / 2) for p in _mem_peak(results, "hybrid4-a4")), _mem_peak(results, "hybrid4-a4")

@@ -5,15 +5,19 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from switchyard.train.storage import Location
+from switchyard.train.storage import Location, download_prefix
 
 
 def test_directory_markers_are_not_files(s3_bucket: str, tmp_path: Path) -> None:
     import boto3
 
     client = boto3.client("s3")
-    for key, body in [("run/step-2/", b""), ("run/step-2/a.pt", b"abc"), ("run/step-2/sub/", b""),
-                      ("run/step-2/sub/b.pt", b"de")]:
+    for key, body in [
+        ("run/step-2/", b""),
+        ("run/step-2/a.pt", b"abc"),
+        ("run/step-2/sub/", b""),
+        ("run/step-2/sub/b.pt", b"de"),
+    ]:
         client.put_object(Bucket="ckpt", Key=key, Body=body)
     location = Location(f"{s3_bucket}/run")
     assert location.list_children() == ["step-2"]
@@ -21,3 +25,14 @@ def test_directory_markers_are_not_files(s3_bucket: str, tmp_path: Path) -> None
     local = location.fetch("step-2", tmp_path / "step-2")
     assert (local / "a.pt").read_bytes() == b"abc" and (local / "sub" / "b.pt").read_bytes() == b"de"
     assert sorted(str(p.relative_to(local)) for p in local.rglob("*") if p.is_file()) == ["a.pt", "sub/b.pt"]
+
+
+def test_download_prefix_is_a_folder_not_a_string_prefix(s3_bucket: str, tmp_path: Path) -> None:
+    import boto3
+
+    client = boto3.client("s3")
+    client.put_object(Bucket="ckpt", Key="data/a.bin", Body=b"ab")
+    client.put_object(Bucket="ckpt", Key="data2/b.bin", Body=b"cd")
+    for uri in (f"{s3_bucket}/data", f"{s3_bucket}/data/"):
+        dest = download_prefix(uri, tmp_path / uri.rstrip("/").replace("/", "_").replace(":", ""))
+        assert sorted(p.name for p in dest.rglob("*") if p.is_file()) == ["a.bin"], uri

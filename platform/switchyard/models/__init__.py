@@ -7,4 +7,4 @@ from switchyard.models.config import PRESETS, GPTConfig
 from switchyard.models.gpt import GPT, InitRule, next_token_loss
 from switchyard.models.tokenizer import ByteTokenizer
 
-__all__ = ["GPT", "InitRule", "PRESETS", "ByteTokenizer", "GPTConfig", "next_token_loss"]
+__all__ = ["GPT", "PRESETS", "ByteTokenizer", "GPTConfig", "InitRule", "next_token_loss"]

@@ -92,3 +92,25 @@ class PeakLiveBytes:
         for _, nbytes in memory:
             live += nbytes
             self.peak = max(self.peak, live)
+
+
+def held_grad_bytes(model: nn.Module) -> int:
+    """Gradient bytes this rank holds between micro-batches: `.grad` (a local shard for
+    FSDP) plus what FSDP2 keeps aside while a reduction is skipped — the unsharded gradients
+    (`set_requires_gradient_sync(False)`) or HSDP's partial shard sums
+    (`set_requires_all_reduce(False)`). FSDP2 has no public accessor for those, so this
+    reads its param groups."""
+    total = grad_bytes(model.parameters())
+    for module in model.modules():
+        get_state = getattr(module, "_get_fsdp_state", None)
+        group = get_state()._fsdp_param_group if get_state is not None else None
+        if group is None:
+            continue
+        partial = group._partial_reduce_output
+        total += local_bytes(partial) if partial is not None else 0
+        for fsdp_param in group.fsdp_params:
+            aside = fsdp_param.unsharded_accumulated_grad
+            if aside is None and hasattr(fsdp_param, "_unsharded_param"):
+                aside = fsdp_param._unsharded_param.grad
+            total += local_bytes(aside) if aside is not None else 0
+    return total

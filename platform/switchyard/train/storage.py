@@ -124,12 +124,14 @@ def download_prefix(uri: str, dest: Path) -> Path:
     client = _client()
     paginator = client.get_paginator("list_objects_v2")
     found = False
-    for page in paginator.paginate(Bucket=bucket, Prefix=_join(prefix)):
+    # A folder, not a string prefix: `s3://b/data` must not also pull `s3://b/data2/...`.
+    folder = _join(prefix) + "/" if _join(prefix) else ""
+    for page in paginator.paginate(Bucket=bucket, Prefix=folder):
         for obj in page.get("Contents", []):
             found = True
             if _is_directory_marker(obj["Key"]):
                 continue
-            rel = obj["Key"][len(_join(prefix)) :].lstrip("/")
+            rel = obj["Key"][len(folder) :].lstrip("/")
             target = dest / rel
             if target.is_file() and target.stat().st_size == obj["Size"]:
                 continue

@@ -4,17 +4,19 @@ from __future__ import annotations
 
 import contextlib
 from pathlib import Path
+from typing import cast
 
 import torch
 import torch.distributed.checkpoint as dcp
 from torch import Tensor, nn
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.fsdp import FSDPModule
 from torch.nn.parallel import DistributedDataParallel
 
 from switchyard.models import GPT, next_token_loss
 from switchyard.train.engine import Batch
 from switchyard.train.materialize import is_meta, materialize
-from switchyard.train.memory import RankMemory, grad_bytes, optimizer_state_bytes, param_bytes
+from switchyard.train.memory import RankMemory, grad_bytes, held_grad_bytes, optimizer_state_bytes, param_bytes
 from switchyard.train.parallelize import apply_ddp, apply_fsdp
 from switchyard.train.spec import JobSpec
 from switchyard.train.strategy import Offload, Strategy
@@ -62,14 +64,22 @@ class TorchEngine:
         """Bytes held at points inside the first step, filled when `probe_memory` is set:
         SHARD_GRAD_OP only differs from FULL_SHARD between forward and backward."""
         self.probe_memory = False
+        self.peak_grad_bytes = 0
+        """With `probe_memory`: the most gradient bytes held after any micro-batch's backward."""
 
-    def _grad_sync(self, enabled: bool) -> contextlib.AbstractContextManager[None]:
-        """Skip the gradient all-reduce / reduce-scatter on all but the last micro-batch."""
-        if isinstance(self.model, DistributedDataParallel) and not enabled:
-            no_sync: contextlib.AbstractContextManager[None] = self.model.no_sync()
-            return no_sync
-        if not isinstance(self.model, DistributedDataParallel):
-            self.model.set_requires_gradient_sync(enabled)  # type: ignore[operator]
+    def _grad_sync(self, last: bool) -> contextlib.AbstractContextManager[None]:
+        """Gradient reduction during accumulation. Replicated strategies (DDP, NO_SHARD)
+        reduce once, on the last micro-batch: their gradients are whole anyway. Sharded
+        ones reduce-scatter every micro-batch, so only a shard is ever accumulated (a
+        skipped reduce-scatter would keep every unit's whole gradient until the last one);
+        HSDP skips only the all-reduce across replicas until the last micro-batch."""
+        if isinstance(self.model, DistributedDataParallel):
+            return contextlib.nullcontext() if last else self.model.no_sync()
+        fsdp = cast(FSDPModule, self.model)
+        if self.strategy is Strategy.FSDP_NO_SHARD:
+            fsdp.set_requires_gradient_sync(last)
+        elif self.strategy is Strategy.FSDP_HYBRID:
+            fsdp.set_requires_all_reduce(last)
         return contextlib.nullcontext()
 
     def _autocast(self) -> contextlib.AbstractContextManager[None]:
@@ -89,6 +99,8 @@ class TorchEngine:
                 if self.probe_memory:
                     self.probes.setdefault("after_forward", self.memory())
                 (loss / len(micro_batches)).backward()
+            if self.probe_memory:
+                self.peak_grad_bytes = max(self.peak_grad_bytes, held_grad_bytes(self.model))
             total += loss.detach()
         if self.grad_clip > 0:
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip)

@@ -6,8 +6,9 @@ bandwidth is defined so that time = these bytes / bus bandwidth). Latency terms 
 at these sizes bandwidth dominates.
 
 Which collectives run, per step of m micro-batches:
-- ddp, fsdp-no-shard: one all-reduce of the fp32 gradients (ddp once per step under
-  no_sync; FSDP every micro-batch, its default without `set_requires_gradient_sync(False)`).
+- ddp, fsdp-no-shard: one all-reduce of the fp32 gradients per step: the trainer skips
+  the reduction on all but the last micro-batch (DDP `no_sync`, FSDP
+  `set_requires_gradient_sync(False)`); their gradients are whole anyway.
 - zero1: reduce-scatter the gradients and all-gather the updated parameters, once a step.
 - zero2: as zero1, but gradients are reduce-scattered every micro-batch.
 - zero3, fsdp-full: all-gather the parameters in forward and again in backward, and
@@ -15,7 +16,9 @@ Which collectives run, per step of m micro-batches:
   ZeRO-3 costs 1.5x ZeRO-1 (Rajbhandari et al. 2020, section 7).
 - fsdp-grad-op: one all-gather (parameters stay gathered into backward) + reduce-scatter.
 - fsdp-hybrid: fsdp-full inside a shard group of G ranks, plus an all-reduce of each
-  rank's 1/G gradient shard across the N/G groups.
+  rank's 1/G gradient shard across the N/G groups once per step: the trainer reduce-scatters
+  every micro-batch (gradients stay sharded) and skips only the cross-replica all-reduce
+  until the last one (`set_requires_all_reduce(False)`).
 DeepSpeed communicates in the compute dtype; the trainer's FSDP and DDP reduce in fp32.
 """
 
@@ -81,7 +84,7 @@ def transfers(params: int, cluster: ClusterSpec, job: TrainingJob, group: int) -
     if strategy is Strategy.DDP:
         return [Transfer("gradients", Collective.ALL_REDUCE, fp32_grads, n, 1, bw)]
     if strategy is Strategy.FSDP_NO_SHARD:
-        return [Transfer("gradients", Collective.ALL_REDUCE, fp32_grads, n, m, bw)]
+        return [Transfer("gradients", Collective.ALL_REDUCE, fp32_grads, n, 1, bw)]
     if strategy in (Strategy.ZERO1, Strategy.ZERO2):
         reduce_steps = 1 if strategy is Strategy.ZERO1 else m
         return [
@@ -106,7 +109,7 @@ def transfers(params: int, cluster: ClusterSpec, job: TrainingJob, group: int) -
         replicas = n // group
         cross_bw = cluster.inter_node_gbps if n > cluster.gpus_per_node else bw
         out.append(
-            Transfer("gradient shards across groups", Collective.ALL_REDUCE, fp32_grads / group, replicas, m, cross_bw)
+            Transfer("gradient shards across groups", Collective.ALL_REDUCE, fp32_grads / group, replicas, 1, cross_bw)
         )
     return out
 
