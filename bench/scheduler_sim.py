@@ -19,8 +19,16 @@ from switchyard.scheduler.sim.baselines import PolicyName
 from switchyard.scheduler.sim.run import WINDOWS, SimSpec, run
 
 TRACE = Path(__file__).resolve().parents[2] / "shared" / "traces" / "philly_jobs_sep_oct_2017.csv"
-COLUMNS = ["utilization", "jain_fairness", "inference_slo_attainment", "worst_team_wait_p99_s",
-           "priority_inversion_hours", "preemptions", "lost_gpu_hours"]
+COLUMNS = [
+    "utilization",
+    "jain_fairness",
+    "inference_slo_attainment",
+    "worst_team_wait_p99_s",
+    "priority_inversion_hours",
+    "preemptions",
+    "max_preemptions_per_job",
+    "lost_gpu_hours",
+]
 
 
 def main() -> None:
@@ -37,19 +45,33 @@ def main() -> None:
     reports = {}
     for name in args.policies.split(","):
         frm, to = WINDOWS[args.window]
-        spec = SimSpec(args.trace, args.gpus, PolicyName(name), frm, to,
-                       policy_file=args.policy_file, anomaly=not args.no_anomaly, seed=args.seed)
+        spec = SimSpec(
+            args.trace,
+            args.gpus,
+            PolicyName(name),
+            frm,
+            to,
+            policy_file=args.policy_file,
+            anomaly=not args.no_anomaly,
+            seed=args.seed,
+        )
         reports[name] = run(spec).report
         if args.json_dir:
             args.json_dir.mkdir(parents=True, exist_ok=True)
             (args.json_dir / f"{args.window}_{args.gpus}_{name}_seed{args.seed}.json").write_text(
-                json.dumps(reports[name], indent=2, sort_keys=True))
-        print(f"# {name}: {reports[name]['events']} events in {reports[name]['sim_wall_s']} s "
-              f"({reports[name]['events_per_s']} events/s)", file=sys.stderr)
+                json.dumps(reports[name], indent=2, sort_keys=True)
+            )
+        print(
+            f"# {name}: {reports[name]['events']} events in {reports[name]['sim_wall_s']} s "
+            f"({reports[name]['events_per_s']} events/s)",
+            file=sys.stderr,
+        )
     print_tables(reports)
     extra = f" --policy-file {args.policy_file}" if args.policy_file else ""
-    print(f"\nreproduce: .venv/bin/python bench/scheduler_sim.py --gpus {args.gpus} "
-          f"--window {args.window} --seed {args.seed}{extra}")
+    print(
+        f"\nreproduce: .venv/bin/python bench/scheduler_sim.py --gpus {args.gpus} "
+        f"--window {args.window} --seed {args.seed}{extra}"
+    )
 
 
 def print_tables(reports: dict[str, dict[str, object]]) -> None:
@@ -70,8 +92,7 @@ def print_tables(reports: dict[str, dict[str, object]]) -> None:
             t = report["teams"][team]  # type: ignore[index]
             cells.append(f"{t['wait_p99_s']:.0f} ({t['wait_by_gang']['8+']['wait_p99_s']:.0f})")
         private = row.get("wait_p99_private_s", "-")
-        print(f"| {team} | {row['quota_gpus']} | {row['jobs']} | " + " | ".join(cells)
-              + f" | {private} |")
+        print(f"| {team} | {row['quota_gpus']} | {row['jobs']} | " + " | ".join(cells) + f" | {private} |")
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@ from switchyard.scheduler.sim.baselines import PolicyName
 from switchyard.scheduler.sim.run import WINDOWS, SimSpec, run
 from switchyard.scheduler.sim.teams import TeamsFileError
 from switchyard.scheduler.sim.trace import TraceError
+from switchyard.scheduler.sim.window import parse_duration
 
 
 def register(subparsers: Any) -> None:
@@ -21,7 +22,9 @@ def register(subparsers: Any) -> None:
         help="replay a GPU job trace through a scheduling policy",
         description=__doc__,
     )
-    parser.add_argument("--trace", type=Path, required=True, help="Philly-format job CSV")
+    parser.add_argument(
+        "--trace", type=Path, required=True, help="job CSV: Philly's or the generic format (docs/scheduler.md)"
+    )
     source = parser.add_mutually_exclusive_group()
     source.add_argument(
         "--teams", type=Path, help="team sizes CSV (vc,node num); default: philly_vc_nodes.csv next to the trace"
@@ -29,8 +32,20 @@ def register(subparsers: Any) -> None:
     source.add_argument("--policy-file", type=Path, help="scheduler.yaml (teams, priorities, knobs)")
     parser.add_argument("--gpus", type=int, required=True, help="cluster size (8 GPUs per node)")
     parser.add_argument("--policy", choices=[p.value for p in PolicyName], default="switchyard")
+    window = parser.add_mutually_exclusive_group()
+    window.add_argument(
+        "--window",
+        choices=sorted(WINDOWS),
+        help="Philly's named windows (sep, oct: 2017; all); earlier jobs are replayed as warm-up",
+    )
+    window.add_argument(
+        "--from", dest="window_from", help="measure from this date (ISO 8601, UTC) or fraction 0..1 of the trace"
+    )
+    parser.add_argument("--to", dest="window_to", help="measure up to this date or fraction (default: trace end)")
     parser.add_argument(
-        "--window", choices=sorted(WINDOWS), default="oct", help="report window; earlier jobs are replayed as warm-up"
+        "--warmup",
+        help="replay jobs submitted this long before --from unmeasured (90s, 30m, 12h, 2d); "
+        "default: every earlier job; without --from: the trace's first part",
     )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--azure", type=Path, help="Azure LLM inference CSV (burstiness)")
@@ -51,8 +66,21 @@ def register(subparsers: Any) -> None:
     parser.set_defaults(handler=handle)
 
 
+def _window(args: argparse.Namespace) -> tuple[str | None, str | None, float | None]:
+    if args.window is not None:
+        if args.window_to is not None:
+            raise ValueError("--window and --to are exclusive: a named window fixes both ends")
+        frm, to = WINDOWS[args.window]
+        return frm, to, None if args.warmup is None else parse_duration(args.warmup)
+    warmup = None if args.warmup is None else parse_duration(args.warmup)
+    return args.window_from, args.window_to, warmup
+
+
 def handle(args: argparse.Namespace) -> int:
-    frm, to = WINDOWS[args.window]
+    try:
+        frm, to, warmup = _window(args)
+    except ValueError as err:
+        return fail(str(err))
     spec = SimSpec(
         trace=args.trace,
         gpus=args.gpus,
@@ -68,6 +96,7 @@ def handle(args: argparse.Namespace) -> int:
         seed=args.seed,
         anomaly=not args.no_anomaly,
         max_jobs=args.max_jobs,
+        warmup_s=warmup,
     )
     try:
         result = run(spec)
@@ -76,12 +105,18 @@ def handle(args: argparse.Namespace) -> int:
     if args.plot:
         from switchyard.scheduler.sim.plot import write_plot
 
-        write_plot(result.trace, args.plot, f"{args.policy} on {args.gpus} GPUs, {args.window}")
+        write_plot(result.trace, args.plot, f"{args.policy} on {args.gpus} GPUs, {_label(args)}")
     if args.json:
         print_json(result.report)
         return 0
     _print_human(result.report)
     return 0
+
+
+def _label(args: argparse.Namespace) -> str:
+    if args.window is not None:
+        return str(args.window)
+    return f"{args.window_from or 'start'}..{args.window_to or 'end'}"
 
 
 def _print_human(report: dict[str, Any]) -> None:
@@ -116,8 +151,19 @@ def _print_human(report: dict[str, Any]) -> None:
         "inference_slo_attainment",
         "priority_inversion_hours",
         "preemptions",
+        "max_preemptions_per_job",
+        "most_preempted_job",
         "lost_gpu_hours",
         "worst_team_wait_p99_s",
         "events_per_s",
     ]
     print_table(["metric", "value"], [[k, report[k]] for k in keys])
+    if report["pending"]:
+        print()
+        reasons = ", ".join(f"{reason} {n}" for reason, n in report["pending_by_reason"].items())
+        print(f"pending at the end: {report['pending_at_end']} ({reasons}); the longest waits:")
+        longest = sorted(report["pending"], key=lambda p: -p["waited_s"])[:10]
+        print_table(
+            ["workload", "team", "GPUs", "waited s", "reason", "detail"],
+            [[p["workload_id"], p["team"], p["gpus"], p["waited_s"], p["reason"], p["detail"]] for p in longest],
+        )

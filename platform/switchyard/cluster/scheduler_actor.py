@@ -529,7 +529,7 @@ class SchedulerActor:
         self._journal.save(self._state)
 
     def _export_gauges(self, now: float) -> None:
-        snap = self._state.core.snapshot(now)
+        snap = self._state.core.snapshot(now, explain_pending=False)  # every tick: counts only
         self._metrics.gpus.set(snap.free_gpus, tags={"pool": "free"})
         self._metrics.gpus.set(snap.total_gpus - snap.free_gpus, tags={"pool": "leased"})
         states: dict[str, int] = {}

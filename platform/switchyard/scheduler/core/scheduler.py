@@ -27,6 +27,7 @@ from switchyard.scheduler.core.model import (
     Reservation,
     StopOrder,
 )
+from switchyard.scheduler.core.pending import PendingExplanation, PendingReason
 from switchyard.scheduler.core.placement import NodePool
 from switchyard.scheduler.core.policy import Ordering, PreemptionMode, SchedulerPolicy
 from switchyard.scheduler.core.preemption import VictimPlan, VictimSelector
@@ -687,17 +688,44 @@ class Scheduler:
     def team_usage(self, team: str) -> int:
         return self._book.team_usage(team)
 
-    def snapshot(self, now: float) -> ClusterSnapshot:
+    def snapshot(self, now: float, *, explain_pending: bool = True) -> ClusterSnapshot:
+        """`explain_pending`: give every pending workload its reason (a placement search each:
+        for operators and reports, not for what runs every tick)."""
+        queued = list(self._queues.items())
+        explained = [(p, self.explain_pending(p)) for p in queued] if explain_pending else None
         return build_snapshot(
             self.policy,
             self._pool,
             self._book,
             self._usage,
             self._leases,
-            list(self._queues.items()),
+            queued,
+            explained,
             self._reserved,
             now,
         )
+
+    def explain_pending(self, pending: PendingWorkload) -> PendingExplanation:
+        """Why `pending` has not started, judged on the state now (see core.pending)."""
+        request = pending.request
+        workload = request.workload_id
+        if self._awaiting.get(workload):
+            return PendingExplanation(PendingReason.PREEMPTING, f"{len(self._awaiting[workload])} victim(s) leaving")
+        admission = self._admission(request)
+        if admission.reason == NO_LENDABLE_CAPACITY:
+            return PendingExplanation(PendingReason.CAPACITY, admission.reason)
+        if not admission.allowed:
+            return PendingExplanation(PendingReason.QUOTA, admission.reason)
+        free = self._pool.free_gpus
+        if free < request.gpus:
+            return PendingExplanation(PendingReason.CAPACITY, f"needs {request.gpus} GPUs, {free} free")
+        if self._find(request, {}, {}) is None:
+            shape = "+".join(str(b) for b in request.bundles)
+            return PendingExplanation(PendingReason.GANG_FIT, f"{free} GPUs free, not as bundles {shape}")
+        if self._find(request, self._held, self._waived_for(workload, self._value(request))) is None:
+            holders = len([w for w in self._reserved if w != workload])
+            return PendingExplanation(PendingReason.RESERVATION, f"free GPUs held for {holders} reserved gang(s)")
+        return PendingExplanation(PendingReason.QUEUE_ORDER, "fits now")
 
     def waiting_for_capacity(self) -> list[GangRequest]:
         """Queued gangs that more GPUs would let start: within their quota (or refused only

@@ -1,4 +1,5 @@
-"""What an operator's status page prints: per team, per node group, and every lease."""
+"""What an operator's status page prints: per team, per node group, every lease, and every
+pending workload with the reason it waits."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from dataclasses import dataclass
 
 from switchyard.scheduler.core.fairshare import DecayedUsage
 from switchyard.scheduler.core.model import Lease, PendingWorkload
+from switchyard.scheduler.core.pending import PendingExplanation
 from switchyard.scheduler.core.placement import NodePool
 from switchyard.scheduler.core.policy import SchedulerPolicy
 from switchyard.scheduler.core.quota import QuotaBook
@@ -48,6 +50,19 @@ class LeaseStatus:
 
 
 @dataclass(frozen=True, slots=True)
+class PendingStatus:
+    workload_id: str
+    team: str
+    priority_class: str
+    gpus: int
+    waited_s: float
+    """Since submission (all attempts)."""
+    reason: str
+    """A `core.pending.PendingReason` value: quota, capacity, gang fit, reservation, ..."""
+    detail: str
+
+
+@dataclass(frozen=True, slots=True)
 class ClusterSnapshot:
     now: float
     total_gpus: int
@@ -56,6 +71,8 @@ class ClusterSnapshot:
     pools: tuple[PoolStatus, ...]
     leases: tuple[LeaseStatus, ...]
     reservations: tuple[tuple[str, tuple[tuple[str, int], ...]], ...]
+    pending: tuple[PendingStatus, ...] = ()
+    """In queue order per priority level."""
 
 
 def build_snapshot(
@@ -65,9 +82,12 @@ def build_snapshot(
     usage: DecayedUsage,
     leases: Mapping[str, Lease],
     pending: list[PendingWorkload],
+    explained: list[tuple[PendingWorkload, PendingExplanation]] | None,
     reserved: Mapping[str, Mapping[str, int]],
     now: float,
 ) -> ClusterSnapshot:
+    """`explained`: each pending workload with its reason, or None to leave the per-workload
+    rows out (they cost a placement search each; the gauges exported every tick need none)."""
     teams = []
     for team in policy.teams:
         mine = [p for p in pending if p.request.team == team.name]
@@ -128,4 +148,18 @@ def build_snapshot(
         pools=pools,
         leases=lease_rows,
         reservations=tuple((w, tuple(sorted(r.items()))) for w, r in sorted(reserved.items())),
+        pending=() if explained is None else tuple(_pending_status(p, why, now) for p, why in explained),
+    )
+
+
+def _pending_status(pending: PendingWorkload, why: PendingExplanation, now: float) -> PendingStatus:
+    request = pending.request
+    return PendingStatus(
+        request.workload_id,
+        request.team,
+        request.priority_class,
+        request.gpus,
+        now - pending.submitted_at,
+        why.reason.value,
+        why.detail,
     )

@@ -23,6 +23,7 @@ from switchyard.scheduler.core.model import (
 )
 from switchyard.scheduler.core.policy import SchedulerPolicy
 from switchyard.scheduler.core.scheduler import Scheduler
+from switchyard.scheduler.core.snapshot import PendingStatus
 from switchyard.scheduler.sim.inference import InferenceDemand
 from switchyard.scheduler.sim.teams import INFERENCE_TEAM
 from switchyard.scheduler.sim.trace import TraceJob
@@ -103,6 +104,8 @@ class SimTrace:
     end_s: float = 0.0
     events: int = 0
     preemption_notices: int = 0
+    pending: list[PendingStatus] = field(default_factory=list)
+    """Workloads still queued when the run ended, each with the core's reason."""
 
 
 class Simulation:
@@ -161,6 +164,7 @@ class Simulation:
             if record.lease_id is None and record.finish_s is None:
                 record.wait_s += self._now - record.queued_since  # censored: never started
                 record.queued_since = self._now
+        self.trace.pending = list(self._core.snapshot(self._now).pending)
         return self.trace
 
     def _push(self, t: float, kind: EventKind, key: str) -> None:

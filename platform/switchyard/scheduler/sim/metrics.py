@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 from switchyard.scheduler.sim.engine import JobRecord, SimTrace
 
@@ -68,6 +69,25 @@ def team_report(records: Sequence[JobRecord], quota: int) -> dict[str, object]:
     return out
 
 
+def most_preempted(records: Sequence[JobRecord]) -> dict[str, object]:
+    """The job that received the most preemption notices (first in submit order on a tie)."""
+    worst = max(records, key=lambda r: r.preemptions, default=None)
+    if worst is None or worst.preemptions == 0:
+        return {"max_preemptions_per_job": 0, "most_preempted_job": None}
+    return {"max_preemptions_per_job": worst.preemptions, "most_preempted_job": worst.workload_id}
+
+
+def pending_report(trace: SimTrace) -> dict[str, object]:
+    counts = Counter(p.reason for p in trace.pending)
+    return {
+        "pending_at_end": len(trace.pending),
+        "pending_by_reason": dict(sorted(counts.items())),
+        "pending": [
+            {k: (round(v, 1) if isinstance(v, float) else v) for k, v in asdict(p).items()} for p in trace.pending
+        ],
+    }
+
+
 def build_report(inputs: ReportInputs) -> dict[str, object]:
     trace = inputs.trace
     window = trace.window
@@ -109,5 +129,7 @@ def build_report(inputs: ReportInputs) -> dict[str, object]:
         "worst_team_wait_p99_s": max(waits_p99, default=0.0),
         "jobs": len(trace.jobs),
         "events": trace.events,
+        **most_preempted([*trace.jobs, *trace.inference]),
+        **pending_report(trace),
         "teams": teams,
     }

@@ -5,7 +5,6 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, replace
-from datetime import date, datetime
 from pathlib import Path
 
 from switchyard.scheduler.core.config import SchedulerFile, load_policy_file
@@ -28,13 +27,10 @@ from switchyard.scheduler.sim.teams import (
     philly_teams,
     read_vc_nodes,
 )
-from switchyard.scheduler.sim.trace import TraceJob, load_philly, to_seconds
+from switchyard.scheduler.sim.trace import TraceJob, load_trace
+from switchyard.scheduler.sim.window import NAMED_WINDOWS, resolve_window, select_jobs
 
-WINDOWS = {
-    "sep": ("2017-09-04", "2017-10-01"),
-    "oct": ("2017-10-01", "2017-11-01"),
-    "all": ("2017-09-04", "2017-11-01"),
-}
+WINDOWS = NAMED_WINDOWS
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,8 +38,10 @@ class SimSpec:
     trace: Path
     gpus: int
     policy: PolicyName = PolicyName.SWITCHYARD
-    window_from: str = WINDOWS["oct"][0]
-    window_to: str = WINDOWS["oct"][1]
+    window_from: str | None = None
+    """A date or a fraction of the trace's span (sim.window); None: the trace's start."""
+    window_to: str | None = None
+    """A date or a fraction; None: just after the trace's last submit."""
     teams_file: Path | None = None
     policy_file: Path | None = None
     azure_file: Path | None = None
@@ -58,6 +56,8 @@ class SimSpec:
     """Keep only the first N jobs submitted inside the window (test slices)."""
     knobs: PolicyKnobs | None = None
     """Overrides switchyard's knobs (from the policy file or defaults); used when tuning."""
+    warmup_s: float | None = None
+    """Replay jobs submitted this long before the window, unmeasured (sim.window.resolve_window)."""
 
 
 @dataclass(slots=True)
@@ -65,19 +65,6 @@ class SimResult:
     report: dict[str, object]
     trace: SimTrace
     wall_s: float
-
-
-def _day(text: str) -> float:
-    return to_seconds(datetime.combine(date.fromisoformat(text), datetime.min.time()).isoformat())
-
-
-def select_jobs(jobs: list[TraceJob], window: SimWindow, max_jobs: int | None) -> list[TraceJob]:
-    kept = [j for j in jobs if j.submit_s < window.end_s]
-    if max_jobs is None:
-        return kept
-    inside = [j for j in kept if j.submit_s >= window.start_s][:max_jobs]
-    before = [j for j in kept if j.submit_s < window.start_s]
-    return before + inside
 
 
 def _policy(spec: SimSpec, jobs: list[TraceJob], inference_gpus: int) -> tuple[SchedulerPolicy, int]:
@@ -94,16 +81,24 @@ def _policy(spec: SimSpec, jobs: list[TraceJob], inference_gpus: int) -> tuple[S
         research = max(0, spec.gpus - inference_gpus)
         teams = philly_teams(read_vc_nodes(teams_file), {j.team for j in jobs}, research, inference_gpus)
     knobs = knobs_for(spec.policy, switchyard_knobs)
-    return SchedulerPolicy(classes_for(spec.policy, classes), teams, knobs), inference_gpus
+    policy = SchedulerPolicy(classes_for(spec.policy, classes), teams, knobs)
+    known = {p.name for p in policy.priority_classes}
+    strangers = [j for j in jobs if j.priority_class not in known]
+    if strangers:
+        raise ValueError(
+            f"{spec.trace}: job {strangers[0].workload_id} has priority class {strangers[0].priority_class!r}, "
+            f"not one of the policy's {sorted(known)}"
+        )
+    return policy, inference_gpus
 
 
 def run(spec: SimSpec) -> SimResult:
     if spec.gpus <= 0:
         raise ValueError(f"--gpus must be positive, got {spec.gpus}")
-    window = SimWindow(_day(spec.window_from), _day(spec.window_to), spec.tail_days * 86400)
-    if window.end_s <= window.start_s:
-        raise ValueError(f"window {spec.window_from}..{spec.window_to} is empty")
-    jobs = select_jobs(load_philly(spec.trace, spec.seed), window, spec.max_jobs)
+    trace_in = load_trace(spec.trace, spec.seed)
+    replay = resolve_window(trace_in, spec.window_from, spec.window_to, spec.warmup_s)
+    window = SimWindow(replay.start_s, replay.end_s, spec.tail_days * 86400)
+    jobs = select_jobs(trace_in.jobs, replay, spec.max_jobs)
     start_s = min([j.submit_s for j in jobs] + [window.start_s])
     demand = None
     inference_gpus = 0
@@ -123,6 +118,12 @@ def run(spec: SimSpec) -> SimResult:
     report = build_report(ReportInputs(trace, quotas, spec.slo_bound_s, offered))
     report["policy"] = spec.policy.value
     report["window"] = {"from": spec.window_from, "to": spec.window_to}
+    report["window_s"] = {
+        "start": replay.start_s,
+        "end": replay.end_s,
+        "replayed_from": max(start_s, replay.replay_from_s),
+    }
+    report["trace_epoch"] = trace_in.epoch.isoformat()
     report["seed"] = spec.seed
     report["inference_guarantee_gpus"] = inference_gpus
     report["sim_wall_s"] = round(wall, 2)

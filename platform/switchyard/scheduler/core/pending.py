@@ -1,0 +1,29 @@
+"""Why a queued workload has not started: the reason an operator (or the simulator's report)
+shows beside it. Checked in this order, so each reason names the first thing in the way."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+
+
+class PendingReason(Enum):
+    PREEMPTING = "preempting"
+    """Its victims have been noticed; the GPUs they free are held for it."""
+    QUOTA = "quota"
+    """Its quota entry refuses it (over guarantee and may not borrow, or borrowing limit)."""
+    CAPACITY = "capacity"
+    """Fewer GPUs are free than it asks for, or none are left to lend to a borrower."""
+    GANG_FIT = "gang fit"
+    """Enough GPUs are free, but not in the shape its bundles and topology need."""
+    RESERVATION = "reservation"
+    """It would fit, but on GPUs held for other gangs' reservations."""
+    QUEUE_ORDER = "queue order"
+    """It fits now: the next decision may start it (it arrived since the last one, or work
+    ahead of it used the decision: a blocked head without backfill, the victim-search budget)."""
+
+
+@dataclass(frozen=True, slots=True)
+class PendingExplanation:
+    reason: PendingReason
+    detail: str
