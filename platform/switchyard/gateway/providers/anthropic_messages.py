@@ -44,7 +44,7 @@ from switchyard.gateway.providers.base import (
     classify_status,
     retry_after_seconds,
 )
-from switchyard.gateway.providers.http_errors import transport_error
+from switchyard.gateway.providers.http_errors import pooled_client, transport_error
 from switchyard.gateway.providers.openai_format import (
     cannot_honour,
     content_parts,
@@ -202,11 +202,7 @@ class AnthropicProvider:
         headers = {"anthropic-version": API_VERSION}
         if api_key:
             headers["x-api-key"] = api_key
-        self._client = httpx.AsyncClient(
-            base_url=base_url.rstrip("/") + "/",
-            headers=headers,
-            limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections),
-        )
+        self._client = pooled_client(base_url, headers, max_connections)
 
     async def complete(self, call: ProviderCall) -> Completion:
         body = to_messages_api(self.name, call, False)

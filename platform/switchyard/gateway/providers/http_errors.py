@@ -1,4 +1,5 @@
-"""Turning transport failures and upstream error bodies into safe `ProviderError`s."""
+"""The HTTP adapters' shared pieces: one pooled client per provider, and transport failures
+and upstream error bodies turned into safe `ProviderError`s."""
 
 from __future__ import annotations
 
@@ -8,6 +9,15 @@ import httpx
 
 from switchyard.gateway.providers.base import ProviderError
 from switchyard.policy.models import ErrorClass
+
+
+def pooled_client(base_url: str, headers: dict[str, str], max_connections: int) -> httpx.AsyncClient:
+    """One keep-alive pool per provider; each call passes its own timeout (its deadline's rest)."""
+    return httpx.AsyncClient(
+        base_url=base_url.rstrip("/") + "/",
+        headers=headers,
+        limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections),
+    )
 
 
 def transport_error(name: str, exc: httpx.HTTPError) -> ProviderError:

@@ -32,7 +32,7 @@ from switchyard.gateway.providers.base import (
     classify_status,
     retry_after_seconds,
 )
-from switchyard.gateway.providers.http_errors import transport_error, upstream_detail
+from switchyard.gateway.providers.http_errors import pooled_client, transport_error, upstream_detail
 from switchyard.gateway.seams import Usage
 from switchyard.policy.models import ErrorClass
 
@@ -41,11 +41,7 @@ class OpenAICompatProvider:
     def __init__(self, name: str, base_url: str, api_key: str | None, *, max_connections: int = 100) -> None:
         self.name = name
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        self._client = httpx.AsyncClient(
-            base_url=base_url.rstrip("/") + "/",
-            headers=headers,
-            limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections),
-        )
+        self._client = pooled_client(base_url, headers, max_connections)
 
     def _body(self, call: ProviderCall, stream: bool) -> dict[str, Any]:
         body: dict[str, Any] = {
