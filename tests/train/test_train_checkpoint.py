@@ -127,3 +127,60 @@ def test_resume_is_exact_locally_and_from_s3_and_init_from_works(tmp_path: Path,
         assert cut["losses"] + resumed["losses"] == whole["losses"]
     assert tuned["losses"][0] < scratch["losses"][0] - 0.5
     assert tuned["losses"][0] < whole["losses"][-1] + 0.1
+
+
+def test_a_reporting_publisher_never_carries_the_manifest(tmp_path: Path) -> None:
+    """Under Ray each rank's files are uploaded on their own (file by file on S3): a manifest
+    that travelled with rank 0's part could be stored before the files it names (a node lost
+    mid-upload left `manifest.json` without `.metadata`, and resume then refused the run). The
+    trainer writes the manifest itself, once every rank's files are stored."""
+    import torch
+
+    from switchyard.train.loop import RunContext, Trainer
+
+    store = CheckpointStore(str(tmp_path / "ckpt"), tmp_path / "cache")
+    events: list[str] = []
+
+    class Copying:
+        """Stands in for `RayReportPublisher`: copies the part as Ray would, records the order."""
+
+        def __call__(self, name: str, rank_dir: Path, own: dict, manifest: dict | None, metrics: dict) -> str:
+            events.append(f"files {name}")
+            assert not (rank_dir / MANIFEST).exists(), "the manifest must not travel with the files"
+            assert not (tmp_path / "ckpt" / name / MANIFEST).exists()
+            for relpath in own:
+                store.location.put_file(name, relpath, rank_dir / relpath)
+            return store.location.child_uri(name)
+
+        def published(self) -> None:
+            events.append("published")
+
+    spec = tiny_spec("order", steps=4, **{"checkpoint.every_steps": 2, "parallel.strategy": "ddp"})
+    ctx = RunContext(
+        rank=0,
+        world_size=1,
+        device=torch.device("cpu"),
+        job_id="order",
+        store=store,
+        work_dir=tmp_path / "work",
+        handle_sigterm=False,
+        publisher=Copying(),
+        prune=False,
+    )
+    import socket
+
+    import torch.distributed as dist
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    try:
+        result = json.loads(Trainer(spec, ctx).run().to_json())
+    finally:
+        dist.destroy_process_group()
+    assert result["status"] == "completed"
+    assert events and all(e == "published" for e in events[1::2]), events
+    for name in {e.split()[1] for e in events if e.startswith("files")}:
+        assert (tmp_path / "ckpt" / name / MANIFEST).exists()
+    assert open_checkpoint(result["checkpoint"], tmp_path / "check") is not None

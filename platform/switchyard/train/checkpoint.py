@@ -106,10 +106,14 @@ class CheckpointStore:
             self.location.put_file(name, relpath, rank_dir / relpath)
         barrier()
         if manifest is not None:
-            manifest_path = rank_dir / MANIFEST
-            manifest_path.write_text(json.dumps(manifest, indent=1, sort_keys=True))
-            self.location.put_file(name, MANIFEST, manifest_path)
+            self.put_manifest(name, rank_dir, manifest)
         barrier()
+
+    def put_manifest(self, name: str, rank_dir: Path, manifest: dict[str, Any]) -> None:
+        """Mark folder `name` complete: only once every file the manifest lists is stored."""
+        manifest_path = rank_dir / MANIFEST
+        manifest_path.write_text(json.dumps(manifest, indent=1, sort_keys=True))
+        self.location.put_file(name, MANIFEST, manifest_path)
 
     def _problem(self, name: str) -> tuple[dict[str, Any] | None, str | None]:
         raw = self.location.read_bytes(name, MANIFEST)

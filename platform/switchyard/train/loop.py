@@ -73,7 +73,8 @@ class TrainResult:
 
 
 class CheckpointPublisher(Protocol):
-    """Moves one rank's saved files out of its staging dir; returns the checkpoint URI."""
+    """Moves one rank's saved files out of its staging dir (not the manifest: the trainer
+    writes that once every rank's files are stored); returns the checkpoint URI."""
 
     def __call__(
         self,
@@ -83,6 +84,10 @@ class CheckpointPublisher(Protocol):
         manifest: dict[str, Any] | None,
         metrics: dict[str, Any],
     ) -> str: ...
+
+    def published(self) -> None:
+        """The manifest is stored: the checkpoint is complete."""
+        ...
 
 
 @dataclass
@@ -255,6 +260,11 @@ class Trainer:
         metrics = {"step": step, "loss": loss, "checkpoint_reason": reason, **(outcome or {})}
         if ctx.publisher is not None:
             uri = ctx.publisher(name, rank_dir, own, manifest, metrics)
+            self._barrier()  # every rank's files are stored before the manifest names them
+            if manifest is not None:
+                ctx.store.put_manifest(name, rank_dir, manifest)
+            self._barrier()
+            ctx.publisher.published()
         else:
             ctx.store.publish(name, rank_dir, own, manifest, self._barrier)
             uri = ctx.store.location.child_uri(name)

@@ -8,7 +8,6 @@ storage) and corrupt-checkpoint skipping work as in local runs.
 
 from __future__ import annotations
 
-import json
 import logging
 import signal
 import tempfile
@@ -24,7 +23,7 @@ from ray.train import Checkpoint, CheckpointConfig, FailureConfig, RunConfig, Sc
 from ray.train.torch import TorchConfig, TorchTrainer, get_device
 
 from switchyard.state import state_dir
-from switchyard.train.checkpoint import MANIFEST, CheckpointStore, FileTable
+from switchyard.train.checkpoint import CheckpointStore, FileTable
 from switchyard.train.loop import RunContext, Trainer, TrainResult
 from switchyard.train.ray_preemption import GcsPreemptionChannel
 from switchyard.train.spec import JobSpec
@@ -48,19 +47,22 @@ class RayReportPublisher:
         manifest: dict[str, Any] | None,
         metrics: dict[str, Any],
     ) -> str:
-        if manifest is not None:
-            # Written into rank 0's part before the report: Ray merges all parts at once, so
-            # the manifest is never visible without the files it lists.
-            (rank_dir / MANIFEST).write_text(json.dumps(manifest, indent=1, sort_keys=True))
+        # Each rank's part is uploaded on its own (file by file, concurrently, on S3): the
+        # manifest may not travel with them, or a node lost mid-upload leaves a manifest that
+        # names files that never arrived. `report` returns once this rank's files are stored;
+        # after every rank's have, rank 0 writes the manifest itself (`publish_manifest`).
         uri = f"{self.run_uri}/{name}"
         ray.train.report(
             {**metrics, "checkpoint": uri},
             checkpoint=Checkpoint.from_directory(str(rank_dir)),
             checkpoint_dir_name=name,
         )
+        return uri
+
+    def published(self) -> None:
+        """The manifest is stored: the checkpoint is complete (tell whoever waits for it)."""
         if self.on_published is not None and self.rank == 0:
             self.on_published()
-        return uri
 
 
 def train_fn(config: dict[str, Any]) -> None:
