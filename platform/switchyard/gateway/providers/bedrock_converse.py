@@ -211,18 +211,22 @@ def _tool_spec(tool: FunctionTool) -> dict[str, Any]:
     return spec
 
 
+def bedrock_runtime_client(region: str | None, endpoint_url: str | None, timeout_s: float) -> Any:
+    """One `bedrock-runtime` client per provider (chat and embeddings alike); `endpoint_url`
+    points tests at a local server."""
+    config = Config(
+        retries={"total_max_attempts": 1, "mode": "standard"},  # the gateway retries, with its deadline
+        connect_timeout=min(timeout_s, 10.0),
+        read_timeout=timeout_s,
+        max_pool_connections=50,
+    )
+    return boto3.client("bedrock-runtime", region_name=region or "us-east-1", endpoint_url=endpoint_url, config=config)
+
+
 class BedrockProvider:
     def __init__(self, name: str, region: str | None, endpoint_url: str | None, timeout_s: float) -> None:
         self.name = name
-        config = Config(
-            retries={"total_max_attempts": 1, "mode": "standard"},  # the gateway retries, with its deadline
-            connect_timeout=min(timeout_s, 10.0),
-            read_timeout=timeout_s,
-            max_pool_connections=50,
-        )
-        self._client = boto3.client(
-            "bedrock-runtime", region_name=region or "us-east-1", endpoint_url=endpoint_url, config=config
-        )
+        self._client = bedrock_runtime_client(region, endpoint_url, timeout_s)
 
     async def complete(self, call: ProviderCall) -> Completion:
         params = to_converse(self.name, call)

@@ -16,8 +16,6 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-import boto3
-from botocore.config import Config
 from botocore.exceptions import (
     BotoCoreError,
     ClientError,
@@ -27,7 +25,7 @@ from botocore.exceptions import (
 )
 
 from switchyard.gateway.providers.base import EmbeddingCall, Embeddings, ProviderError
-from switchyard.gateway.providers.bedrock_converse import _client_error
+from switchyard.gateway.providers.bedrock_converse import _client_error, bedrock_runtime_client
 from switchyard.policy.models import ErrorClass
 
 TITAN_DIMENSIONS = (256, 512, 1024)
@@ -48,15 +46,7 @@ class BedrockEmbeddingsProvider:
     ) -> None:
         self.name = name
         self._concurrency = concurrency
-        config = Config(
-            retries={"total_max_attempts": 1, "mode": "standard"},  # the gateway retries, with its deadline
-            connect_timeout=min(timeout_s, 10.0),
-            read_timeout=timeout_s,
-            max_pool_connections=50,
-        )
-        self._client = boto3.client(
-            "bedrock-runtime", region_name=region or "us-east-1", endpoint_url=endpoint_url, config=config
-        )
+        self._client = bedrock_runtime_client(region, endpoint_url, timeout_s)
 
     async def embed(self, call: EmbeddingCall) -> Embeddings:
         dimensions = call.dimensions or TITAN_DEFAULT_DIMENSIONS
