@@ -22,13 +22,14 @@ REPO = Path(__file__).resolve().parents[1]
 
 def pytest_configure(config: pytest.Config) -> None:
     # Before any test module imports ray: Ray reads its auth mode once, at import.
-    from switchyard.cluster.head import PLATFORM_ENV, free_port
+    from switchyard.cluster.head import PLATFORM_ENV
+    from switchyard.ports import listener_port
 
     os.environ.update(PLATFORM_ENV)
     # The session cluster's HAProxy listeners must not take the fixed default ports that the
     # platform a test starts with `switchyard up` (or a developer's) would use.
-    os.environ["RAY_SERVE_HAPROXY_STATS_PORT"] = str(free_port())
-    os.environ["RAY_SERVE_HAPROXY_METRICS_PORT"] = str(free_port())
+    os.environ["RAY_SERVE_HAPROXY_STATS_PORT"] = str(listener_port())
+    os.environ["RAY_SERVE_HAPROXY_METRICS_PORT"] = str(listener_port())
     # Ray Train V2's controller checks faster with these: 16-21 s per fit() here instead of 20-29 s.
     os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.25")
     os.environ.setdefault("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER", "0")
@@ -65,7 +66,7 @@ def ray_cluster() -> Iterator[dict[str, Any]]:
     import ray
     from ray.cluster_utils import Cluster
 
-    from switchyard.cluster.head import free_port
+    from switchyard.ports import listener_port
 
     temp_dir = tempfile.mkdtemp(prefix="syt-", dir="/tmp")  # short: Ray's socket paths must fit 107 bytes
     # Ray writes "the current cluster" file under $RAY_TMPDIR/ray; ours must not be the machine's.
@@ -78,7 +79,7 @@ def ray_cluster() -> Iterator[dict[str, Any]]:
             "labels": {"switchyard/node-group": "head"},
             "include_dashboard": True,
             "dashboard_host": "127.0.0.1",
-            "dashboard_port": free_port(),
+            "dashboard_port": listener_port(),
         },
     )
     nodes = {
@@ -106,7 +107,7 @@ def serve_http(ray_cluster: dict[str, Any]) -> str:
     from ray import serve
     from ray.serve.context import _get_global_client
 
-    from switchyard.cluster.head import free_port
+    from switchyard.ports import listener_port
 
-    serve.start(http_options={"host": "127.0.0.1", "port": free_port()})
+    serve.start(http_options={"host": "127.0.0.1", "port": listener_port()})
     return f"http://127.0.0.1:{_get_global_client().http_config.port}"

@@ -21,11 +21,20 @@ def switchyard(*args: str, check: bool = True, timeout: float = 400) -> subproce
         capture_output=True,
         text=True,
         timeout=timeout,
-        env={**os.environ, "RAY_ADDRESS": ""},
+        env={**platform_env(), "RAY_ADDRESS": ""},
     )
     if check and proc.returncode != 0:
         raise AssertionError(f"switchyard {' '.join(args)} -> {proc.returncode}\n{proc.stdout}\n{proc.stderr}")
     return proc
+
+
+# The session cluster's HAProxy listener ports (tests/conftest.py): a platform this test starts
+# picks its own, as on a developer's machine, or the two would share them.
+SESSION_ONLY_ENV = ("RAY_SERVE_HAPROXY_STATS_PORT", "RAY_SERVE_HAPROXY_METRICS_PORT")
+
+
+def platform_env() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if k not in SESSION_ONLY_ENV}
 
 
 def as_json(proc: subprocess.CompletedProcess[str]) -> Any:
@@ -73,7 +82,7 @@ def test_local_platform_up_status_down(tmp_path: Path) -> None:
 def test_attach_to_existing_cluster(ray_cluster: dict[str, Any], tmp_path: Path) -> None:
     import ray
 
-    from switchyard.cluster.head import free_port
+    from switchyard.ports import listener_port
 
     state = str(tmp_path / "state")
     up = as_json(
@@ -82,7 +91,7 @@ def test_attach_to_existing_cluster(ray_cluster: dict[str, Any], tmp_path: Path)
             "--address",
             ray_cluster["gcs_address"],
             "--gateway-port",
-            str(free_port()),
+            str(listener_port()),
             "--detach",
             "--state-dir",
             state,

@@ -17,9 +17,9 @@ import yaml
 from ray.job_submission import JobStatus, JobSubmissionClient
 
 from switchyard.cluster.admission import training_submission
+from switchyard.ports import listener_port
 from switchyard.scheduler.api import WorkloadSubmission
 from switchyard.scheduler.core import PlacementStrategy
-from switchyard.train.launch import free_port
 from tests.scheduler_live.conftest import wait_for
 from tests.scheduler_live.test_live_training import last_json_line, wait_job_end
 
@@ -43,7 +43,7 @@ def s3_env() -> Iterator[dict[str, str]]:
     credentials, only for this server)."""
     from moto.server import ThreadedMotoServer
 
-    port = free_port()
+    port = listener_port()
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=port)
     server.start()
     env = {

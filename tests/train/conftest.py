@@ -16,7 +16,8 @@ import _workers  # tests/train is on sys.path; spawned children import it by nam
 import pytest
 from _workers import tiny_spec
 
-from switchyard.train.launch import free_port, spawn_group
+from switchyard.ports import listener_port
+from switchyard.train.launch import spawn_group
 from switchyard.train.spec import JobSpec
 
 SpecFactory = Callable[..., JobSpec]
@@ -42,7 +43,7 @@ def s3_bucket(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
     children, which inherit the environment) is pointed at it with dummy credentials."""
     from moto.server import ThreadedMotoServer
 
-    port = free_port()
+    port = listener_port()
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=port)
     server.start()
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")

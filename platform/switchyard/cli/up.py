@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -81,6 +82,7 @@ def _start_local(args: argparse.Namespace, state: Path, policies: Path) -> Platf
     logs = state / "logs"
     logs.mkdir(exist_ok=True)
     log_file = (logs / "head.log").open("ab")
+    log_start = log_file.tell()  # the log is appended to across runs: this run's part starts here
     cmd = [
         sys.executable,
         "-m",
@@ -105,11 +107,39 @@ def _start_local(args: argparse.Namespace, state: Path, policies: Path) -> Platf
         if record is not None and record.supervisor_pid == proc.pid:
             return record
         if proc.poll() is not None:
-            tail = (logs / "head.log").read_text(errors="replace")[-3000:]
-            return fail(f"the platform head exited with code {proc.returncode}; last log lines:\n{tail}", 1)
+            with (logs / "head.log").open("rb") as f:
+                f.seek(log_start)
+                excerpt = failure_excerpt(f.read().decode(errors="replace"))
+            return fail(
+                f"the platform head exited with code {proc.returncode}:\n{excerpt}\n"
+                f"(the whole log, tracebacks included: {logs / 'head.log'})",
+                1,
+            )
         time.sleep(0.5)
     proc.send_signal(signal.SIGTERM)
     return fail(f"the platform did not come up within {START_TIMEOUT_S:.0f}s; see {logs / 'head.log'}", 1)
+
+
+ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def failure_excerpt(log: str, keep: int = 12) -> str:
+    """The last lines of a failed head's log that say what went wrong, without the traceback
+    frames around them (a user reads the error; the log file keeps the frames)."""
+    lines: list[str] = []
+    in_frame = False
+    for raw in ANSI_ESCAPE.sub("", log).splitlines():
+        line = raw.rstrip()
+        stripped = line.strip()
+        if stripped.startswith("Traceback (most recent call last)") or stripped.startswith('File "'):
+            in_frame = True  # a frame's source line (and its ^^^ markers) follow
+            continue
+        if in_frame and (line.startswith("    ") or not stripped or set(stripped) <= set("^~ ")):
+            continue
+        in_frame = False
+        if stripped:
+            lines.append(line)
+    return "\n".join(lines[-keep:]) or "(the log says nothing more)"
 
 
 def _attach(args: argparse.Namespace, state: Path, policies: Path) -> PlatformRecord:

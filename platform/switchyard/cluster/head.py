@@ -13,13 +13,13 @@ import hashlib
 import logging
 import os
 import signal
-import socket
 import tempfile
 import threading
 import time
 from pathlib import Path
 
 from switchyard.cluster.record import NAMESPACE, PlatformRecord, clear_record, write_record
+from switchyard.ports import listener_port
 
 log = logging.getLogger("switchyard.head")
 
@@ -28,12 +28,6 @@ PLATFORM_ENV = {
     "RAY_SERVE_ENABLE_HA_PROXY": "1",  # ~10x the default proxy's throughput here
 }
 HEAD_NODE_GROUP = "local"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def short_temp_dir(state_dir: Path) -> Path:
@@ -49,8 +43,8 @@ def run_head(state_dir: Path, policies_dir: Path, gpus: int, cpus: int, demo: bo
     os.environ.update(PLATFORM_ENV)
     # HAProxy's stats and metrics listeners have fixed default ports on all interfaces; a second
     # platform on the same machine (a developer's, a test's) must not collide with the first.
-    os.environ.setdefault("RAY_SERVE_HAPROXY_STATS_PORT", str(free_port()))
-    os.environ.setdefault("RAY_SERVE_HAPROXY_METRICS_PORT", str(free_port()))
+    os.environ.setdefault("RAY_SERVE_HAPROXY_STATS_PORT", str(listener_port()))
+    os.environ.setdefault("RAY_SERVE_HAPROXY_METRICS_PORT", str(listener_port()))
     # Ray records "the current cluster" under $RAY_TMPDIR/ray, where a bare `ray.init()` would
     # find and attach to it; keep that record inside our own directory.
     os.environ["RAY_TMPDIR"] = str(temp_dir)
@@ -65,7 +59,7 @@ def run_head(state_dir: Path, policies_dir: Path, gpus: int, cpus: int, demo: bo
         labels={"switchyard/node-group": HEAD_NODE_GROUP},
         include_dashboard=True,
         dashboard_host="127.0.0.1",
-        dashboard_port=free_port(),
+        dashboard_port=listener_port(),
         namespace=NAMESPACE,
         _temp_dir=str(temp_dir / "ray"),
     )
@@ -77,7 +71,11 @@ def run_head(state_dir: Path, policies_dir: Path, gpus: int, cpus: int, demo: bo
         scheduler = start_scheduler(policies_dir, state_dir, f"http://{dashboard}" if dashboard else None)
         ray.get(scheduler.ping.remote(), timeout=60)
         gateway_url = deploy_gateway(
-            policies_dir, state_dir, free_port(), local_model_gpus=local_model_gpus, app_args=_app_args(state_dir, demo)
+            policies_dir,
+            state_dir,
+            listener_port(),
+            local_model_gpus=local_model_gpus,
+            app_args=_app_args(state_dir, demo),
         )
         write_record(
             state_dir,

@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import socket
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -18,6 +17,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from switchyard.ports import listener_port
 from switchyard.state import state_dir
 from switchyard.train.checkpoint import CheckpointStore
 from switchyard.train.loop import RunContext, Trainer, TrainResult
@@ -26,13 +26,6 @@ from switchyard.train.spec import JobSpec
 
 GroupFn = Callable[..., None]
 log = logging.getLogger(__name__)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 def local_device(rank: int) -> torch.device:
@@ -72,7 +65,7 @@ def spawn_group(fn: GroupFn, nproc: int, *args: Any, finished: Callable[[], bool
     after that (a rare SIGABRT in gloo teardown under heavy load) is logged, not raised.
     """
     try:
-        mp.start_processes(_group_entry, args=(fn, nproc, free_port(), args), nprocs=nproc, start_method="spawn")
+        mp.start_processes(_group_entry, args=(fn, nproc, listener_port(), args), nprocs=nproc, start_method="spawn")
     except mp.ProcessExitedException as exc:
         if finished is None or not finished():
             raise
