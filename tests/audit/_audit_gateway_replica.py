@@ -32,7 +32,7 @@ from switchyard.gateway.idempotency import InMemoryIdempotencyStore
 from switchyard.gateway.metrics import InMemoryMetrics
 from switchyard.gateway.pipeline import ChatPipeline, GatewayParts
 from switchyard.gateway.pool import ProviderPool
-from switchyard.gateway.providers.base import Completion, ProviderCall
+from switchyard.gateway.providers.base import Completion, Delta, ProviderCall
 from switchyard.gateway.providers.inprocess import InProcessProvider
 from switchyard.gateway.seams import Usage
 from switchyard.policy.keys import KeyStore
@@ -47,6 +47,19 @@ async def answer(call: ProviderCall) -> Completion:
     else:
         reply = json.dumps({"escalate": False, "reason": "routine"})
     return Completion(reply, Usage(len(text) // 4, 8), "stop", call.model_version)
+
+
+HOLD = "[hold]"  # a stream whose input says this stops after its first piece, until the replica dies
+
+
+class HoldingProvider(InProcessProvider):
+    async def stream(self, call: ProviderCall) -> AsyncIterator[Delta]:
+        pieces = super().stream(call)
+        yield await anext(pieces)
+        if HOLD in json.dumps(call.messages):
+            await asyncio.Event().wait()
+        async for piece in pieces:
+            yield piece
 
 
 def main(policies: Path, state: Path, port: int) -> None:
@@ -64,7 +77,7 @@ def main(policies: Path, state: Path, port: int) -> None:
     parts = GatewayParts(
         policies=lambda: store.current,
         keys=KeySnapshot(keys.verifier(), keys.mtime()),
-        providers=ProviderPool(overrides={n: InProcessProvider(n, answer) for n in ("openai", "anthropic", "bedrock")}),
+        providers=ProviderPool(overrides={n: HoldingProvider(n, answer) for n in ("openai", "anthropic", "bedrock")}),
         budget=budget,
         redactor=redactor,
         audit=sink,

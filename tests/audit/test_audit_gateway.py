@@ -10,6 +10,7 @@ the budget gate settled, and no raw value is in any audit file.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import shutil
@@ -49,6 +50,7 @@ from switchyard.policy.models import Role
 from switchyard.policy.policy_set import PolicySet
 from switchyard.policy.store import PolicyStore
 
+HOLD = "[hold]"  # as _audit_gateway_replica.py: its stream stops after the first piece
 HERE = Path(__file__).parent
 CUSTOMER = f"My card {CARD} was charged twice; mail me at {EMAIL} or call {PHONE}."
 
@@ -278,3 +280,74 @@ async def test_killing_a_gateway_replica_under_load(tmp_path: Path) -> None:
         f"\ngateway kill: {len(answered)} answered, {len(stored)} records (in-flight at the kill may add records),"
         f" ledger {spent} nanos = audited {sum(audited.values())} + {len(unaudited)} cut-off charges"
     )
+
+
+async def test_streams_open_when_their_replica_is_killed_are_audited_and_charged_once(tmp_path: Path) -> None:
+    """Found in CI: a stream whose client had read its first piece when its replica was
+    SIGKILLed had no audit record and no charge. Each such stream gets one record (cut off by
+    the replica's loss: status 502, `replica_lost`) whose cost is what the ledger charged it,
+    its whole reservation; a stream that finished before the kill keeps its own record."""
+    state = tmp_path / "state"
+    policy_store = _policies(tmp_path, state)
+    keys = KeyStore.in_state_dir(state)
+    support = {"authorization": f"Bearer {keys.create('support', Role.MEMBER)[0]}"}
+
+    def body(text: str) -> dict[str, object]:
+        return {
+            "model": "auto",
+            "stream": True,
+            "messages": [{"role": "user", "content": text}],
+            "variables": {"product": "X"},
+        }
+
+    proc, base = _start_replica(policy_store.root, state)
+    held: list[str] = []
+    try:
+        await _wait_ready(base, support, proc)
+        async with httpx.AsyncClient(base_url=base, timeout=10) as client:
+            done = await client.post("/v1/chat/completions", json=body("Where is my order?"), headers=support)
+            assert done.status_code == 200 and done.text.rstrip().endswith("data: [DONE]")
+            finished = done.headers["x-switchyard-request-id"]
+            streams = []
+            for n in range(4):
+                request = client.build_request(
+                    "POST", "/v1/chat/completions", json=body(f"{HOLD} order {n}?"), headers=support
+                )
+                r = await client.send(request, stream=True)
+                assert r.status_code == 200
+                pieces = r.aiter_lines()
+                while '"content"' not in (line := await anext(pieces)) or '"content":""' in line:
+                    pass  # the role piece first, then the provider's first text
+                held.append(r.headers["x-switchyard-request-id"])
+                streams.append((r, pieces))  # a dropped line iterator would close its stream
+            proc.send_signal(signal.SIGKILL)
+            proc.wait()
+            for r, _ in streams:
+                with contextlib.suppress(httpx.TransportError):
+                    await r.aclose()
+    finally:
+        proc.kill()
+        proc.wait()
+    proc, base = _start_replica(policy_store.root, state)  # drains the dead replica's files first
+    try:
+        await _wait_ready(base, support, proc)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait()
+    store = AuditStore.in_state_dir(state)
+    records = [e.entry for e in store.find(limit=100_000) if isinstance(e.entry, RequestRecord)]
+    ids = [r.request_id for r in records]
+    assert len(ids) == len(set(ids)), "a request has two records"
+    by_id = {r.request_id: r for r in records}
+    assert by_id[finished].status_code == 200 and by_id[finished].error_code is None
+    assert set(held) <= set(by_id), f"{len(set(held) - set(by_id))} streams a client was reading have no record"
+    with closing(sqlite3.connect(state / "ledger.db")) as db:
+        charged = dict(db.execute("SELECT charge_id, nanos FROM charges").fetchall())
+    for rid in held:
+        record = by_id[rid]
+        assert (record.status_code, record.error_code) == (502, "replica_lost")
+        assert charged.get(rid) == usd_to_nanos(record.cost_usd) > 0, (
+            "a cut-off stream's charge differs from its record"
+        )
+    assert charged.get(finished) == usd_to_nanos(by_id[finished].cost_usd)
+    assert store.verify() == []

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 import sqlite3
@@ -151,3 +152,60 @@ def test_killed_writer_loses_nothing_acknowledged(tmp_path: Path) -> None:
     assert store.verify() == []
     assert list(spool_dir.glob("*.spool")) == []
     print(f"\nkill test: {len(acked)} acknowledged, {at_risk} in the spool at the kill, recovered {report.new_entries}")
+
+
+def _die(spool: AuditSpool) -> None:
+    """What a SIGKILL does to a writer: its fds (and so its lock) go, its files stay."""
+    for fd in (spool._fd, spool._streams_fd, spool._lock_fd):
+        if fd is not None:
+            os.close(fd)
+    spool._fd = spool._streams_fd = spool._lock_fd = None
+
+
+async def test_a_dead_writers_open_streams_get_their_stand_ins_and_no_more(
+    tmp_path: Path, builder: RecordBuilder
+) -> None:
+    """Three streams open on a writer that dies: one whose real record was spooled, one whose
+    real record was stored durably, one still running. Recovery stores each real record, the
+    running one's stand-in, and nothing twice; compaction drops superseded stand-ins."""
+    store = AuditStore(tmp_path / "audit.db")
+    spool = AuditSpool(tmp_path / "spool", store, drain_interval_s=3600)
+    await spool.start()
+    sink = StoreAuditSink(builder, store, spool)
+    high = make_flow(risk=RiskTier.HIGH)
+    spooled, running = make_exchange(request_id="req-spooled"), make_exchange(request_id="req-running")
+    durable = make_exchange(flow=high, request_id="req-durable")
+    for ex in (spooled, durable, running):
+        await sink.open_stream(dataclasses.replace(ex, status_code=502, error_code="replica_lost"), durable=False)
+    assert spool.open_streams == 3
+    await sink.record(spooled, durable=False)
+    await sink.record(durable, durable=False)  # high risk: stored at once
+    assert spool.open_streams == 1 and store.count() == 1
+    spool.compact_streams()
+    stand_ins = (tmp_path / "spool" / f"{spool.writer_id}.open").read_bytes().splitlines()
+    assert len(stand_ins) == 1 and b"req-running" in stand_ins[0]
+    extra = make_exchange(request_id="req-late")
+    await sink.open_stream(dataclasses.replace(extra, status_code=502, error_code="replica_lost"), durable=False)
+    await sink.record(extra, durable=False)  # superseded, but the file still holds its stand-in
+    _die(spool)
+
+    report = recover_orphans(tmp_path / "spool", AuditStore(tmp_path / "audit.db"))
+    assert report.torn_lines == 0
+    records = {e.entry.request_id: e.entry for e in store.find(limit=100)}
+    assert set(records) == {"req-spooled", "req-durable", "req-running", "req-late"}
+    assert [records[r].status_code for r in ("req-spooled", "req-durable", "req-late")] == [200, 200, 200]
+    assert (records["req-running"].status_code, records["req-running"].error_code) == (502, "replica_lost")
+    assert store.verify() == []
+    assert sorted(p.name for p in (tmp_path / "spool").iterdir()) == [".recovery"]
+
+
+async def test_streams_open_at_a_graceful_stop_are_recorded(tmp_path: Path, builder: RecordBuilder) -> None:
+    store = AuditStore(tmp_path / "audit.db")
+    spool = AuditSpool(tmp_path / "spool", store, drain_interval_s=3600)
+    await spool.start()
+    sink = StoreAuditSink(builder, store, spool)
+    ex = make_exchange(request_id="req-open")
+    await sink.open_stream(dataclasses.replace(ex, status_code=502, error_code="replica_lost"), durable=True)
+    await spool.stop()
+    (entry,) = [e.entry for e in store.find(limit=10)]
+    assert entry.request_id == "req-open" and entry.error_code == "replica_lost"

@@ -21,7 +21,7 @@ from switchyard.budgets.leased_gate import LeaseConfig, LeasedBudgetGate
 from switchyard.budgets.ledger import BudgetLedger, Charge
 from switchyard.budgets.service import InProcessLedgerClient, LedgerService
 from switchyard.cli import main
-from switchyard.gateway.seams import Bill, Usage
+from switchyard.gateway.seams import Bill, Reservation, Usage
 from switchyard.policy.keys import PLATFORM_TEAM, KeyStore
 from switchyard.policy.models import Role
 
@@ -93,7 +93,8 @@ async def test_the_journal_is_emptied_once_its_charges_are_in_the_ledger(tmp_pat
     gate = _gate(tmp_path, "replica", ledger)
     await _spend(gate, 4)
     assert gate.journal is not None
-    assert len(gate.journal.path.read_bytes().splitlines()) == 4
+    lines = [json.loads(line) for line in gate.journal.path.read_bytes().splitlines()]
+    assert [next(k for k in line if k != "hold") for line in lines] == ["provisional", "charge"] * 4
     for lease in list(gate._leases.values()):
         await gate._flush(lease, close=False)
     await gate.maintain()
@@ -178,3 +179,40 @@ async def test_switchyard_audit_drain_sends_dead_replicas_charges(
     out = json.loads(capsys.readouterr().out)
     assert code == 0 and (out["charge_journals"], out["charges"], out["charge_journals_kept"]) == (1, 3, 0)
     assert before < ledger.charged_nanos() == 3 * 123_000
+
+
+async def _reserve(gate: LeasedBudgetGate) -> tuple[Reservation, int]:
+    ps = shipped()
+    ctx = wall_clock_ctx(ps)
+    estimate = await gate.estimate(ctx, "gpt-4o-mini", [{"role": "user", "content": "hi"}], 16)
+    reservation = await gate.reserve(ctx, estimate)
+    return reservation, gate._open[reservation.reservation_id][0].amount_nanos
+
+
+async def test_a_request_in_flight_when_its_replica_dies_is_charged_its_reservation(tmp_path: Path) -> None:
+    """Found in CI: a stream whose client was reading it when its replica was killed was
+    charged nothing (its provider had billed it). A request in flight at the death is charged
+    its whole reservation, once; one that settled is charged what it settled; one released
+    (nothing billed) nothing; and an open reservation survives the journal being emptied."""
+    ledger = BudgetLedger(SqliteDatabase(tmp_path / "ledger.db"))
+    dead = _gate(tmp_path, "dead", ledger)
+    in_flight, reserved_nanos = await _reserve(dead)
+    await _spend(dead, 2)
+    for lease in list(dead._leases.values()):
+        await dead._flush(lease, close=False)
+    await dead.maintain()  # everything settled is in the ledger: the journal is emptied
+    assert ledger.charged_nanos() == 2 * 123_000
+    released, _ = await _reserve(dead)
+    await dead.release(released)
+    late, _ = await _reserve(dead)
+    await dead.settle(late, [Bill("gpt-4o-mini", Usage(10, 5), 99_000)])
+    assert ledger.charged_nanos() == 2 * 123_000, "the test needs charges that never left the replica"
+    _die(dead.journal)
+
+    report = await _gate(tmp_path, "survivor", ledger).recover()
+    assert report.charges == 2, "the late settle's charge and the in-flight reservation"
+    assert reserved_nanos > 0
+    assert ledger.charged_nanos() == 2 * 123_000 + 99_000 + reserved_nanos
+    again = await _gate(tmp_path, "third", ledger).recover()
+    assert again.charges == 0 and ledger.charged_nanos() == 2 * 123_000 + 99_000 + reserved_nanos
+    assert in_flight.reservation_id != late.reservation_id

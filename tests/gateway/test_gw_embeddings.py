@@ -102,6 +102,9 @@ class TeeAuditSink:
         self.exchanges.append(exchange)
         await self.sink.record(exchange, durable)
 
+    async def open_stream(self, stand_in: Exchange, durable: bool) -> None:
+        await self.sink.open_stream(stand_in, durable)
+
 
 class InProcessLocalEmbedder:
     """The `local` provider without Serve: what `ServeHandleProvider.embed` sends and parses,

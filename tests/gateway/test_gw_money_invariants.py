@@ -127,6 +127,9 @@ class RecordingSink:
         await self.inner.record(exchange, durable)
         self.records[exchange.ctx.user or ""].append(exchange)
 
+    async def open_stream(self, stand_in: Exchange, durable: bool) -> None:
+        await self.inner.open_stream(stand_in, durable)
+
 
 class FlakyLedger(InProcessLedgerClient):
     """The ledger, unreachable for a seeded share of the holds asked of it."""

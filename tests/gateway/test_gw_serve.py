@@ -264,7 +264,9 @@ def test_killing_a_serve_replica_under_load_keeps_ledger_and_audit_reconciled(
     assert len(streamed) >= 5, "too few streams were cut off to test them"
     assert {rid: charged.get(rid) for rid in audited} == audited, "an audited request's charge is missing or differs"
     cut_off = set(charged) - set(audited)
-    assert not cut_off & set(answered) and len(cut_off) <= 6
+    # A request in flight on the killed replica (at its provider, or a stream before its first
+    # byte) is charged its reservation from the journal and has no record: one per client at most.
+    assert not cut_off & set(answered) and len(cut_off) <= len(threads)
     assert store.verify() == []
     print(f"\nserve kill: {len(answered)} answered, {len(audited)} audited, {len(cut_off)} cut-off charges")
 

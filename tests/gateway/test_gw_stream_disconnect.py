@@ -93,6 +93,10 @@ class _ThreadedSink:
         await asyncio.to_thread(lambda: None)
         await self.inner.record(exchange, durable)
 
+    async def open_stream(self, stand_in: Exchange, durable: bool) -> None:
+        await asyncio.to_thread(lambda: None)
+        await self.inner.open_stream(stand_in, durable)
+
 
 async def test_client_gone_mid_stream_is_charged_and_audited_once(
     gw_dirs: tuple[Path, Path, dict[str, str]],

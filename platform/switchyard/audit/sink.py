@@ -8,7 +8,7 @@ import sqlite3
 from collections.abc import Callable
 from pathlib import Path
 
-from switchyard.audit.builder import RecordBuilder
+from switchyard.audit.builder import PendingEntry, RecordBuilder
 from switchyard.audit.data_policy import DataPolicySource
 from switchyard.audit.redaction import TextScrubber
 from switchyard.audit.spool import AuditSpool
@@ -43,21 +43,36 @@ class StoreAuditSink:
                     await self.spool.start()
         return self.spool
 
-    async def record(self, exchange: Exchange, durable: bool) -> None:
+    async def _build(self, exchange: Exchange) -> PendingEntry:
         try:
             # Redaction is CPU work (~ms): off the event loop. It reads the subject keyring.
-            pending = await asyncio.to_thread(self.builder.build, exchange)
+            return await asyncio.to_thread(self.builder.build, exchange)
         except (sqlite3.Error, OSError) as exc:
             log.error("the audit record of request %s cannot be built: %s", exchange.ctx.request_id, exc)
             raise AuditUnavailable(f"the subject keyring is unavailable ({type(exc).__name__})") from exc
-        if durable or self.spool is None or exchange.ctx.flow.risk_tier is RiskTier.HIGH:
+
+    async def open_stream(self, stand_in: Exchange, durable: bool) -> None:
+        if self.spool is None:
+            return  # no spool, no stand-ins: a replica's death can lose its open streams' records
+        pending = await self._build(stand_in)
+        high = durable or stand_in.ctx.flow.risk_tier is RiskTier.HIGH
+        await (await self._started_spool()).open_stream(pending, durable=high)
+
+    async def record(self, exchange: Exchange, durable: bool) -> None:
+        pending = await self._build(exchange)
+        await self._store(pending, durable or exchange.ctx.flow.risk_tier is RiskTier.HIGH)
+        if self.spool is not None:
+            self.spool.close_stream(exchange.ctx.request_id)  # stored or spooled: it supersedes a stand-in
+
+    async def _store(self, pending: PendingEntry, durable: bool) -> None:
+        if durable or self.spool is None:
             try:
                 await asyncio.to_thread(self.store.append, [pending])
             except sqlite3.Error as exc:
                 log.error(
                     "audit store %s rejected request %s: %s",
                     self.store.path,
-                    exchange.ctx.request_id,
+                    pending.record.request_id,
                     exc,
                 )
                 if self.spool is not None:

@@ -12,6 +12,14 @@ the drained file. Loss bound (see docs/audit.md):
 
 When the backlog reaches `max_backlog` (the store is down or slow), `put` waits up to
 `full_wait_s` and then raises `AuditUnavailable`: a record is refused loudly, never dropped.
+
+A stream is answered before its record can exist, so a replica killed while its client reads
+a stream would leave a request the client saw and the audit log never did (found in CI). So
+`open_stream` writes the record the request gets if its replica dies first (cut off by the
+replica's loss, charged its whole reservation) to the writer's `<writer>.open` file before
+the first byte; the request's real record supersedes it (`close_stream`), and only a dead
+writer's unsuperseded ones reach the store, after its spool files, where a request's first
+record wins.
 """
 
 from __future__ import annotations
@@ -36,6 +44,7 @@ from switchyard.gateway.seams import AuditUnavailable
 log = logging.getLogger(__name__)
 
 BATCH = 500  # entries per store transaction while draining
+OPEN_STREAMS = ".open"  # `<writer>.open`: the stand-in records of a writer's streams in flight
 
 
 def encode_line(pending: PendingEntry) -> bytes:
@@ -90,6 +99,35 @@ def drain_file(path: Path, store: AuditStore) -> DrainReport:
     return DrainReport(1, count, new, torn)
 
 
+def _decode_lines(path: Path) -> tuple[list[PendingEntry], int]:
+    entries: list[PendingEntry] = []
+    torn = 0
+    for number, raw in enumerate(path.read_bytes().split(b"\n"), start=1):
+        if not raw:
+            continue
+        try:
+            entries.append(decode_line(raw))
+        except (ValueError, KeyError):
+            log.warning("%s line %d is torn (%d bytes); its writer never acknowledged it", path, number, len(raw))
+            torn += 1
+    return entries, torn
+
+
+def recover_open_streams(directory: Path, writer: str, store: AuditStore) -> DrainReport:
+    """A dead writer's streams that never got their own record: each gets its stand-in.
+    Run after the writer's spool files are drained, so a record that did arrive wins."""
+    path = directory / f"{writer}{OPEN_STREAMS}"
+    (directory / f"{writer}{OPEN_STREAMS}.tmp").unlink(missing_ok=True)  # a compaction the death cut short
+    if not path.exists():
+        return DrainReport(0, 0, 0, 0)
+    entries, torn = _decode_lines(path)
+    new = store.append(entries) if entries else 0
+    if new:
+        log.warning("%d streams of dead writer %s were cut off by its death; recorded as replica_lost", new, writer)
+    path.unlink()
+    return DrainReport(1, len(entries), new, torn)
+
+
 def recover_orphans(directory: Path, store: AuditStore) -> DrainReport:
     """Drain every spool whose writer is gone (its lock is not held, or its lock file is gone).
     Who drains after a crash: whichever process calls this first, i.e. the next sink to start
@@ -117,10 +155,14 @@ def recover_orphans(directory: Path, store: AuditStore) -> DrainReport:
             writer = spool.name.rsplit(".", 2)[0]
             if writer not in live and not (directory / f"{writer}.lock").exists():
                 reports.extend(_drain_writer(directory, writer, store))
+        for stand_ins in sorted(directory.glob(f"*{OPEN_STREAMS}")):
+            writer = stand_ins.name.removesuffix(OPEN_STREAMS)
+            if writer not in live and not (directory / f"{writer}.lock").exists():
+                reports.append(recover_open_streams(directory, writer, store))
     finally:
         os.close(guard)
     total = DrainReport(
-        len(reports),
+        sum(r.files for r in reports),
         sum(r.lines for r in reports),
         sum(r.new_entries for r in reports),
         sum(r.torn_lines for r in reports),
@@ -137,7 +179,8 @@ def recover_orphans(directory: Path, store: AuditStore) -> DrainReport:
 
 
 def _drain_writer(directory: Path, writer: str, store: AuditStore) -> list[DrainReport]:
-    return [drain_file(spool, store) for spool in sorted(directory.glob(f"{writer}.*.spool"), key=_spool_number)]
+    spools = [drain_file(spool, store) for spool in sorted(directory.glob(f"{writer}.*.spool"), key=_spool_number)]
+    return [*spools, recover_open_streams(directory, writer, store)]
 
 
 def pending_lines(directory: Path) -> int:
@@ -172,6 +215,9 @@ class AuditSpool:
         self._backlog = 0  # lines written to spool files not yet committed to the store
         self._drained = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
+        self._streams: dict[str, tuple[bytes, bool]] = {}  # request id -> (stand-in line, durable)
+        self._streams_fd: int | None = None
+        self._closed_streams = 0  # superseded stand-ins still in the file
 
     @property
     def backlog(self) -> int:
@@ -225,6 +271,56 @@ class AuditSpool:
             raise AuditUnavailable(f"short write to the audit spool {self._path(self._number)}")
         self._set_backlog(self._backlog + 1)
 
+    # ------------------------------------------------------------ streams in flight
+
+    def _streams_path(self) -> Path:
+        return self.directory / f"{self.writer_id}{OPEN_STREAMS}"
+
+    async def open_stream(self, stand_in: PendingEntry, durable: bool) -> None:
+        """Before a stream's first byte: the record its request gets if this writer dies
+        before `close_stream`. `durable`: on stable storage before this returns."""
+        if self._fd is None:
+            raise RuntimeError("AuditSpool.open_stream before start()")
+        if self._streams_fd is None:
+            self._streams_fd = os.open(self._streams_path(), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        line = encode_line(stand_in)
+        try:
+            if os.write(self._streams_fd, line) != len(line):
+                raise AuditUnavailable(f"short write to {self._streams_path()}")
+            if durable:
+                await asyncio.to_thread(os.fsync, self._streams_fd)
+        except OSError as exc:
+            raise AuditUnavailable(f"cannot write {self._streams_path()}: {exc.strerror}") from exc
+        self._streams[stand_in.record.request_id] = (line, durable)
+
+    def close_stream(self, request_id: str) -> None:
+        """The request's own record is stored or spooled: its stand-in is void."""
+        if self._streams.pop(request_id, None) is not None:
+            self._closed_streams += 1
+
+    @property
+    def open_streams(self) -> int:
+        return len(self._streams)
+
+    def compact_streams(self) -> None:
+        """Rewrite the stand-ins file without the superseded ones (written aside, then renamed
+        over: a death midway leaves the old file, a superset, which recovery handles)."""
+        if not self._closed_streams or self._streams_fd is None:
+            return
+        path = self._streams_path()
+        tmp = path.with_name(path.name + ".tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        try:
+            os.write(fd, b"".join(line for line, _ in self._streams.values()))
+            if any(durable for _, durable in self._streams.values()):
+                os.fsync(fd)
+        finally:
+            os.close(fd)
+        tmp.rename(path)
+        os.close(self._streams_fd)
+        self._streams_fd = os.open(path, os.O_WRONLY | os.O_APPEND)
+        self._closed_streams = 0
+
     def _set_backlog(self, value: int) -> None:
         self._backlog = value
         if self._on_backlog is not None:
@@ -251,6 +347,7 @@ class AuditSpool:
         while True:
             await asyncio.sleep(self.drain_interval_s)
             try:
+                self.compact_streams()
                 await self._drain_leftovers()
                 await self.drain_once()
             except Exception as exc:  # noqa: BLE001 - the loop must survive a store outage
@@ -274,6 +371,17 @@ class AuditSpool:
                 log.debug("audit spool drain task stopped")
         await self._drain_leftovers()
         await self.drain_once()
+        if self._streams_fd is not None:
+            # Streams still open at shutdown (the caller drained its requests first, so none
+            # normally): their stand-ins are all they will get.
+            stand_ins = [decode_line(line) for line, _ in self._streams.values()]
+            if stand_ins:
+                log.warning("%d streams still open at shutdown; recorded as replica_lost", len(stand_ins))
+                await asyncio.to_thread(self.store.append, stand_ins)
+            self._streams.clear()
+            os.close(self._streams_fd)
+            self._streams_path().unlink(missing_ok=True)
+            self._streams_fd = None
         if self._fd is not None:
             os.close(self._fd)
             self._path(self._number).unlink(missing_ok=True)

@@ -36,6 +36,21 @@ class Admission:
     def keys(self) -> tuple[str, ...]:
         return tuple(line.key for line in self.lines)
 
+    def provisional_charge(self) -> Charge:
+        """What the request is charged if its replica dies before it settles: the whole
+        reservation (its upper bound), under the request id its first real charge would take."""
+        return Charge(
+            charge_id=self.reservation_id,
+            team=self.ctx.team,
+            flow=self.ctx.flow.flow,
+            model=self.model,
+            user=self.user,
+            day=utc(self.ctx.received_at).strftime("%Y-%m-%d"),
+            nanos=self.amount_nanos,
+            prompt_tokens=0,  # unknown: the request never reported its usage
+            completion_tokens=0,
+        )
+
     def charges(self, bills: Sequence[Bill]) -> list[Charge]:
         """The request's charges, one per billed attempt. The first is named by the
         reservation (the request) id, the others `<id>.2`, `<id>.3`: each is counted at most

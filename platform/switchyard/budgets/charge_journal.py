@@ -13,6 +13,12 @@ The journal closes that gap the way the audit spool does:
   finds journals whose lock is free, sends their charges to their holds and deletes them.
   Charges are idempotent by id, so a charge sent before the crash is never counted twice.
 
+A request killed with its replica before it settled (in flight at its provider, or halfway
+through a stream its client was reading) would otherwise be charged nothing, although its
+provider may have billed all of it. So `reserve` journals each reservation as a provisional
+charge of its whole reserved amount (the request's upper bound), and the recovery charges
+it unless the request settled (a charge with its id) or was released (nothing billed).
+
 A host crash can still lose the last `flush_every_s` of charges (no fsync per request);
 docs/budgets.md states the bound.
 """
@@ -48,6 +54,7 @@ class ChargeJournal:
         self.directory = directory
         self.path = directory / _file_name(holder)
         self._fd: int | None = None
+        self._reserved: dict[str, bytes] = {}  # request id -> its provisional line, while open
 
     def open(self) -> None:
         """Create and lock the journal. Locked under a private name, then renamed, so a
@@ -61,17 +68,41 @@ class ChargeJournal:
         private.rename(self.path)
         self._fd = fd
 
-    def append(self, hold_id: str, charge: Charge) -> None:
+    def _write(self, entry: dict[str, object]) -> bytes:
         if self._fd is None:
             self.open()
         assert self._fd is not None
-        line = json.dumps({"hold": hold_id, "charge": dataclasses.asdict(charge)}, separators=(",", ":")) + "\n"
-        os.write(self._fd, line.encode())
+        line = (json.dumps(entry, separators=(",", ":")) + "\n").encode()
+        os.write(self._fd, line)
+        return line
+
+    def append(self, hold_id: str, charge: Charge) -> None:
+        """A settled charge (the first of a request's charges is named by its request id)."""
+        self._write({"hold": hold_id, "charge": dataclasses.asdict(charge)})
+
+    def reserve(self, hold_id: str, provisional: Charge) -> None:
+        """A request's reservation, before its provider is called: `provisional` is named by
+        the request id and worth the whole reservation."""
+        self._reserved[provisional.charge_id] = self._write(
+            {"hold": hold_id, "provisional": dataclasses.asdict(provisional)}
+        )
+
+    def settled(self, request_id: str) -> None:
+        """The request's charges are journaled (after `append`): they supersede its reservation."""
+        self._reserved.pop(request_id, None)
+
+    def released(self, request_id: str) -> None:
+        """The request was billed nothing: its reservation is void."""
+        if self._reserved.pop(request_id, None) is not None:
+            self._write({"released": request_id})
 
     def clear(self) -> None:
-        """Every journaled charge is in the ledger: start over (the caller guarantees it)."""
+        """Every journaled charge is in the ledger: start over (the caller guarantees it),
+        keeping the reservations of requests still open."""
         if self._fd is not None:
             os.ftruncate(self._fd, 0)
+            if self._reserved:
+                os.write(self._fd, b"".join(self._reserved.values()))
 
     def close(self) -> None:
         """Remove the journal; only once every charge in it has reached the ledger."""
@@ -90,21 +121,39 @@ class RecoveryReport:
     kept: int = 0  # journals whose charges could not be sent; left for the next recovery
 
 
+def _request_of(charge_id: str) -> str:
+    return charge_id.split(".", 1)[0]  # a request's charges: <id>, <id>.2, <id>.3 ...
+
+
 def read_journal(path: Path) -> tuple[dict[str, list[Charge]], int]:
-    """The charges of one journal, grouped by hold, and how many lines were torn."""
+    """The charges of one journal, grouped by hold, and how many lines were torn: every
+    settled charge, and the reservation of every request that neither settled nor was released."""
     by_hold: dict[str, list[Charge]] = {}
+    provisional: dict[str, tuple[str, Charge]] = {}
+    closed: set[str] = set()  # requests settled or released
     torn = 0
     for number, raw in enumerate(path.read_bytes().split(b"\n"), start=1):
         if not raw:
             continue
         try:
             entry = json.loads(raw)
-            by_hold.setdefault(entry["hold"], []).append(Charge(**entry["charge"]))
+            if "released" in entry:
+                closed.add(str(entry["released"]))
+            elif "provisional" in entry:
+                charge = Charge(**entry["provisional"])
+                provisional[charge.charge_id] = (entry["hold"], charge)
+            else:
+                charge = Charge(**entry["charge"])
+                by_hold.setdefault(entry["hold"], []).append(charge)
+                closed.add(_request_of(charge.charge_id))
         except (ValueError, KeyError, TypeError):
             log.warning(
                 "charge journal %s line %d is torn (%d bytes); it was never acknowledged", path, number, len(raw)
             )
             torn += 1
+    for request_id, (hold_id, charge) in provisional.items():
+        if request_id not in closed:
+            by_hold.setdefault(hold_id, []).append(charge)
     return by_hold, torn
 
 

@@ -6,11 +6,13 @@ charges are sent to the ledger in batches. The guarantee is the plain design's: 
 request may spend is always held in the shared ledger before the provider is called, because
 a request only proceeds against lease money the ledger already granted.
 
-With a `ChargeJournal`, each charge is journaled before the response returns, so a replica
-killed before its next flush loses no charge: the next gate on the host sends them
-(`recover`). A lease that cannot fit the next request is retired: it returns at once everything except
-what its in-flight requests still hold, and closes when the last of them settles. A replica
-renews its leases while alive; a dead replica's leases expire and their unused money returns.
+With a `ChargeJournal`, each reservation and each charge is journaled before the provider is
+called and before the response returns, so a replica killed before its next flush loses no
+charge, and a request it was still serving is charged its whole reservation: the next gate
+on the host sends them (`recover`). A lease that cannot fit the next request is retired: it
+returns at once everything except what its in-flight requests still hold, and closes when
+the last of them settles. A replica renews its leases while alive; a dead replica's leases
+expire and their unused money returns.
 Rate-limit permits are leased the same way, a fraction of a second's worth at a time.
 """
 
@@ -150,6 +152,8 @@ class LeasedBudgetGate:
         lease.in_flight[a.reservation_id] = a.amount_nanos
         lease.last_used = self.admissions.clock()
         self._open[a.reservation_id] = (a, lease)
+        if self.journal is not None:  # charged in full if this replica dies before it settles
+            self.journal.reserve(lease.hold_id, a.provisional_charge())
         self._maybe_prefetch(a, lease)
         return Reservation(a.reservation_id, nanos_to_usd(a.amount_nanos), a.keys)
 
@@ -161,12 +165,15 @@ class LeasedBudgetGate:
         if self.journal is not None:
             for charge in charges:
                 self.journal.append(lease.hold_id, charge)
+            self.journal.settled(a.reservation_id)
         lease.pending.extend(charges)
         await self._after_request(lease)
 
     async def release(self, reservation: Reservation) -> None:
         a, lease = self._open.pop(reservation.reservation_id)
         lease.used -= lease.in_flight.pop(a.reservation_id)
+        if self.journal is not None:
+            self.journal.released(a.reservation_id)
         self._return_permits(a.permits)
         await self._after_request(lease)
 

@@ -108,6 +108,11 @@ class CollectingAuditSink:
             raise AuditUnavailable("the durable audit store is not reachable")
         self.exchanges.append(exchange)
 
+    async def open_stream(self, stand_in: Exchange, durable: bool) -> None:
+        """In memory, a stand-in outlives nothing: there is nothing to keep."""
+        if durable and self.fail_durable:
+            raise AuditUnavailable("the durable audit store is not reachable")
+
 
 class _IdentityRestorer:
     def feed(self, chunk: str) -> str:

@@ -18,7 +18,7 @@ from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from switchyard.budgets.money import nanos_to_usd
+from switchyard.budgets.money import nanos_to_usd, usd_to_nanos
 from switchyard.budgets.pricing import UnknownPrice, estimate_call
 from switchyard.budgets.tokens import EXACT_FAMILIES, openai_encoding
 from switchyard.gateway.admission_control import AdmissionController, Shed
@@ -28,6 +28,7 @@ from switchyard.gateway.attempts import (
     ChainLog,
     ChainRequest,
     RetryPolicy,
+    close_stream_soon,
 )
 from switchyard.gateway.auth import KeySnapshot
 from switchyard.gateway.billing import bill, billed_attempts, chain_bound, total_usd
@@ -82,6 +83,7 @@ from switchyard.gateway.results import (
     release_after,
     replay_stream,
 )
+from switchyard.gateway.routing import Candidate
 from switchyard.gateway.seams import (
     AuditSink,
     AuditUnavailable,
@@ -557,6 +559,15 @@ class ChatPipeline:
             model_version=cand.entry.model_version,
         )
         end = StreamSettlement(self, plan, redacted, reservation, chain, cand, outcome, room)
+        try:
+            await self._open_stream_record(plan, redacted, reservation, chain, cand)
+        except AuditUnavailable as exc:
+            close_stream_soon(rest)
+            outcome.status, outcome.error_code = 503, "audit_unavailable"
+            await asyncio.shield(end.finish())  # what the provider may have billed, and the record
+            return error_result(
+                Unavailable("audit_unavailable", f"the audit log cannot keep this stream's record ({exc})"), hdr
+            )
         body = stream_body(self.parts, plan, redacted, end, cand.model, first, rest)
         # A body the server never starts (the client left before it) never runs its `finally`.
         weakref.finalize(body, end.finish_soon, asyncio.get_running_loop())
@@ -596,9 +607,36 @@ class ChatPipeline:
         o.cost = await self.charge(plan, o, reservation, self.bills(plan, redacted, chain))
         await self._audit(plan, redacted, o, chain)
 
+    async def _open_stream_record(
+        self, plan: Plan, redacted: Redacted, reservation: Reservation, chain: ChainLog, cand: Candidate
+    ) -> None:
+        """The stand-in record of a stream about to start: what it becomes if this replica dies
+        before the stream settles. The budget journal then charges its whole reservation, so
+        that is the cost it records."""
+        lost = Outcome(
+            status=502,
+            budget_decision="reserved",
+            contract="not_declared",
+            provider=cand.provider,
+            model_version=cand.entry.model_version,
+            cost=reservation.usd,
+            bills=(Bill(cand.model, Usage(0, 0), usd_to_nanos(reservation.usd)),),
+            error_code="replica_lost",
+        )
+        with self.parts.tracing.stage("audit.record", plan.span):  # the stand-in is an audit write
+            await self.parts.audit.open_stream(
+                self._exchange(plan, redacted, lost, chain), durable=plan.ctx.flow.risk_tier is RiskTier.HIGH
+            )
+
     async def _audit(self, plan: Plan, redacted: Redacted, o: Outcome, chain: ChainLog) -> None:
+        with self.parts.tracing.stage("audit.record", plan.span):
+            await self.parts.audit.record(
+                self._exchange(plan, redacted, o, chain), durable=plan.ctx.flow.risk_tier is RiskTier.HIGH
+            )
+
+    def _exchange(self, plan: Plan, redacted: Redacted, o: Outcome, chain: ChainLog) -> Exchange:
         ctx = plan.ctx
-        exchange = Exchange(
+        return Exchange(
             ctx=ctx,
             status_code=o.status,
             input_messages=plan.messages,
@@ -617,8 +655,6 @@ class ChatPipeline:
             contract_result=o.contract if plan.output is not None or o.contract == "not_reached" else "not_declared",
             error_code=o.error_code,
         )
-        with self.parts.tracing.stage("audit.record", plan.span):
-            await self.parts.audit.record(exchange, durable=ctx.flow.risk_tier is RiskTier.HIGH)
 
     def bills(self, plan: Plan, redacted: Redacted, chain: ChainLog) -> list[Bill]:
         """What the providers billed for this request's attempts so far."""

@@ -235,5 +235,12 @@ class AuditUnavailable(Exception):
 class AuditSink(Protocol):
     async def record(self, exchange: Exchange, durable: bool) -> None:
         """`durable=True` returns only once the record is on stable storage (high-risk flows);
-        otherwise it may be queued, within the sink's stated loss bound."""
+        otherwise it may be queued, within the sink's stated loss bound. It supersedes the
+        request's stand-in, if it has one."""
+        ...
+
+    async def open_stream(self, stand_in: Exchange, durable: bool) -> None:
+        """Before a stream's first byte: `stand_in` is the record the request gets if this
+        replica dies before `record` (the stream cut off by the replica's loss). Raises
+        `AuditUnavailable` when it cannot be kept; the stream must then not start."""
         ...
