@@ -1,9 +1,11 @@
 """Full trace replay: every policy on the same input, one results table (markdown).
 
     .venv/bin/python bench/scheduler_sim.py --gpus 672 --window oct [--policy-file F] [--json-dir D]
+        [--seeds 0,1,2]
 
 Prints the overall table, the per-team p99 wait table and each run's simulated events per
-second. The table in docs/scheduler_results.md is this script's output.
+second. With several seeds: each seed's tables, then the mean and range over the seeds of
+every column, per policy. The tables in docs/scheduler_results.md are this script's output.
 """
 
 from __future__ import annotations
@@ -21,10 +23,14 @@ from switchyard.scheduler.sim.run import WINDOWS, SimSpec, run
 TRACE = Path(__file__).resolve().parents[2] / "shared" / "traces" / "philly_jobs_sep_oct_2017.csv"
 COLUMNS = [
     "utilization",
-    "jain_fairness",
+    "jain_hourly_mean",
+    "jain_hourly_p10",
+    "share_ratio_min",
+    "rho_at_most_1_worst_team",
     "inference_slo_attainment",
     "worst_team_wait_p99_s",
-    "priority_inversion_hours",
+    "priority_inversion_gpu_hours",
+    "quota_wait_gpu_hours",
     "preemptions",
     "max_preemptions_per_job",
     "lost_gpu_hours",
@@ -40,8 +46,27 @@ def main() -> None:
     parser.add_argument("--policies", default=",".join(p.value for p in PolicyName))
     parser.add_argument("--no-anomaly", action="store_true")
     parser.add_argument("--seed", type=int, default=0, help="class assignment and inference seed")
+    parser.add_argument("--seeds", help="several seeds, comma-separated (overrides --seed): adds mean and range")
     parser.add_argument("--json-dir", type=Path, help="also write each report as JSON here")
     args = parser.parse_args()
+    seeds = [int(s) for s in args.seeds.split(",")] if args.seeds else [args.seed]
+    by_seed: dict[int, dict[str, dict[str, object]]] = {}
+    for seed in seeds:
+        by_seed[seed] = run_seed(args, seed)
+        print(f"\n## seed {seed}\n")
+        print_tables(by_seed[seed])
+    if len(seeds) > 1:
+        print(f"\n## mean [min, max] over seeds {','.join(map(str, seeds))}\n")
+        print_spread(by_seed)
+    extra = f" --policy-file {args.policy_file}" if args.policy_file else ""
+    picked = f"--seeds {args.seeds}" if args.seeds else f"--seed {args.seed}"
+    print(
+        f"\nreproduce: .venv/bin/python bench/scheduler_sim.py --gpus {args.gpus} "
+        f"--window {args.window} {picked}{extra}" + (" --no-anomaly" if args.no_anomaly else "")
+    )
+
+
+def run_seed(args: argparse.Namespace, seed: int) -> dict[str, dict[str, object]]:
     reports = {}
     for name in args.policies.split(","):
         frm, to = WINDOWS[args.window]
@@ -53,25 +78,55 @@ def main() -> None:
             to,
             policy_file=args.policy_file,
             anomaly=not args.no_anomaly,
-            seed=args.seed,
+            seed=seed,
         )
         reports[name] = run(spec).report
         if args.json_dir:
             args.json_dir.mkdir(parents=True, exist_ok=True)
-            (args.json_dir / f"{args.window}_{args.gpus}_{name}_seed{args.seed}.json").write_text(
+            (args.json_dir / f"{args.window}_{args.gpus}_{name}_seed{seed}.json").write_text(
                 json.dumps(reports[name], indent=2, sort_keys=True)
             )
         print(
-            f"# {name}: {reports[name]['events']} events in {reports[name]['sim_wall_s']} s "
+            f"# seed {seed} {name}: {reports[name]['events']} events in {reports[name]['sim_wall_s']} s "
             f"({reports[name]['events_per_s']} events/s)",
             file=sys.stderr,
+            flush=True,
         )
-    print_tables(reports)
-    extra = f" --policy-file {args.policy_file}" if args.policy_file else ""
-    print(
-        f"\nreproduce: .venv/bin/python bench/scheduler_sim.py --gpus {args.gpus} "
-        f"--window {args.window} --seed {args.seed}{extra}"
-    )
+    return reports
+
+
+def _spread(values: list[float]) -> str:
+    mean = sum(values) / len(values)
+    digits = 4 if max(abs(v) for v in values) < 10 else 0
+    return f"{mean:.{digits}f} [{min(values):.{digits}f}, {max(values):.{digits}f}]"
+
+
+def print_spread(by_seed: dict[int, dict[str, dict[str, object]]]) -> None:
+    runs = list(by_seed.values())
+    print("| policy | " + " | ".join(COLUMNS) + " |")
+    print("|---" * (len(COLUMNS) + 1) + "|")
+    for name in runs[0]:
+        cells = []
+        for column in COLUMNS:
+            values = [r[name].get(column) for r in runs]
+            numbers = [float(v) for v in values if isinstance(v, int | float)]
+            cells.append(_spread(numbers) if len(numbers) == len(values) else "-")
+        print(f"| {name} | " + " | ".join(cells) + " |")
+    first = runs[0][next(iter(runs[0]))]
+    teams = sorted(first["teams"])  # type: ignore[call-overload]
+    print("\nper team, mean over seeds: p99 wait (s) per policy; private cluster p99; share of jobs with rho <= 1")
+    print("| team | quota | " + " | ".join(runs[0]) + " | private cluster | rho <= 1 (" + next(iter(runs[0])) + ") |")
+    print("|---" * (len(runs[0]) + 4) + "|")
+    for team in teams:
+        rows = [{name: r[name]["teams"][team] for name in r} for r in runs]  # type: ignore[index]
+        cells = [f"{sum(float(x[name]['wait_p99_s']) for x in rows) / len(rows):.0f}" for name in runs[0]]
+        first_policy = next(iter(runs[0]))
+        private = [x[first_policy].get("wait_p99_private_s") for x in rows]
+        rho = [x[first_policy].get("finish_time_fairness", {}).get("share_rho_at_most_1") for x in rows]
+        private_cell = f"{sum(private) / len(private):.0f}" if all(v is not None for v in private) else "-"
+        rho_cell = f"{sum(rho) / len(rho):.4f}" if all(v is not None for v in rho) else "-"
+        quota = rows[0][first_policy]["quota_gpus"]
+        print(f"| {team} | {quota} | " + " | ".join(cells) + f" | {private_cell} | {rho_cell} |")
 
 
 def print_tables(reports: dict[str, dict[str, object]]) -> None:
@@ -80,7 +135,7 @@ def print_tables(reports: dict[str, dict[str, object]]) -> None:
     print("| policy | " + " | ".join(COLUMNS) + " |")
     print("|---" * (len(COLUMNS) + 1) + "|")
     for name, report in reports.items():
-        print(f"| {name} | " + " | ".join(str(report[c]) for c in COLUMNS) + " |")
+        print(f"| {name} | " + " | ".join(str(report.get(c, "-")) for c in COLUMNS) + " |")
     teams = sorted(first["teams"])  # type: ignore[call-overload]
     print("\np99 wait (s) per team; in brackets: p99 of gangs of 8+ GPUs")
     print("| team | quota | jobs | " + " | ".join(reports) + " | private cluster |")
@@ -93,6 +148,16 @@ def print_tables(reports: dict[str, dict[str, object]]) -> None:
             cells.append(f"{t['wait_p99_s']:.0f} ({t['wait_by_gang']['8+']['wait_p99_s']:.0f})")
         private = row.get("wait_p99_private_s", "-")
         print(f"| {team} | {row['quota_gpus']} | {row['jobs']} | " + " | ".join(cells) + f" | {private} |")
+    print("\nper team: share of jobs with rho <= 1 (finish-time fairness vs its private cluster); share ratio")
+    print("| team | " + " | ".join(reports) + " |")
+    print("|---" * (len(reports) + 1) + "|")
+    for team in teams:
+        cells = []
+        for report in reports.values():
+            t = report["teams"][team]  # type: ignore[index]
+            ftf = t.get("finish_time_fairness", {})
+            cells.append(f"{ftf.get('share_rho_at_most_1', '-')}; {t.get('share_ratio', '-')}")
+        print(f"| {team} | " + " | ".join(cells) + " |")
 
 
 if __name__ == "__main__":

@@ -49,13 +49,13 @@ def main() -> None:
         r = run(SimSpec(TRACE, args.gpus, PolicyName.SWITCHYARD, frm, to, anomaly=False,
                         knobs=knobs)).report
         print(f"| {reservations} | {half_life:g} | {aging:g} | {restart:g} | {r['utilization']} | "
-              f"{r['jain_fairness']} | {r['worst_team_wait_p99_s']} | {r['lost_gpu_hours']} | {r['preemptions']} |",
+              f"{r['jain_hourly_mean']} | {r['worst_team_wait_p99_s']} | {r['lost_gpu_hours']} | {r['preemptions']} |",
               flush=True)
     for name in PolicyName:
         if name is PolicyName.SWITCHYARD or not args.baselines:
             continue
         r = run(SimSpec(TRACE, args.gpus, name, frm, to, anomaly=False)).report
-        print(f"| baseline {name} | | | | {r['utilization']} | {r['jain_fairness']} | "
+        print(f"| baseline {name} | | | | {r['utilization']} | {r['jain_hourly_mean']} | "
               f"{r['worst_team_wait_p99_s']} | {r['lost_gpu_hours']} | {r['preemptions']} |",
               flush=True)
     print(f"\nreproduce: .venv/bin/python bench/scheduler_tune.py --gpus {args.gpus}")

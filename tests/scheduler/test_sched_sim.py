@@ -9,9 +9,10 @@ from pathlib import Path
 import pytest
 
 from switchyard.cli import main
+from switchyard.scheduler.fairness import jain
 from switchyard.scheduler.sim.baselines import PolicyName
 from switchyard.scheduler.sim.inference import AzureProfile, InferenceDemand, diurnal
-from switchyard.scheduler.sim.metrics import jain, merged_length, percentile
+from switchyard.scheduler.sim.metrics import merged_length, percentile
 from switchyard.scheduler.sim.run import SimSpec, run
 from switchyard.scheduler.sim.trace import classify, load_philly
 
@@ -30,13 +31,15 @@ def _slice(policy: PolicyName, seed: int = 0) -> SimSpec:
 @pytest.mark.parametrize("policy", list(PolicyName))
 def test_every_policy_replays_a_slice(policy: PolicyName) -> None:
     report = run(_slice(policy)).report
-    for key in ("utilization", "jain_fairness", "inference_slo_attainment", "lost_gpu_hours",
-                "priority_inversion_hours", "preemptions", "offered_load"):
+    for key in ("utilization", "jain_hourly_mean", "jain_hourly_p10", "share_ratio_min",
+                "inference_slo_attainment", "lost_gpu_hours", "priority_inversion_gpu_hours",
+                "quota_wait_gpu_hours", "preemptions", "offered_load"):
         assert key in report
     teams = report["teams"]
     assert isinstance(teams, dict) and teams
     for row in teams.values():
-        assert {"wait_p50_s", "wait_p90_s", "wait_p99_s", "jct_mean_s", "wait_by_gang"} <= set(row)
+        assert {"wait_p50_s", "wait_p90_s", "wait_p99_s", "jct_mean_s", "wait_by_gang", "share_ratio",
+                "inversion_gpu_hours", "quota_wait_gpu_hours"} <= set(row)
     assert 0.0 < float(report["utilization"]) <= 1.0  # type: ignore[arg-type]
     if policy in (PolicyName.FIFO, PolicyName.STATIC):
         assert report["preemptions"] == 0

@@ -147,9 +147,13 @@ def _print_human(report: dict[str, Any]) -> None:
         "capacity_gpus",
         "offered_load",
         "utilization",
-        "jain_fairness",
+        "jain_hourly_mean",
+        "jain_hourly_p10",
+        "share_ratio_min",
+        "rho_at_most_1_worst_team",
         "inference_slo_attainment",
-        "priority_inversion_hours",
+        "priority_inversion_gpu_hours",
+        "quota_wait_gpu_hours",
         "preemptions",
         "max_preemptions_per_job",
         "most_preempted_job",
@@ -157,7 +161,7 @@ def _print_human(report: dict[str, Any]) -> None:
         "worst_team_wait_p99_s",
         "events_per_s",
     ]
-    print_table(["metric", "value"], [[k, report[k]] for k in keys])
+    print_table(["metric", "value"], [[k, report.get(k, "-")] for k in keys])
     if report["pending"]:
         print()
         reasons = ", ".join(f"{reason} {n}" for reason, n in report["pending_by_reason"].items())

@@ -47,6 +47,7 @@ class KnobsSpec(_Strict):
     starvation_after_s: float | None = Field(24 * 3600.0, gt=0)
     starving_reservations_per_team: int = Field(0, ge=0)
     starvation_preempt_after_s: float | None = Field(None, gt=0)
+    nominal_first: bool = False  # Kueue's order: requests inside their guarantee before borrowing ones
 
     @model_validator(mode="after")
     def _escalation_after_aging(self) -> KnobsSpec:

@@ -101,6 +101,11 @@ class PolicyKnobs:
     process group); makes big gangs costlier victims in checkpoint-aware ordering."""
     preemption_retry_s: float = 60.0
     """A request that found no victims looks again only after this long."""
+    nominal_first: bool = False
+    """Kueue's admission order: every request that fits its guarantee (all priorities) before
+    any that would borrow, then priority, then queue time (kueue pkg/scheduler/scheduler.go,
+    `entryOrdering.Less`: "1. request under nominal quota before borrowing, 2. higher
+    priority first, 3. FIFO"). The `kueue` baseline sets it; switchyard orders by priority."""
 
 
 @dataclass(frozen=True, slots=True)

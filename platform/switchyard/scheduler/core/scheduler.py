@@ -45,6 +45,11 @@ class _Pass:
     budget: list[int] = field(default_factory=list)
     failed_shapes: set[tuple[object, ...]] = field(default_factory=set)
     considered: set[str] = field(default_factory=set)
+    nominal_only: bool = False
+    """The first of two passes under `nominal_first`: requests that would borrow wait."""
+    deferred: set[tuple[int, str, str]] = field(default_factory=set)
+    """(priority, team, class) whose queue head waits for the second pass: so does the rest of
+    that queue (Kueue considers one head per queue; nothing behind it goes first)."""
 
     def __post_init__(self) -> None:
         self.budget = [self.max_attempts]
@@ -203,6 +208,12 @@ class Scheduler:
         for workload in list(self._reserved):
             if workload in self._queues and self._start_reserved(self._queues.get(workload), now, decisions):
                 state.considered.add(workload)
+        if self._knobs.nominal_first:
+            state.nominal_only = True
+            for level in self._queues.levels():
+                if self._run_level(level, now, decisions, state) == "halt":
+                    return self._finish(decisions)
+            state.nominal_only = False
         for level in self._queues.levels():
             if self._run_reserved(level, now, decisions, state) == "halt":
                 break
@@ -264,12 +275,14 @@ class Scheduler:
                 heapq.heappush(heap, (fresh, index))
                 continue
             outcome = self._consider(items[i], now, decisions, state)
+            if state.nominal_only and outcome != "defer":
+                state.considered.add(items[i].request.workload_id)  # done with it this decision
             if outcome == "halt":
                 return "halt"
             if outcome in ("started", "preempting", "waiting") and i + 1 < len(items):
                 position[index] = i + 1
                 heapq.heappush(heap, (self._order_key(groups[index][0], items[i + 1], now), index))
-            # "blocked" / "skip": every later request of this group would be too.
+            # "blocked" / "skip" / "defer": every later request of this group would be too.
         return "done"
 
     def _order_key(self, group: GroupKey, head: PendingWorkload, now: float) -> tuple[object, ...]:
@@ -289,6 +302,11 @@ class Scheduler:
         waived = self._waived_for(workload, self._value(request))
         held = self._held
         admission = self._admission(request)
+        if state.nominal_only:
+            line = (self._value(request), request.team, request.workload_class.value)
+            if admission.borrowing or line in state.deferred:
+                state.deferred.add(line)
+                return "defer"  # it would borrow (or waits behind one that would): second pass
         if not admission.allowed and admission.reason != NO_LENDABLE_CAPACITY:
             # Over quota: only its own team's lower-priority work can make room for it.
             if workload not in self._awaiting and self._try_preempt(

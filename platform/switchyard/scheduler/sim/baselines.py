@@ -69,10 +69,13 @@ def _baseline(name: PolicyName, switchyard: PolicyKnobs, grace: float) -> Policy
             preemption_grace_s=grace,
         )
     # Kueue-like: quota + borrowing + priority/reclaim preemption, BestEffortFIFO, no
-    # reservations, victims ordered without regard to checkpoints.
+    # reservations, victims ordered without regard to checkpoints; requests inside their
+    # nominal quota are admitted before borrowing ones, whatever their priority (Kueue's
+    # entryOrdering.Less).
     return PolicyKnobs(
         Ordering.PRIORITY,
         PreemptionMode.KUEUE,
+        nominal_first=True,
         borrowing=True,
         enforce_quota=True,
         backfill=True,

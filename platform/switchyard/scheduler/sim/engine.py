@@ -24,7 +24,9 @@ from switchyard.scheduler.core.model import (
 from switchyard.scheduler.core.policy import SchedulerPolicy
 from switchyard.scheduler.core.scheduler import Scheduler
 from switchyard.scheduler.core.snapshot import PendingStatus
+from switchyard.scheduler.fairness import InversionLedger, ShareLedger
 from switchyard.scheduler.sim.inference import InferenceDemand
+from switchyard.scheduler.sim.overdue import OverdueWaits
 from switchyard.scheduler.sim.teams import INFERENCE_TEAM
 from switchyard.scheduler.sim.trace import TraceJob
 
@@ -99,7 +101,10 @@ class SimTrace:
     inference: list[JobRecord] = field(default_factory=list)
     allocated_gpu_s: float = 0.0
     served_gpu_s: dict[str, float] = field(default_factory=dict)
-    inversion_s: float = 0.0
+    shares: ShareLedger | None = None
+    """Received vs max-min fair GPU-seconds per team and hour (switchyard.scheduler.fairness)."""
+    inversions: InversionLedger | None = None
+    """GPU-weighted priority-inversion and quota-wait seconds per team."""
     hourly_allocated: list[float] = field(default_factory=list)
     end_s: float = 0.0
     events: int = 0
@@ -128,11 +133,14 @@ class Simulation:
         self._records: dict[str, JobRecord] = {}
         self._jobs = {j.workload_id: j for j in jobs}
         self.trace = SimTrace(window, self._core.pool.total_gpus)
+        guarantees = {team.name: sum(q.guaranteed_gpus for q in team.quotas) for team in policy.teams}
+        self.trace.shares = ShareLedger(window.start_s, guarantees)
+        self.trace.inversions = InversionLedger(guarantees)
+        self._overdue = OverdueWaits(inversion_bound_s)
+        self._pending_gpus_by_team: dict[str, int] = {}
         self._now = start
         self._alloc_by_team: dict[str, int] = {}
         self._running_by_prio: dict[int, int] = {}
-        self._pending_by_prio: dict[int, dict[str, JobRecord]] = {}
-        self._inversion_bound_s = inversion_bound_s
         self._replicas_running: list[str] = []
         self._replicas_pending: list[str] = []
         self._replica_seq = 0
@@ -344,26 +352,33 @@ class Simulation:
         self._running_by_prio[value] = self._running_by_prio.get(value, 0) + gpus
 
     def _pending_change(self, record: JobRecord, sign: int) -> None:
-        # Insertion order is queue order: a request (re)joins at the current time.
-        waiting = self._pending_by_prio.setdefault(self._prio(record), {})
+        team = record.team
+        self._pending_gpus_by_team[team] = self._pending_gpus_by_team.get(team, 0) + sign * record.gpus
         if sign > 0:
-            waiting[record.workload_id] = record
+            self._overdue.add(record.workload_id, self._prio(record), team, record.gpus, record.queued_since)
         else:
-            del waiting[record.workload_id]
+            self._overdue.remove(record.workload_id)
 
-    def _inverted(self, now: float) -> bool:
-        """The oldest waiting request of some priority has waited longer than the inversion
-        bound while strictly lower priorities hold enough GPUs for it."""
-        for value, waiting in self._pending_by_prio.items():
-            if not waiting:
-                continue
-            oldest = next(iter(waiting.values()))
-            if now - oldest.queued_since <= self._inversion_bound_s:
-                continue
-            lower = sum(g for v, g in self._running_by_prio.items() if v < value)
-            if lower >= oldest.gpus:
-                return True
-        return False
+    def _observe_fairness(self, lo: float, hi: float) -> None:
+        assert self.trace.shares is not None and self.trace.inversions is not None
+        alloc = self._alloc_by_team
+        demand = dict(alloc)
+        for team, gpus in self._pending_gpus_by_team.items():
+            if gpus:
+                demand[team] = demand.get(team, 0) + gpus
+        self.trace.shares.observe(lo, hi, self.trace.capacity, alloc, demand)
+        # Nothing starts or stops inside [lo, hi), but requests cross the bound: split there.
+        while lo < hi:
+            self._overdue.advance(lo)
+            due = self._overdue.next_due()
+            edge = hi if due is None or due >= hi else max(due, lo)
+            levels = self._overdue.by_level
+            if levels:
+                held_below = {
+                    p: sum(g for v, g in self._running_by_prio.items() if v < p) for p in {p for p, _ in levels}
+                }
+                self.trace.inversions.observe(edge - lo, levels, held_below, alloc)
+            lo = edge
 
     def _advance(self, t: float) -> None:
         if t <= self._now:
@@ -377,8 +392,7 @@ class Simulation:
             for team, gpus in self._alloc_by_team.items():
                 if gpus:
                     self.trace.served_gpu_s[team] = self.trace.served_gpu_s.get(team, 0.0) + gpus * span
-            if self._inverted(lo):
-                self.trace.inversion_s += span
+            self._observe_fairness(lo, hi)
             self._add_hourly(lo, hi, allocated)
         self._now = t
 

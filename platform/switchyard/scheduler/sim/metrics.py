@@ -30,12 +30,6 @@ def wait_stats(records: Sequence[JobRecord]) -> dict[str, float]:
     }
 
 
-def jain(values: Sequence[float]) -> float:
-    if not values or not any(values):
-        return 1.0
-    return sum(values) ** 2 / (len(values) * sum(v * v for v in values))
-
-
 def merged_length(intervals: list[tuple[float, float]]) -> float:
     total = 0.0
     end = float("-inf")
@@ -96,12 +90,11 @@ def build_report(inputs: ReportInputs) -> dict[str, object]:
     for record in trace.jobs:
         by_team.setdefault(record.team, []).append(record)
     teams = {t: team_report(rs, inputs.quotas.get(t, 0)) for t, rs in sorted(by_team.items())}
-    fairness_inputs = []
-    for team, records in by_team.items():
-        demand = sum(r.gpus * r.duration_s for r in records)
-        entitled = min(inputs.quotas.get(team, 0) * span, demand)
-        if entitled > 0:
-            fairness_inputs.append(min(1.0, trace.served_gpu_s.get(team, 0.0) / entitled))
+    assert trace.shares is not None and trace.inversions is not None
+    ratios = trace.shares.share_ratios()
+    for team, row in teams.items():
+        row["share_ratio"] = round(ratios[team], 4) if team in ratios else None
+        row.update(trace.inversions.team(team))
     violations = []
     for replica in trace.inference:
         started = (
@@ -120,12 +113,12 @@ def build_report(inputs: ReportInputs) -> dict[str, object]:
         "window_days": round(span / 86400, 2),
         "offered_load": round(inputs.offered_gpu_s / (trace.capacity * span), 4),
         "utilization": round(trace.allocated_gpu_s / (trace.capacity * span), 4),
-        "jain_fairness": round(jain(fairness_inputs), 4),
+        **trace.shares.report(),
         "inference_slo_attainment": round(1.0 - merged_length(violations) / span, 6),
         "inference_slo_bound_s": inputs.slo_bound_s,
         "preemptions": trace.preemption_notices,
         "lost_gpu_hours": round(lost / 3600, 1),
-        "priority_inversion_hours": round(trace.inversion_s / 3600, 1),
+        **trace.inversions.report(),
         "worst_team_wait_p99_s": max(waits_p99, default=0.0),
         "jobs": len(trace.jobs),
         "events": trace.events,

@@ -10,13 +10,13 @@ from pathlib import Path
 from switchyard.scheduler.core.config import SchedulerFile, load_policy_file
 from switchyard.scheduler.core.policy import (
     DEFAULT_PRIORITY_CLASSES,
-    Ordering,
     PolicyKnobs,
     PreemptionMode,
     Quota,
     SchedulerPolicy,
     Team,
 )
+from switchyard.scheduler.fairness import JobTimes, finish_time_fairness
 from switchyard.scheduler.sim.baselines import PolicyName, classes_for, knobs_for
 from switchyard.scheduler.sim.engine import Cluster, SimTrace, Simulation, SimWindow
 from switchyard.scheduler.sim.inference import InferenceDemand, load_azure_profile
@@ -67,9 +67,13 @@ class SimResult:
     wall_s: float
 
 
+def _switchyard_knobs(spec: SimSpec, file: SchedulerFile | None) -> PolicyKnobs:
+    return spec.knobs or (file.to_policy().knobs if file else PolicyKnobs())
+
+
 def _policy(spec: SimSpec, jobs: list[TraceJob], inference_gpus: int) -> tuple[SchedulerPolicy, int]:
     file: SchedulerFile | None = load_policy_file(spec.policy_file) if spec.policy_file else None
-    switchyard_knobs = spec.knobs or (file.to_policy().knobs if file else PolicyKnobs())
+    switchyard_knobs = _switchyard_knobs(spec, file)
     classes = file.to_policy().priority_classes if file and file.priority_classes else DEFAULT_PRIORITY_CLASSES
     if file is not None and file.teams:
         teams = file.to_policy().teams
@@ -108,6 +112,7 @@ def run(spec: SimSpec) -> SimResult:
         demand = InferenceDemand(load_azure_profile(azure), peak_rps, spec.seed)
         inference_gpus = demand.peak(int(start_s // 60), int(window.end_s // 60) + 1)
     policy, inference_gpus = _policy(spec, jobs, inference_gpus)
+    file = load_policy_file(spec.policy_file) if spec.policy_file else None
     began = time.perf_counter()
     trace = Simulation(policy, Cluster(spec.gpus), jobs, window, demand, inversion_bound_s=spec.slo_bound_s).run()
     wall = time.perf_counter() - began
@@ -129,7 +134,7 @@ def run(spec: SimSpec) -> SimResult:
     report["sim_wall_s"] = round(wall, 2)
     report["events_per_s"] = round(trace.events / wall) if wall > 0 else 0
     if spec.anomaly:
-        _add_anomaly(report, jobs, window, quotas, spec)
+        _add_anomaly(report, jobs, window, quotas, spec, trace, private_knobs(_switchyard_knobs(spec, file)))
     return SimResult(report, trace, wall)
 
 
@@ -138,17 +143,30 @@ def private_cluster_gpus(quota: int, jobs: list[TraceJob], gpus_per_node: int = 
     return gpus_per_node * math.ceil(max(quota, largest, 1) / gpus_per_node)
 
 
+def private_knobs(shared: PolicyKnobs) -> PolicyKnobs:
+    """The private-cluster baseline runs switchyard's own rules on the team's own GPUs: the
+    same ordering, backfill, reservations and starvation aging (a 32-GPU gang on a 32-GPU
+    cluster gets a reservation as it would on the shared one), with no quota to enforce and
+    no one else to preempt. It used to be FIFO + backfill without reservations, which
+    starved a private cluster's biggest gangs and flattered sharing (issue 18, finding 4)."""
+    return replace(shared, enforce_quota=False, borrowing=False, preemption=PreemptionMode.NONE)
+
+
 def _add_anomaly(
     report: dict[str, object],
     jobs: list[TraceJob],
     window: SimWindow,
     quotas: dict[str, int],
     spec: SimSpec,
+    shared: SimTrace,
+    knobs: PolicyKnobs,
 ) -> None:
-    """Each team's p99 wait on a private cluster the size of its quota (FIFO with backfill)."""
+    """Each team on a private cluster of its guarantee (`private_cluster_gpus`): its p99 wait
+    there, the sharing anomaly (shared p99 - private p99) and finish-time fairness (rho)."""
     teams = report["teams"]
     assert isinstance(teams, dict)
-    knobs = PolicyKnobs(Ordering.FIFO, PreemptionMode.NONE, enforce_quota=False, backfill=True, max_reservations=0)
+    mine_shared = {r.workload_id: JobTimes(r.submit_s, r.finish_s) for r in shared.jobs}
+    at_most_1: list[float] = []
     for team, row in teams.items():
         mine = [j for j in jobs if j.team == team]
         gpus = private_cluster_gpus(quotas.get(team, 0), mine)
@@ -158,6 +176,16 @@ def _add_anomaly(
         row["private_cluster_gpus"] = gpus
         row["wait_p99_private_s"] = round(p99, 1)
         row["sharing_anomaly_s"] = round(float(row["wait_p99_s"]) - p99, 1)
+        ftf = finish_time_fairness(
+            {r.workload_id: mine_shared[r.workload_id] for r in private.jobs if r.workload_id in mine_shared},
+            {r.workload_id: JobTimes(r.submit_s, r.finish_s) for r in private.jobs},
+            shared.end_s,
+            private.end_s,
+        )
+        row["finish_time_fairness"] = ftf.as_dict()
+        if ftf.jobs:
+            at_most_1.append(ftf.share_rho_at_most_1)
+    report["rho_at_most_1_worst_team"] = round(min(at_most_1, default=1.0), 4)
 
 
 __all__ = ["INFERENCE_TEAM", "WINDOWS", "SimResult", "SimSpec", "run"]
