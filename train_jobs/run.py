@@ -5,8 +5,11 @@ With Ray (the default): `ray job submit -- python -m train_jobs.run CONFIG` runs
 `--local N` it runs N plain torch.distributed processes on this machine, no Ray.
 
 The last line on stdout is one JSON object: job, status (`completed` | `preempted`),
-step, loss, checkpoint, resumable, resumed_from, reason. Exit code 0 when completed,
-75 (EX_TEMPFAIL) when preempted and resumable, 2 for a bad config.
+step, loss, checkpoint, resumable, resumed_from, reason, and the last logged metrics
+(tokens_per_s, step_time_s, mfu, grad_norm, memory_bytes, memory_kind, metrics_file).
+Exit code 0 when completed, 75 (EX_TEMPFAIL) when preempted and resumable, 2 for a bad
+config, 1 when the loss became non-finite (the error names the step and the last good
+checkpoint).
 """
 
 from __future__ import annotations
@@ -58,8 +61,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         spec = spec.with_changes(**{"checkpoint.uri": args.storage})
     if args.local is not None:
         from switchyard.train.launch import run_local
+        from switchyard.train.step_sync import NonFiniteLossError
 
-        result = run_local(spec, nproc=args.local, job_id=args.job_id, profile_dir=args.profile)
+        try:
+            result = run_local(spec, nproc=args.local, job_id=args.job_id, profile_dir=args.profile)
+        except NonFiniteLossError as exc:
+            print(f"train_jobs.run: {exc}", file=sys.stderr)
+            return 1
     else:
         import ray
 

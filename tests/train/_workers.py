@@ -7,6 +7,7 @@ costs seconds, so each function runs several jobs in one process group.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 import tempfile
@@ -113,7 +114,9 @@ def preempt_mid_run(rank: int, world_size: int, out_dir: str) -> None:
             channel=channel,
             on_step=on_step,
         )
-        results[trigger] = json.loads(Trainer(tiny_spec(trigger, steps=8), ctx).run().to_json())
+        # Checked after every step: the notice arrives during step 3.
+        spec = tiny_spec(trigger, steps=8, preempt_check_s=0)
+        results[trigger] = json.loads(Trainer(spec, ctx).run().to_json())
     (out / f"rank{rank}.json").write_text(json.dumps(results))
 
 
@@ -125,7 +128,7 @@ def _first_losses(engine: TrainEngine, spec: JobSpec, rank: int, world_size: int
     losses = []
     for _ in range(steps):
         x = torch.randint(0, 256, (2, 33), generator=g)
-        loss = engine.train_step([(x[:, :-1], x[:, 1:])], 3e-3).detach().clone()
+        loss = engine.train_step([(x[:, :-1], x[:, 1:])], 3e-3).loss.detach().clone()
         torch.distributed.all_reduce(loss)
         losses.append(float(loss) / world_size)
     return losses
@@ -169,3 +172,77 @@ def meta_spec(strategy: str) -> JobSpec:
     return tiny_spec(
         f"meta-{strategy}", **{"parallel.strategy": strategy, "model.overrides": {"max_seq_len": 32, "n_layer": 4}}
     )
+
+
+class CountingChannel(FilePreemptionChannel):
+    """A file channel that records after which step each read happened."""
+
+    def __init__(self, directory: Path, step: list[int]) -> None:
+        super().__init__(directory)
+        self.step = step
+        self.reads: list[int] = []
+
+    def poll(self, job_id: str) -> Any:
+        self.reads.append(self.step[0])
+        return super().poll(job_id)
+
+
+class LineCollector(logging.Handler):
+    """The trainer's metrics log lines (`step N loss ...`) on this rank."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        message = record.getMessage()
+        if message.startswith("step "):
+            self.lines.append(message)
+
+
+def metrics_jobs(rank: int, world_size: int, out_dir: str) -> None:
+    """Four short jobs sharing one run directory per job across both ranks (so a second
+    writer would show): `logged` (a line every 3 steps, no peak), `mfu` (a declared peak),
+    `timed` (fake clocks, 1 s per step on rank 0 and 7 s on rank 1, a notice during step 5,
+    checks every 3 s) and `ckpt` (checks every 30 s, a checkpoint every 5 steps, SIGTERM to
+    rank 1 during step 2). Each rank writes its results, channel reads and log lines."""
+    out = Path(out_dir)
+    jobs = {
+        "logged": tiny_spec("logged", steps=6, log_every_steps=3),
+        "mfu": tiny_spec("mfu", steps=2, log_every_steps=1, peak_tflops_per_device=1.0),
+        "timed": tiny_spec("timed", steps=12, preempt_check_s=3),
+        "ckpt": tiny_spec("ckpt", steps=12, preempt_check_s=30, **{"checkpoint.every_steps": 5}),
+    }
+    results: dict[str, Any] = {"reads": {}, "logs": {}}
+    for name, spec in jobs.items():
+        step = [0]
+        channel = CountingChannel(out / "notices", step)
+
+        def on_step(
+            done: int, engine: TrainEngine, name: str = name, step: list[int] = step, channel: CountingChannel = channel
+        ) -> None:
+            step[0] = done
+            if name == "timed" and done == 5 and rank == 0:
+                channel.send_notice(name, "make room")
+            if name == "ckpt" and done == 2 and rank == 1:
+                os.kill(os.getpid(), signal.SIGTERM)
+
+        collector = LineCollector()
+        logging.getLogger("switchyard.train.loop").addHandler(collector)
+        ctx = RunContext(
+            rank=rank,
+            world_size=world_size,
+            device=torch.device("cpu"),
+            job_id=name,
+            store=CheckpointStore(str(out / name), out / f"cache{rank}"),
+            work_dir=out / f"work{rank}",
+            channel=channel,
+            on_step=on_step,
+            clock=lambda step=step: float(step[0] * (1 if rank == 0 else 7)),
+        )
+        result = Trainer(spec, ctx).run()
+        logging.getLogger("switchyard.train.loop").removeHandler(collector)
+        results[name] = {**json.loads(result.to_json()), "losses": result.losses}
+        results["reads"][name] = channel.reads
+        results["logs"][name] = collector.lines
+    (out / f"rank{rank}.json").write_text(json.dumps(results))

@@ -35,12 +35,12 @@ def test_single_process_watcher_sees_sigterm_and_notice(tmp_path: Path) -> None:
     channel = FilePreemptionChannel(tmp_path)
     flag = SigtermFlag()
     watcher = PreemptionWatcher(channel, "j", rank=0, device=torch.device("cpu"), sigterm=flag)
-    assert watcher.check() is None
+    assert watcher.check(1) is None
     flag.received.set()
-    assert watcher.check() == PreemptionNotice("j", "SIGTERM", sent_at=watcher.check().sent_at)  # type: ignore[union-attr]
+    assert watcher.check(2) == PreemptionNotice("j", "SIGTERM", sent_at=watcher.check(3).sent_at)  # type: ignore[union-attr]
     watcher2 = PreemptionWatcher(channel, "j", rank=1, device=torch.device("cpu"))
     channel.send_notice("j", "quota")
-    assert watcher2.check() is None  # only rank 0 reads the channel
+    assert watcher2.check(1) is None  # only rank 0 reads the channel
 
 
 def test_all_ranks_stop_at_the_same_step(tmp_path: Path) -> None:
@@ -62,3 +62,21 @@ def test_all_ranks_stop_at_the_same_step(tmp_path: Path) -> None:
     assert ranks[0]["notice"]["reason"] == "test notice"
     assert ranks[0]["sigterm"]["reason"] == "stop agreed by another rank"
     assert ranks[1]["sigterm"]["reason"] == "SIGTERM"
+
+
+def test_check_steps_follow_rank_0s_clock_from_the_resumed_step() -> None:
+    """Resumed at step 50, checks every 5 s: 1 s per step until step 60, then 0.5 s. Each
+    check predicts the next from the time per step since the previous one."""
+    now = [0.0]
+    watcher = PreemptionWatcher(
+        None, "j", rank=0, device=torch.device("cpu"), check_every_s=5, first_step=50, clock=lambda: now[0]
+    )
+    checked = []
+    for step in range(51, 80):
+        now[0] += 1.0 if step < 60 else 0.5
+        if watcher.due(step):
+            assert watcher.check(step) is None
+            checked.append((step, now[0]))
+    # 51: first step of the run; 56: 5 s later; 61 after 4 s (steps sped up mid-way, so the
+    # prediction from 1 s steps came early, never late); then 0.8 s and 0.5 s per step.
+    assert checked == [(51, 1.0), (56, 6.0), (61, 10.0), (67, 13.0), (77, 18.0)]

@@ -51,7 +51,7 @@ def test_gcs_notice_preempts_fsdp_job_which_then_resumes(ray_cluster: dict[str, 
     # Sent before the workers exist: the GCS keeps it; rank 0 reads it after step 1.
     send_notice("job-42", "scheduler: higher-priority gang", deadline=None)
     assert channel.poll("job-42") is not None
-    preempted = run_on_ray(spec, storage_path=str(tmp_path), job_id="job-42", min_poll_interval_s=0.0)
+    preempted = run_on_ray(spec, storage_path=str(tmp_path), job_id="job-42")
     assert (preempted.status, preempted.resumable, preempted.step) == ("preempted", True, 1)
     assert preempted.reason == "scheduler: higher-priority gang"
     channel.clear("job-42")

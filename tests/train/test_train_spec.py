@@ -93,3 +93,25 @@ def test_workers_holding_several_gpus_ask_for_whole_workers_per_node() -> None:
         gang_bundles(16, gpus_per_node=8, gpus_per_worker=16)
     with pytest.raises(ValueError, match="gpus_per_worker"):
         JobSpec.model_validate({"name": "x", "steps": 1, "gpus_per_worker": 0})
+
+
+@pytest.mark.parametrize(
+    ("line", "message"),
+    [
+        ("log_every_steps: 0", r"job\.yaml: log_every_steps: Input should be greater than or equal to 1"),
+        ("preempt_check_s: 60", r"job\.yaml: preempt_check_s: .*at most 30 s \(1/4 of the scheduler's default"),
+        ("preempt_check_s: -1", r"job\.yaml: preempt_check_s: Input should be greater than or equal to 0"),
+        ("peak_tflops_per_device: 0", r"job\.yaml: peak_tflops_per_device: Input should be greater than 0"),
+        ("log_every: 5", r"log_every was renamed log_every_steps"),
+    ],
+)
+def test_metrics_and_preemption_fields_are_validated_by_name(tmp_path: Path, line: str, message: str) -> None:
+    bad = tmp_path / "job.yaml"
+    bad.write_text(f"name: x\nsteps: 3\n{line}\n")
+    with pytest.raises(JobSpecError, match=message):
+        load_job_spec(bad)
+
+
+def test_metrics_and_preemption_defaults() -> None:
+    spec = JobSpec(name="x", steps=1)
+    assert (spec.log_every_steps, spec.preempt_check_s, spec.peak_tflops_per_device) == (10, 5.0, None)

@@ -1,7 +1,8 @@
 """`switchyard train ...`: run a training job from a job spec.
 
 `train run CONFIG` runs it on this machine (N local processes, or a private local Ray with
-`--ray`). `train submit | list | cancel` (in `_train_queue.py`) go through the scheduler.
+`--ray`); `train plot RUN` draws a run's metrics file. `train submit | list | cancel` (in
+`_train_queue.py`) go through the scheduler.
 """
 
 from __future__ import annotations
@@ -30,6 +31,16 @@ def register(subparsers: Any) -> None:
         help="write torch.profiler traces to DIR; print collective vs compute time",
     )
     run.set_defaults(handler=run_command)
+    plot = commands.add_parser("plot", help="draw a run's loss and tokens/s against step as a PNG")
+    plot.add_argument(
+        "run",
+        metavar="RUN",
+        help="a run directory (<checkpoint.uri>/<job name>), its metrics.jsonl, or a job name "
+        "(looked up under the state dir's train/checkpoints and train/runs)",
+    )
+    plot.add_argument("--out", default=None, metavar="PATH", help="PNG to write (default: <run dir>/metrics.png)")
+    plot.add_argument("--state-dir", help="platform state directory (default: $SWITCHYARD_STATE_DIR or .switchyard)")
+    plot.set_defaults(handler=plot_command)
     from switchyard.cli._train_queue import add_commands
 
     add_commands(commands)
@@ -60,7 +71,29 @@ def run_command(args: argparse.Namespace) -> int:
             ray.shutdown()
     else:
         from switchyard.train.launch import run_local
+        from switchyard.train.step_sync import NonFiniteLossError
 
-        result = run_local(spec, nproc=args.nproc, job_id=args.job_id, profile_dir=args.profile)
+        try:
+            result = run_local(spec, nproc=args.nproc, job_id=args.job_id, profile_dir=args.profile)
+        except NonFiniteLossError as exc:
+            return fail(str(exc), 1)
     print(result.to_json(), flush=True)
     return EXIT_PREEMPTED if result.resumable else 0
+
+
+def plot_command(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from switchyard.state import state_dir
+    from switchyard.train.metrics_log import MetricsFileError, find_metrics_file, read_metrics
+    from switchyard.train.metrics_plot import plot_metrics
+
+    metrics = find_metrics_file(args.run, state_dir(args.state_dir))
+    try:
+        rows = read_metrics(metrics)
+    except MetricsFileError as exc:
+        return fail(str(exc))
+    out = Path(args.out) if args.out else metrics.parent / "metrics.png"
+    plot_metrics(rows, out, title=f"{metrics.parent.name}: steps {rows[0]['step']}-{rows[-1]['step']}")
+    print(out)
+    return 0

@@ -50,8 +50,11 @@ def file_table(directory: Path) -> FileTable:
     }
 
 
+STEP_PREFIX = "step-"
+
+
 def step_folder(step: int) -> str:
-    return f"step-{step:08d}"
+    return f"{STEP_PREFIX}{step:08d}"
 
 
 @dataclass(frozen=True)
@@ -140,7 +143,8 @@ class CheckpointStore:
         return None
 
     def candidates(self) -> list[str]:
-        return [n for n in self.location.list_children() if not n.startswith(".")]
+        # Only `step-N` folders: the run directory also holds `tensorboard/` (metrics_log).
+        return [n for n in self.location.list_children() if n.startswith(STEP_PREFIX)]
 
     def latest_valid(self) -> CheckpointRef | None:
         """The newest complete checkpoint; None only when the store holds no checkpoints."""

@@ -9,7 +9,7 @@ import torch
 from torch import Tensor, nn
 
 from switchyard.models import GPT, GPTConfig, next_token_loss
-from switchyard.train.engine import Batch
+from switchyard.train.engine import Batch, StepOutput
 from switchyard.train.materialize import (
     init_partitioned_weights,
     is_meta,
@@ -90,7 +90,7 @@ class DeepSpeedEngine:
         self.device = device
         self.bf16 = bf16
 
-    def train_step(self, micro_batches: list[Batch], lr: float) -> Tensor:
+    def train_step(self, micro_batches: list[Batch], lr: float) -> StepOutput:
         for group in self.engine.optimizer.param_groups:
             group["lr"] = lr
         total = torch.zeros((), device=self.device)
@@ -99,7 +99,13 @@ class DeepSpeedEngine:
             self.engine.backward(loss)  # scales by 1/gradient_accumulation_steps itself
             self.engine.step()  # steps the optimizer only at the accumulation boundary
             total += loss.detach().float()
-        return total / len(micro_batches)
+        return StepOutput(total / len(micro_batches), self._grad_norm())
+
+    def _grad_norm(self) -> Tensor | None:
+        """DeepSpeed's norm of the last optimizer step, before clipping (a device tensor, a
+        float, or None when ZeRO's norm computation is off)."""
+        norm = self.engine.get_global_grad_norm()
+        return None if norm is None else torch.as_tensor(norm, dtype=torch.float32, device=self.device)
 
     def save(self, directory: Path) -> None:
         self.engine.save_checkpoint(str(directory), tag=_TAG, save_latest=False)

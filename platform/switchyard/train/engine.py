@@ -8,7 +8,7 @@ branches on the strategy.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 from torch import Tensor, nn
 
@@ -17,13 +17,22 @@ from switchyard.train.memory import RankMemory
 Batch = tuple[Tensor, Tensor]
 
 
+class StepOutput(NamedTuple):
+    """One optimizer step's measurements, still on the device (reading them waits for it)."""
+
+    loss: Tensor
+    """This rank's mean micro-batch loss (detached)."""
+    grad_norm: Tensor | None
+    """Total L2 norm of the whole model's gradient before clipping, the same on every rank;
+    None when the engine does not compute it."""
+
+
 class TrainEngine(Protocol):
     model: nn.Module
     checkpoint_format: str
 
-    def train_step(self, micro_batches: list[Batch], lr: float) -> Tensor:
-        """Forward and backward every micro-batch, then one optimizer step at `lr`.
-        Returns this rank's mean micro-batch loss (detached)."""
+    def train_step(self, micro_batches: list[Batch], lr: float) -> StepOutput:
+        """Forward and backward every micro-batch, then one optimizer step at `lr`."""
         ...
 
     def save(self, directory: Path) -> None:

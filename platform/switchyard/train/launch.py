@@ -23,6 +23,7 @@ from switchyard.train.checkpoint import CheckpointStore
 from switchyard.train.loop import RunContext, Trainer, TrainResult
 from switchyard.train.preemption import FilePreemptionChannel
 from switchyard.train.spec import JobSpec
+from switchyard.train.step_sync import NonFiniteLossError
 
 GroupFn = Callable[..., None]
 log = logging.getLogger(__name__)
@@ -101,7 +102,14 @@ def run_on_rank(
         channel=FilePreemptionChannel(notice_dir),
         **overrides,
     )
-    result = Trainer(spec, ctx).run()
+    try:
+        result = Trainer(spec, ctx).run()
+    except NonFiniteLossError as exc:
+        # Every rank stops at the same step; the launcher re-raises it, without the ranks' tracebacks.
+        if rank == 0:
+            failure = {"step": exc.step, "loss": exc.loss, "last_checkpoint": exc.last_checkpoint}
+            Path(result_path).write_text(json.dumps({"non_finite_loss": failure}))
+        return
     if rank == 0:
         payload = {**json.loads(result.to_json()), "losses": result.losses}
         Path(result_path).write_text(json.dumps(payload))
@@ -135,4 +143,6 @@ def run_local(
             finished=result_path.is_file,
         )
         data = json.loads(result_path.read_text())
+    if "non_finite_loss" in data:
+        raise NonFiniteLossError(**data["non_finite_loss"])
     return TrainResult(**data)

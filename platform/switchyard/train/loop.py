@@ -3,6 +3,11 @@
 It expects `torch.distributed` to be initialised (or a single process), builds the model,
 applies activation checkpointing then the strategy, resumes or starts from `init_from`,
 trains, checkpoints every N steps and on a preemption notice, and returns a `TrainResult`.
+
+The host waits for the device only where it must: each step's loss and gradient norm stay
+on the device until a metrics line (every `log_every_steps`), a checkpoint or the end of the
+run, and the preemption check runs about every `preempt_check_s` seconds (`step_sync`,
+`preemption`). A non-finite loss stops the run at the first such sync, before any save.
 """
 
 from __future__ import annotations
@@ -22,7 +27,6 @@ from typing import Any, Protocol
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-from torch import Tensor
 
 from switchyard.models import GPT
 from switchyard.train.activation import apply_activation_checkpointing
@@ -40,16 +44,22 @@ from switchyard.train.checkpoint import (
 from switchyard.train.data import TokenBatches, load_tokens
 from switchyard.train.engine import Batch, TrainEngine
 from switchyard.train.materialize import init_sharded_weights, meta_model
-from switchyard.train.preemption import PreemptionChannel, PreemptionWatcher, SigtermFlag
+from switchyard.train.memory import peak_memory
+from switchyard.train.metrics_log import METRICS_FILE, MetricsRecord, run_output_dir
+from switchyard.train.preemption import PreemptionChannel, PreemptionNotice, PreemptionWatcher, SigtermFlag
 from switchyard.train.prefetch import DevicePrefetcher
 from switchyard.train.profiling import StepProfiler
 from switchyard.train.spec import JobSpec, OptimSpec
+from switchyard.train.step_metrics import MetricsLine, StepWindow, step_cost
+from switchyard.train.step_sync import NonFiniteLossError, PendingSteps, SyncedStep, first_non_finite
 from switchyard.train.strategy import Strategy
 
 log = logging.getLogger(__name__)
 
 COMPLETED = "completed"
 PREEMPTED = "preempted"
+LINE_FIELDS = ("tokens_per_s", "step_time_s", "mfu", "grad_norm", "memory_bytes", "memory_kind")
+"""The metrics line fields a `TrainResult` carries."""
 
 
 @dataclass
@@ -64,6 +74,15 @@ class TrainResult:
     resumable: bool
     resumed_from: str | None = None
     reason: str | None = None
+    tokens_per_s: float | None = None
+    """This and the fields down to `memory_kind`: the run's last metrics line."""
+    step_time_s: float | None = None
+    mfu: float | None = None
+    grad_norm: float | None = None
+    memory_bytes: int | None = None
+    memory_kind: str | None = None
+    metrics_file: str | None = None
+    """The run's `metrics.jsonl` (on rank 0's host)."""
     losses: list[float] = field(default_factory=list)
 
     def to_json(self) -> str:
@@ -105,8 +124,10 @@ class RunContext:
     publisher: CheckpointPublisher | None = None
     """None: publish into `store` (local or s3). Ray Train sets one that reports to Ray."""
     report_metrics: Callable[[dict[str, Any]], None] | None = None
+    """Called on every rank with each metrics line (Ray Train's or Tune's `report`)."""
     handle_sigterm: bool = True
-    min_poll_interval_s: float = 0.0
+    clock: Callable[[], float] = time.monotonic
+    """Rank 0's clock for the preemption check interval (tests pass a fake one)."""
     prune: bool = True
     stop_after_steps: int | None = None
     """Stop (as preempted) after this many steps of *this* run: for tests and sweeps."""
@@ -213,17 +234,14 @@ class Trainer:
         self.spec = spec
         self.ctx = ctx
         self.losses: list[float] = []
+        self.metrics_dir = run_output_dir(ctx.store.uri, spec.name)
+        """Where rank 0 writes `metrics.jsonl` and `tensorboard/`."""
+        self.last_line: MetricsLine | None = None
+        self._latest: SyncedStep | None = None
 
     def _barrier(self) -> None:
         if dist.is_initialized():
             dist.barrier()
-
-    def _mean_over_ranks(self, loss: Tensor) -> float:
-        loss = loss.detach().float().clone()
-        if dist.is_initialized():
-            dist.all_reduce(loss)  # SUM: gloo has no AVG
-            loss /= self.ctx.world_size
-        return float(loss.item())
 
     def _save(
         self,
@@ -336,22 +354,120 @@ class Trainer:
             rank=ctx.rank,
             device=ctx.device,
             sigterm=sigterm,
-            min_poll_interval_s=ctx.min_poll_interval_s,
+            check_every_s=spec.preempt_check_s,
+            first_step=step,
+            clock=ctx.clock,
         )
+        record = MetricsRecord(self.metrics_dir) if ctx.rank == 0 else None
         try:
             with StepProfiler(ctx.profile_dir, ctx.rank) as profiler:
-                return self._train(engine, batches, step, resume, watcher, profiler)
+                return self._train(engine, batches, step, resume, watcher, profiler, record)
         finally:
             sigterm.close()
+            if record is not None:
+                record.close()
 
-    def _outcome(self, status: str, resumable: bool, resumed_from: str | None, reason: str | None) -> dict[str, Any]:
+    def _result(
+        self, status: str, step: int, checkpoint: str | None, resumed_from: str | None, reason: str | None
+    ) -> TrainResult:
+        loss = self._latest.loss if self._latest else None
+        return TrainResult(
+            self.spec.name,
+            status,
+            step,
+            loss,
+            checkpoint,
+            status == PREEMPTED,
+            resumed_from,
+            reason,
+            losses=self.losses,
+            **self._line_fields(),
+        )
+
+    def _line_fields(self) -> dict[str, Any]:
+        line = self.last_line.as_dict() if self.last_line else {}
+        return {**{f: line.get(f) for f in LINE_FIELDS}, "metrics_file": str(self.metrics_dir / METRICS_FILE)}
+
+    def _outcome(self, status: str, resumed_from: str | None, reason: str | None) -> dict[str, Any]:
+        """The run's result as checkpoint metrics: under Ray, what the driver gets back."""
         return {
             "job": self.spec.name,
             "status": status,
-            "resumable": resumable,
+            "resumable": status == PREEMPTED,
             "resumed_from": resumed_from,
             "reason": reason,
+            **self._line_fields(),
         }
+
+    def _sync(self, pending: PendingSteps, checkpoint: str | None) -> SyncedStep | None:
+        """The pending steps on the host (collective); stops the run on a non-finite loss."""
+        synced = pending.sync()
+        bad = first_non_finite(synced)
+        if bad is not None:
+            error = NonFiniteLossError(bad.step, bad.loss, checkpoint)
+            if self.ctx.rank == 0:
+                log.error("%s", error)
+            raise error
+        self.losses.extend(s.loss for s in synced)
+        self._latest = synced[-1] if synced else self._latest
+        return self._latest
+
+    def _log(
+        self,
+        step: int,
+        lr: float,
+        pending: PendingSteps,
+        window: StepWindow,
+        record: MetricsRecord | None,
+        checkpoint: str | None,
+    ) -> None:
+        latest = self._sync(pending, checkpoint)
+        assert latest is not None and latest.step == step, "a log step is synced first"
+        memory = peak_memory(self.ctx.device)
+        line = window.close(
+            time.perf_counter(),  # right after the sync: the device has finished these steps
+            step=step,
+            loss=latest.loss,
+            lr=lr,
+            grad_norm=latest.grad_norm,
+            memory_bytes=memory.bytes,
+            memory_kind=memory.kind,
+        )
+        self.last_line = line
+        if record is not None:
+            log.info("%s", line.text())
+            record.write(line)
+        if self.ctx.report_metrics is not None:
+            self.ctx.report_metrics({k: v for k, v in line.as_dict().items() if v is not None})
+
+    def _synced_save(
+        self,
+        engine: TrainEngine,
+        step: int,
+        data_state: dict[str, Any],
+        reason: str,
+        pending: PendingSteps,
+        window: StepWindow,
+        checkpoint: str | None,
+        outcome: dict[str, Any] | None = None,
+    ) -> str:
+        latest = self._sync(pending, checkpoint)  # raises first: nothing is saved from a non-finite state
+        started = time.perf_counter()
+        uri = self._save(engine, step, data_state, latest.loss if latest else None, reason, outcome)
+        window.exclude(time.perf_counter() - started)  # a save is not step time
+        return uri
+
+    def _stop_notice(
+        self, step: int, steps_this_run: int, watcher: PreemptionWatcher, force: bool
+    ) -> PreemptionNotice | None:
+        """A preemption notice, or the step budget: the same answer on every rank."""
+        if step >= self.spec.steps:
+            return None  # the run is done: its final checkpoint follows
+        notice = watcher.check(step, force_read=force) if force or watcher.due(step) else None
+        budget = self.ctx.stop_after_steps
+        if notice is None and budget is not None and budget <= steps_this_run:
+            notice = watcher.stop_requested("stop_after_steps")
+        return notice
 
     def _train(
         self,
@@ -361,42 +477,39 @@ class Trainer:
         resume: CheckpointRef | None,
         watcher: PreemptionWatcher,
         profiler: StepProfiler,
+        record: MetricsRecord | None,
     ) -> TrainResult:
         spec, ctx = self.spec, self.ctx
         feed = DevicePrefetcher(_step_batches(batches, spec.data.grad_accum_steps), ctx.device)
-        data_state, loss, checkpoint = batches.state_dict(), None, None
-        resumed_from = resume.uri if resume else None
-        if resume is not None:
-            checkpoint = resume.uri
+        data_state = batches.state_dict()
+        resumed_from = checkpoint = resume.uri if resume else None
+        pending = PendingSteps(ctx.world_size)
+        window = StepWindow(step_cost(spec, ctx.world_size), time.perf_counter())
+        every = spec.checkpoint.every_steps
         steps_this_run = 0
         while step < spec.steps:
             data_state, micro = next(feed)
+            lr = lr_at(step, spec.optim, spec.steps)
             with profiler.step(step + 1):
-                step_loss = engine.train_step(micro, lr_at(step, spec.optim, spec.steps))
-            loss = self._mean_over_ranks(step_loss)
+                output = engine.train_step(micro, lr)
             step += 1
             steps_this_run += 1
-            self.losses.append(loss)
+            pending.add(step, output)
+            window.add_step()
             if ctx.on_step is not None:
                 ctx.on_step(step, engine)
-            if ctx.report_metrics is not None and step % spec.log_every == 0:
-                ctx.report_metrics({"step": step, "loss": loss})
-            if step % spec.log_every == 0 and ctx.rank == 0:
-                log.info("step %d loss %.4f", step, loss)
-            notice = watcher.check()
-            budget = ctx.stop_after_steps
-            if notice is None and budget is not None and budget <= steps_this_run < spec.steps:
-                notice = watcher.stop_requested("stop_after_steps")
+            if step % spec.log_every_steps == 0 or step == spec.steps:
+                self._log(step, lr, pending, window, record, checkpoint)
+            checkpoint_due = bool(every) and step % every == 0 and step < spec.steps
+            notice = self._stop_notice(step, steps_this_run, watcher, force=checkpoint_due)
             if notice is not None:
-                outcome = self._outcome(PREEMPTED, True, resumed_from, notice.reason)
-                checkpoint = self._save(engine, step, data_state, loss, f"preempted: {notice.reason}", outcome)
-                return TrainResult(
-                    spec.name, PREEMPTED, step, loss, checkpoint, True, resumed_from, notice.reason, self.losses
-                )
-            every = spec.checkpoint.every_steps
-            if every and step % every == 0 and step < spec.steps:
-                checkpoint = self._save(engine, step, data_state, loss, "periodic")
+                reason = f"preempted: {notice.reason}"
+                outcome = self._outcome(PREEMPTED, resumed_from, notice.reason)
+                checkpoint = self._synced_save(engine, step, data_state, reason, pending, window, checkpoint, outcome)
+                return self._result(PREEMPTED, step, checkpoint, resumed_from, notice.reason)
+            if checkpoint_due:
+                checkpoint = self._synced_save(engine, step, data_state, "periodic", pending, window, checkpoint)
         if spec.checkpoint.save_final and steps_this_run > 0:
-            outcome = self._outcome(COMPLETED, False, resumed_from, None)
-            checkpoint = self._save(engine, step, data_state, loss, "final", outcome)
-        return TrainResult(spec.name, COMPLETED, step, loss, checkpoint, False, resumed_from, None, self.losses)
+            outcome = self._outcome(COMPLETED, resumed_from, None)
+            checkpoint = self._synced_save(engine, step, data_state, "final", pending, window, checkpoint, outcome)
+        return self._result(COMPLETED, step, checkpoint, resumed_from, None)

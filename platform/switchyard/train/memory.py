@@ -2,10 +2,13 @@
 
 Peak RSS cannot show sharding on CPU (it is dominated by the runtime), so the tests and the
 benchmark count the tensors each rank actually owns: for a DTensor, its local shard.
+`peak_memory` is the process-level figure the trainer's metrics lines report.
 """
 
 from __future__ import annotations
 
+import resource
+import sys
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -63,6 +66,28 @@ def optimizer_state_bytes(optimizer: torch.optim.Optimizer) -> int:
         for v in state.values()
         if isinstance(v, Tensor) and v.dim() > 0  # the scalar step counter is not state size
     )
+
+
+@dataclass(frozen=True)
+class PeakMemory:
+    bytes: int
+    kind: str
+    """`cuda_max_allocated` (tensor storage, the caching allocator's peak) or `peak_rss`
+    (the whole process on the host)."""
+
+
+def peak_memory(device: torch.device) -> PeakMemory:
+    """This process's peak memory since it started: on GPU the allocator's peak, on CPU the
+    peak resident set size.
+
+    `getrusage`'s peak rather than `/proc/self/statm`'s current RSS: a reading taken at a log
+    step would miss the peak inside a step (what runs out of memory), and a peak is what
+    `max_memory_allocated` reports too. It cannot be reset, so it covers the whole process.
+    """
+    if device.type == "cuda":
+        return PeakMemory(int(torch.cuda.max_memory_allocated(device)), "cuda_max_allocated")
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return PeakMemory(peak if sys.platform == "darwin" else peak * 1024, "peak_rss")  # Linux: KiB
 
 
 @dataclass

@@ -1,11 +1,12 @@
 """How a running job learns it must stop, and how all its ranks agree on when.
 
 The scheduler (or an operator) calls `channel.send_notice(job_id, reason, deadline)`.
-Inside the job, `PreemptionWatcher.check()` runs once per optimizer step on every rank:
-rank 0 polls the channel, any rank may have received SIGTERM (Ray node drain, `ray job
-stop`, Kubernetes), and one all-reduce (MAX) of that flag makes every rank see the same
-answer at the same step. The loop then checkpoints and ends with status "preempted"
-(resumable). This module is pure: the Ray GCS channel lives in `ray_preemption`.
+Inside the job, `PreemptionWatcher.check()` runs on every rank after the same steps, about
+every `preempt_check_s` seconds: rank 0 reads the channel, any rank may have received
+SIGTERM (Ray node drain, `ray job stop`, Kubernetes), and one all-reduce (MAX) of that flag
+makes every rank see the same answer at the same step. The loop then checkpoints and ends
+with status "preempted" (resumable). This module is pure: the Ray GCS channel lives in
+`ray_preemption`.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import os
 import signal
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from types import FrameType
@@ -121,7 +123,18 @@ class SigtermFlag:
 
 
 class PreemptionWatcher:
-    """Call `check()` on every rank once per step; all ranks get the same answer."""
+    """Decides, the same way on every rank, after which steps to check for a stop request.
+
+    A check is one all-reduce (MAX) and one wait for it on the host, so it runs about every
+    `check_every_s` seconds rather than every step: `due(step)` says whether `step` is a
+    check step, and every rank answers alike because rank 0 chose that step at the previous
+    check, from its own clock (the steps it expects to fit in `check_every_s`), and the
+    choice travelled in that check's all-reduce. The first step is always checked (a notice
+    sent before the job started is seen after one step). Rank 0 reads the channel at most
+    once per `check_every_s` unless `check(force_read=True)` (a checkpoint step, where a
+    notice costs no extra save). If steps slow down, a check comes late by the same factor:
+    keep `check_every_s` at 1/4 of the scheduler's grace period or less.
+    """
 
     def __init__(
         self,
@@ -131,34 +144,58 @@ class PreemptionWatcher:
         rank: int,
         device: torch.device,
         sigterm: SigtermFlag | None = None,
-        min_poll_interval_s: float = 0.0,
+        check_every_s: float = 0.0,
+        first_step: int = 0,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        """`first_step`: the step training starts from (a resumed job's checkpoint step)."""
         self.channel = channel
         self.job_id = job_id
         self.rank = rank
         self.device = device
         self.sigterm = sigterm
-        self.min_poll_interval_s = min_poll_interval_s
-        self._last_poll = float("-inf")
+        self.check_every_s = check_every_s
+        self.clock = clock
+        self._last_read = float("-inf")
+        self._last_check = (clock(), first_step)  # (rank 0's time, step) of the previous check
+        self._next_check_step = first_step + 1
         self._notice: PreemptionNotice | None = None
 
-    def _local_notice(self) -> PreemptionNotice | None:
+    def due(self, step: int) -> bool:
+        """Whether `step` is a check step: the same answer on every rank."""
+        return step >= self._next_check_step
+
+    def _local_notice(self, force_read: bool) -> PreemptionNotice | None:
         if self._notice is None and self.sigterm is not None and self.sigterm.received.is_set():
             self._notice = PreemptionNotice(self.job_id, "SIGTERM")
-        now = time.monotonic()
-        # Only rank 0 polls: one reader per job, however many ranks.
-        due = now - self._last_poll >= self.min_poll_interval_s
+        now = self.clock()
+        # Only rank 0 reads the channel: one reader per job, however many ranks.
+        due = force_read or now - self._last_read >= self.check_every_s
         if self._notice is None and self.channel is not None and self.rank == 0 and due:
-            self._last_poll = now
+            self._last_read = now
             self._notice = self.channel.poll(self.job_id)
         return self._notice
 
-    def check(self) -> PreemptionNotice | None:
-        local = self._local_notice()
-        flag = torch.tensor([1 if local else 0], dtype=torch.int32, device=self.device)
+    def _next_step(self, step: int) -> int:
+        """Rank 0: the step after which to check next, from its time per step since the last check."""
+        now = self.clock()
+        last_time, last_step = self._last_check
+        self._last_check = (now, step)
+        per_step = (now - last_time) / max(1, step - last_step)
+        if self.check_every_s <= 0 or per_step <= 0:  # per_step 0: a clock that did not move
+            return step + 1
+        return step + max(1, int(self.check_every_s / per_step))
+
+    def check(self, step: int, *, force_read: bool = False) -> PreemptionNotice | None:
+        """Collective: call on every rank after the same step (a `due` one, or any step where
+        all ranks call it). Returns the notice when any rank has one, on every rank."""
+        local = self._local_notice(force_read)
+        next_step = self._next_step(step) if self.rank == 0 else 0
+        flags = torch.tensor([1 if local else 0, next_step], dtype=torch.int64, device=self.device)
         if dist.is_initialized():
-            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-        if not int(flag.item()):
+            dist.all_reduce(flags, op=dist.ReduceOp.MAX)  # the stop flag, and rank 0's next step
+        stop, self._next_check_step = (int(v) for v in flags.tolist())
+        if not stop:
             return None
         return local or PreemptionNotice(self.job_id, "stop agreed by another rank")
 

@@ -24,7 +24,7 @@ from ray.train.torch import TorchConfig, TorchTrainer, get_device
 
 from switchyard.state import state_dir
 from switchyard.train.checkpoint import CheckpointStore, FileTable
-from switchyard.train.loop import RunContext, Trainer, TrainResult
+from switchyard.train.loop import LINE_FIELDS, RunContext, Trainer, TrainResult
 from switchyard.train.ray_preemption import GcsPreemptionChannel
 from switchyard.train.spec import JobSpec
 
@@ -84,8 +84,7 @@ def train_fn(config: dict[str, Any]) -> None:
         work_dir=work_dir,
         channel=GcsPreemptionChannel(),
         publisher=RayReportPublisher(run_uri, rank, on_published),
-        report_metrics=ray.train.report,
-        min_poll_interval_s=float(config.get("min_poll_interval_s", 1.0)),
+        report_metrics=ray.train.report,  # metrics lines; Train V2 keeps only checkpoint reports
         prune=False,  # CheckpointConfig(num_to_keep) prunes under Ray
         stop_after_steps=config.get("stop_after_steps"),
         on_resume=_resume_reporter(workload_id) if workload_id and rank == 0 else None,
@@ -140,7 +139,6 @@ def run_on_ray(
     *,
     storage_path: str | None = None,
     job_id: str | None = None,
-    min_poll_interval_s: float = 1.0,
     stop_after_steps: int | None = None,
     worker_label_selectors: list[dict[str, str]] | None = None,
     workload_id: str | None = None,
@@ -160,7 +158,6 @@ def run_on_ray(
             "spec": spec.model_dump(mode="json"),
             "job_id": job_id,
             "run_uri": f"{storage}/{spec.name}",
-            "min_poll_interval_s": min_poll_interval_s,
             "stop_after_steps": stop_after_steps,
             "workload_id": workload_id,
         },
@@ -193,4 +190,6 @@ def run_on_ray(
             f"job {spec.name} ended without a final checkpoint report (missing {missing}); "
             "Ray jobs need checkpoint.save_final: true"
         )
-    return TrainResult(**{f: metrics[f] for f in fields})
+    outcome: dict[str, Any] = {f: metrics[f] for f in fields}
+    outcome.update({f: metrics.get(f) for f in (*LINE_FIELDS, "metrics_file")})
+    return TrainResult(**outcome)

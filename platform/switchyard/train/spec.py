@@ -10,11 +10,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from switchyard.config_file import ConfigFileError, read_yaml, validate
 from switchyard.models import GPTConfig
 from switchyard.train.strategy import CheckpointMode, Offload, Strategy, WrapGranularity
+
+MAX_PREEMPT_CHECK_S = 30.0
+"""1/4 of the scheduler's default `preemption_grace_s` (120 s)."""
 
 
 class JobSpecError(ConfigFileError):
@@ -112,7 +115,17 @@ class JobSpec(_Spec):
     """GPUs each worker holds (a worker that drives several GPUs itself); the job's lease is
     `num_workers x gpus_per_worker` GPUs, and a worker never spans nodes."""
     use_gpu: bool = False
-    log_every: int = Field(default=1, ge=1)
+    log_every_steps: int = Field(default=10, ge=1)
+    """Log a metrics line (loss, lr, gradient norm, tokens/s, step time, MFU, memory) every N
+    optimizer steps, and at the last step. The loss stays on the device in between: the
+    host waits for the device only on these steps."""
+    preempt_check_s: float = Field(default=5.0, ge=0)
+    """Seconds between preemption checks (0: after every step). Must be at most 1/4 of the
+    scheduler's preemption grace period (`preemption_grace_s`, 120 s by default), so a notice
+    is seen with time left to checkpoint. Checkpoint steps are always checked."""
+    peak_tflops_per_device: float | None = Field(default=None, gt=0)
+    """Dense peak TFLOP/s of one device at the job's precision (e.g. 989 for H100 SXM bf16),
+    for MFU. Without it MFU is reported as null: the platform does not guess a peak."""
     init_from: str | None = None
     """A checkpoint directory (local or s3://) whose model weights start this job: a
     fine-tune from a base model. Distinct from resuming this job's own checkpoints, which
@@ -122,6 +135,23 @@ class JobSpec(_Spec):
     parallel: ParallelSpec = Field(default_factory=ParallelSpec)
     optim: OptimSpec = Field(default_factory=OptimSpec)
     checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _renamed_fields(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "log_every" in data:
+            raise ValueError("log_every was renamed log_every_steps (default 10)")
+        return data
+
+    @field_validator("preempt_check_s")
+    @classmethod
+    def _within_grace(cls, value: float) -> float:
+        if value > MAX_PREEMPT_CHECK_S:
+            raise ValueError(
+                f"must be at most {MAX_PREEMPT_CHECK_S:g} s (1/4 of the scheduler's default preemption "
+                f"grace period of 120 s), got {value:g}: a notice must be seen with time left to checkpoint"
+            )
+        return value
 
     @model_validator(mode="after")
     def _consistent(self) -> JobSpec:

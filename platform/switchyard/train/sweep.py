@@ -1,7 +1,7 @@
 """A Ray Tune sweep (learning rate x micro-batch size) over the same `Trainer` loop.
 
 Without GPUs, each trial trains the job on one CPU rank (a one-process gloo group, so every
-strategy's code path runs unchanged) and reports the loss per step to Tune; no scheduler is
+strategy's code path runs unchanged) and reports each metrics line to Tune; no scheduler is
 involved. A trial that needs GPUs asks the platform's scheduler for them like any job: it
 submits a workload for its team and priority, waits in the queue (holding nothing), runs
 `run_on_ray` (one TorchTrainer worker per granted GPU, pinned to the granted nodes) and

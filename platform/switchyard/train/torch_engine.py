@@ -11,10 +11,11 @@ import torch.distributed.checkpoint as dcp
 from torch import Tensor, nn
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torch.distributed.fsdp import FSDPModule
+from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel
 
 from switchyard.models import GPT, next_token_loss
-from switchyard.train.engine import Batch
+from switchyard.train.engine import Batch, StepOutput
 from switchyard.train.materialize import is_meta, materialize
 from switchyard.train.memory import RankMemory, grad_bytes, held_grad_bytes, optimizer_state_bytes, param_bytes
 from switchyard.train.parallelize import apply_ddp, apply_fsdp
@@ -89,7 +90,7 @@ class TorchEngine:
             return autocast
         return contextlib.nullcontext()
 
-    def train_step(self, micro_batches: list[Batch], lr: float) -> Tensor:
+    def train_step(self, micro_batches: list[Batch], lr: float) -> StepOutput:
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         total = torch.zeros((), device=self.device)
@@ -102,13 +103,23 @@ class TorchEngine:
             if self.probe_memory:
                 self.peak_grad_bytes = max(self.peak_grad_bytes, held_grad_bytes(self.model))
             total += loss.detach()
-        if self.grad_clip > 0:
-            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip)
+        grad_norm = self._grad_norm_and_clip()
         if self.probe_memory:
             self.probes.setdefault("after_backward", self.memory())
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
-        return total / len(micro_batches)
+        return StepOutput(total / len(micro_batches), grad_norm)
+
+    def _grad_norm_and_clip(self) -> Tensor:
+        """The total gradient norm before clipping, then clipping to it: what
+        `clip_grad_norm_` does, with the norm made whole first (torchtitan does the same)."""
+        params = [p for p in self.model.parameters() if p.grad is not None]
+        norm = torch.nn.utils.get_total_norm([p.grad for p in params])
+        if isinstance(norm, DTensor):
+            norm = norm.full_tensor()  # FSDP: a partial norm per shard; one scalar all-reduce
+        if self.grad_clip > 0:
+            torch.nn.utils.clip_grads_with_norm_(params, self.grad_clip, norm)
+        return norm.detach()
 
     def _state(self) -> dict[str, object]:
         model_state, optim_state = get_state_dict(self.model, self.optimizer)

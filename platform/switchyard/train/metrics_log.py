@@ -1,0 +1,93 @@
+"""The durable record of a run's metrics lines, written by rank 0 into the run's directory:
+`metrics.jsonl` (one JSON object per line, what `switchyard train plot` reads) and
+TensorBoard event files under `tensorboard/`.
+
+Under Ray Train the lines are reported to Ray as well, but Train V2 keeps only the metrics
+that travel with a checkpoint: these files are the record. A resumed run appends to them, so
+steps between the last checkpoint and a crash can appear twice; readers keep the last line
+per step.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import IO, Any
+
+from switchyard.state import state_dir
+from switchyard.train.step_metrics import SCALARS, MetricsLine
+from switchyard.train.storage import is_s3_uri
+
+METRICS_FILE = "metrics.jsonl"
+TENSORBOARD_DIR = "tensorboard"
+
+
+def run_output_dir(run_uri: str, job: str) -> Path:
+    """The run's local directory: its checkpoint folder (`<checkpoint.uri>/<job name>`) when
+    that is local; for an `s3://` store, `<state dir>/train/runs/<job name>` on rank 0's host."""
+    return state_dir() / "train" / "runs" / job if is_s3_uri(run_uri) else Path(run_uri)
+
+
+class MetricsRecord:
+    """Appends metrics lines to `<directory>/metrics.jsonl` and TensorBoard scalars
+    (`train/<field>`) to `<directory>/tensorboard/`, flushed after every line."""
+
+    def __init__(self, directory: Path) -> None:
+        from tensorboardX import SummaryWriter  # imported here: about a second, and rank 0 only
+
+        directory.mkdir(parents=True, exist_ok=True)
+        self.path = directory / METRICS_FILE
+        self._file: IO[str] = self.path.open("a", encoding="utf-8")
+        self._board = SummaryWriter(logdir=str(directory / TENSORBOARD_DIR))
+
+    def write(self, line: MetricsLine) -> None:
+        self._file.write(json.dumps(line.as_dict(), sort_keys=True) + "\n")
+        self._file.flush()
+        for name in SCALARS:
+            value = getattr(line, name)
+            if value is not None:  # an undeclared peak leaves MFU out rather than at 0
+                self._board.add_scalar(f"train/{name}", value, line.step)
+        self._board.flush()
+
+    def close(self) -> None:
+        self._board.close()
+        self._file.close()
+
+
+class MetricsFileError(ValueError):
+    """A metrics file that is missing, empty or unreadable; the message names the path."""
+
+
+def read_metrics(path: Path) -> list[dict[str, Any]]:
+    """The lines of a metrics file in step order, the last one written for each step."""
+    if not path.is_file():
+        raise MetricsFileError(f"{path}: no metrics file (a run writes one at its first log step)")
+    by_step: dict[int, dict[str, Any]] = {}
+    for number, raw in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+        if not raw.strip():
+            continue
+        try:
+            row = json.loads(raw)
+            missing = [key for key in ("step", *SCALARS) if key not in row]
+            if missing:
+                raise ValueError(f"missing {', '.join(missing)}")
+            by_step[int(row["step"])] = row
+        except (ValueError, TypeError) as exc:
+            raise MetricsFileError(f"{path}: line {number} is not a metrics line ({exc})") from None
+    if not by_step:
+        raise MetricsFileError(f"{path}: the metrics file is empty")
+    return [by_step[step] for step in sorted(by_step)]
+
+
+def find_metrics_file(run: str, state: Path) -> Path:
+    """`run` as `switchyard train plot` takes it: a metrics file, a run directory, or a job
+    name (the `name` of `switchyard train list`), looked up where jobs with the default
+    checkpoint root keep their run directory (`<state>/train/checkpoints/<name>`), then
+    where `s3://` jobs keep their metrics (`<state>/train/runs/<name>`)."""
+    path = Path(run)
+    if path.is_file():
+        return path
+    if path.is_dir() or "/" in run:
+        return path / METRICS_FILE
+    named = [state / "train" / "checkpoints" / run / METRICS_FILE, state / "train" / "runs" / run / METRICS_FILE]
+    return next((p for p in named if p.is_file()), named[0])
