@@ -16,7 +16,7 @@ from switchyard.scheduler.core import (
     PreemptionMode,
     Scheduler,
 )
-from switchyard.scheduler.core.model import WorkloadClass
+from switchyard.scheduler.core.model import HoldKind, WorkloadClass
 from switchyard.scheduler.sim.engine import Cluster, Simulation, SimWindow
 from switchyard.scheduler.sim.trace import TraceJob
 
@@ -81,6 +81,14 @@ class Driver:
         for spec in self.s.pool.nodes():
             assert used.get(spec.name, 0) <= spec.gpus  # never over-allocated
             assert self.s.pool.free(spec.name) == spec.gpus - used.get(spec.name, 0)
+        # The hold counts kept incrementally (for decision latency) equal a recount.
+        kinds, teams, counts = self.s._hold_kind, self.s._hold_team, self.s._hold_counts
+        for kind in HoldKind:
+            assert counts.of_kind(kind) == sum(1 for k in kinds.values() if k is kind)
+        for team in GUARANTEES:
+            assert counts.starving_of(team) == sum(
+                1 for w, k in kinds.items() if k is HoldKind.STARVING and teams[w] == team
+            )
 
     def check_victims_were_borrowing(self, notices: list[tuple[str, str]]) -> None:
         """Another team's lease is taken only while that team borrows: after one decision's

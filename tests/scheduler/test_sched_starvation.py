@@ -183,3 +183,29 @@ def test_without_escalation_the_same_workload_starves() -> None:
     s.schedule(0)
     s.submit(gang("a-big", "a", (8,), "training"), 10)
     assert not any(s.schedule(t).notices for t in (HOUR, 3 * HOUR, 48 * HOUR))
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_hold_counts_match_a_recount(seed: int) -> None:
+    """`HoldCounts` is kept as holds come and go (counting every hold per blocked gang was a
+    decision's largest cost at 10k GPUs); after any sequence it equals a recount."""
+    import random
+
+    from switchyard.scheduler.core.model import HoldKind
+    from switchyard.scheduler.core.starvation import HoldCounts
+
+    rng = random.Random(seed)
+    counts, held = HoldCounts(), {}
+    for n in range(300):
+        if held and rng.random() < 0.45:
+            workload = rng.choice(sorted(held))
+            counts.remove(*held.pop(workload))
+        else:
+            held[f"w{n}"] = (rng.choice(list(HoldKind)), rng.choice("abc"))
+            counts.add(*held[f"w{n}"])
+        for kind in HoldKind:
+            assert counts.of_kind(kind) == sum(1 for k, _ in held.values() if k is kind), f"seed {seed}"
+        for team in "abc":
+            assert counts.starving_of(team) == sum(
+                1 for k, t in held.values() if k is HoldKind.STARVING and t == team
+            ), f"seed {seed}"

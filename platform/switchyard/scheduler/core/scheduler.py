@@ -34,7 +34,7 @@ from switchyard.scheduler.core.preemption import VictimPlan, VictimSelector
 from switchyard.scheduler.core.queue import GroupKey, PendingQueues
 from switchyard.scheduler.core.quota import NO_LENDABLE_CAPACITY, Admission, QuotaBook, QuotaKey
 from switchyard.scheduler.core.snapshot import ClusterSnapshot, build_snapshot
-from switchyard.scheduler.core.starvation import may_escalate, reservation_to_take
+from switchyard.scheduler.core.starvation import HoldCounts, may_escalate, reservation_to_take
 
 
 @dataclass(slots=True)
@@ -73,6 +73,7 @@ class Scheduler:
         self._reserved_value: dict[str, int] = {}  # workload -> its priority value
         self._hold_kind: dict[str, HoldKind] = {}  # workload -> why it holds its reservation
         self._hold_team: dict[str, str] = {}  # workload -> its team (per-team caps)
+        self._hold_counts = HoldCounts()
         self._waived_cache: dict[int, dict[str, int]] = {}  # priority value -> GPUs it may use
         self._held: dict[str, int] = {}  # node -> GPUs held by all reservations
         self._held_free = 0  # free GPUs that reservations hold: sum of min(free, held) per node
@@ -329,7 +330,7 @@ class Scheduler:
             return "preempting"
         if self._try_escalate(pending, waived, now, decisions, state):
             return "preempting"
-        kind = reservation_to_take(pending, self._knobs, now, self._hold_kind, self._hold_team)
+        kind = reservation_to_take(pending, self._knobs, now, self._hold_kind.get(workload), self._hold_counts)
         if kind is not None:
             self._drop_reservation(workload)  # a blocked head that starves moves to its own slot
             self._reserve(request, self._held, kind)
@@ -456,6 +457,7 @@ class Scheduler:
         self._reserved_value[workload_id] = self._value(request)
         self._hold_kind[workload_id] = kind
         self._hold_team[workload_id] = request.team
+        self._hold_counts.add(kind, request.team)
         for node, gpus in amounts.items():
             self._node_change(node, gpus_held=gpus)
 
@@ -465,8 +467,7 @@ class Scheduler:
             return
         self._waived_cache.clear()
         del self._reserved_value[workload_id]
-        del self._hold_kind[workload_id]
-        del self._hold_team[workload_id]
+        self._hold_counts.remove(self._hold_kind.pop(workload_id), self._hold_team.pop(workload_id))
         for node, gpus in amounts.items():
             self._node_change(node, gpus_held=-gpus)
 
