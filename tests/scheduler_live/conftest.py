@@ -62,6 +62,17 @@ def whole_node_inference(count: int, team: str = "prod") -> list[Any]:
     ]
 
 
+def job_logs(jobs: Any, submission_id: str) -> str:
+    """A Ray job's logs, or "" while the Jobs API does not know it yet: the scheduler grants
+    the lease first and submits the job after (seen in CI under load: a 404 mid-wait)."""
+    try:
+        return str(jobs.get_job_logs(submission_id))
+    except RuntimeError as exc:
+        if "does not exist" in str(exc):
+            return ""
+        raise
+
+
 def wait_for(predicate: Callable[[], Any], timeout: float = 30.0, every: float = 0.2) -> Any:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

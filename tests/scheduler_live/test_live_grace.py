@@ -18,7 +18,7 @@ from ray.job_submission import JobStatus, JobSubmissionClient
 from switchyard.cluster.admission import RAY_NODE_ID_KEY, training_submission
 from switchyard.scheduler.api import WorkloadSubmission
 from switchyard.scheduler.core import PlacementStrategy, WorkloadClass
-from tests.scheduler_live.conftest import borrowing_policy, wait_for
+from tests.scheduler_live.conftest import borrowing_policy, job_logs, wait_for
 from tests.scheduler_live.test_live_training import wait_job_end
 
 pytestmark = pytest.mark.ray  # each test ~10-15 s: two short Ray jobs
@@ -96,7 +96,7 @@ def test_launched_job_ignoring_its_notice_is_stopped_requeued_and_relaunched(
     ray.get(scheduler.submit.remote(deaf))
     grant = wait_for(lambda: ray.get(scheduler.lease.remote(deaf.workload_id)))
     first_job = f"{deaf.workload_id}-1"
-    wait_for(lambda: "holding" in jobs.get_job_logs(first_job), timeout=120)
+    wait_for(lambda: "holding" in job_logs(jobs, first_job), timeout=120)
 
     # Inference wants the other node back; the job never answers the notice.
     second_prod = inference()
@@ -135,7 +135,7 @@ def test_job_submitted_by_hand_ignoring_its_notice_is_stopped(
     ray.get(scheduler.submit.remote(first_prod))
     wait_for(lambda: ray.get(scheduler.lease.remote(first_prod.workload_id)))
     job = jobs.submit_job(entrypoint=f"{sys.executable} {script}")  # not through the scheduler
-    wait_for(lambda: "holding" in jobs.get_job_logs(job), timeout=120)
+    wait_for(lambda: "holding" in job_logs(jobs, job), timeout=120)
     [workload] = [w for w in ray.get(scheduler.list_workloads.remote()) if w["description"] == "deaf-direct"]
     wid = workload["workload_id"]
     grant = ray.get(scheduler.lease.remote(wid))

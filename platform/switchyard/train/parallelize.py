@@ -81,7 +81,9 @@ def apply_fsdp(
     fully_shard(
         model,
         mesh=mesh,
-        reshard_after_forward=reshard,
+        # None: FSDP2's own rule, "not resharded after forward" for the root (the embedding and
+        # head backward needs first); an explicit True added one exposed all-gather per step.
+        reshard_after_forward=None if reshard else False,
         mp_policy=mp,
         **({"offload_policy": offload_policy} if offload_policy else {}),
     )
