@@ -203,6 +203,17 @@ async def _wait_ready(base: str, headers: dict[str, str], proc: subprocess.Popen
     raise AssertionError(f"replica at {base} never became ready")
 
 
+async def _start_and_stop_a_replica(policies: Path, state: Path, headers: dict[str, str]) -> None:
+    """A new replica on the same host: it drains the dead one's spool, stand-ins and charge
+    journal before it takes traffic; then it shuts down cleanly."""
+    proc, base = _start_replica(policies, state)
+    try:
+        await _wait_ready(base, headers, proc)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait()
+
+
 async def test_killing_a_gateway_replica_under_load(tmp_path: Path) -> None:
     """SIGKILL a gateway replica (its own process) mid-load; start another on the same state.
     Every high-risk request that got a response has exactly one record, no request has two,
@@ -247,13 +258,7 @@ async def test_killing_a_gateway_replica_under_load(tmp_path: Path) -> None:
         proc.kill()
         proc.wait()
     assert (state / "audit" / "spool").is_dir()
-    # A new replica on the same host drains the dead one's spool before taking traffic.
-    proc, base = _start_replica(policy_store.root, state)
-    try:
-        await _wait_ready(base, support, proc)
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        proc.wait()
+    await _start_and_stop_a_replica(policy_store.root, state, support)
     store = AuditStore.in_state_dir(state)
     stored = [e.entry.request_id for e in store.find(limit=100_000)]
     assert len(stored) == len(set(stored)), "a request has two records"
@@ -328,12 +333,7 @@ async def test_streams_open_when_their_replica_is_killed_are_audited_and_charged
     finally:
         proc.kill()
         proc.wait()
-    proc, base = _start_replica(policy_store.root, state)  # drains the dead replica's files first
-    try:
-        await _wait_ready(base, support, proc)
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        proc.wait()
+    await _start_and_stop_a_replica(policy_store.root, state, support)
     store = AuditStore.in_state_dir(state)
     records = [e.entry for e in store.find(limit=100_000) if isinstance(e.entry, RequestRecord)]
     ids = [r.request_id for r in records]

@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 
 from switchyard.cli import main
-from switchyard.scheduler.fairness import jain
+from switchyard.scheduler.fairness import jain, percentile
 from switchyard.scheduler.sim.baselines import PolicyName
 from switchyard.scheduler.sim.inference import AzureProfile, InferenceDemand, diurnal
-from switchyard.scheduler.sim.metrics import merged_length, percentile
+from switchyard.scheduler.sim.metrics import merged_length
 from switchyard.scheduler.sim.run import SimSpec, run
 from switchyard.scheduler.sim.trace import classify, load_philly
 

@@ -9,6 +9,7 @@ contract -> settle -> audit -> respond with headers saying who answered and why.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import math
 import time
@@ -560,7 +561,7 @@ class ChatPipeline:
         )
         end = StreamSettlement(self, plan, redacted, reservation, chain, cand, outcome, room)
         try:
-            await self._open_stream_record(plan, redacted, reservation, chain, cand)
+            await self._open_stream_record(plan, redacted, reservation, chain, cand, outcome)
         except AuditUnavailable as exc:
             close_stream_soon(rest)
             outcome.status, outcome.error_code = 503, "audit_unavailable"
@@ -608,17 +609,20 @@ class ChatPipeline:
         await self._audit(plan, redacted, o, chain)
 
     async def _open_stream_record(
-        self, plan: Plan, redacted: Redacted, reservation: Reservation, chain: ChainLog, cand: Candidate
+        self,
+        plan: Plan,
+        redacted: Redacted,
+        reservation: Reservation,
+        chain: ChainLog,
+        cand: Candidate,
+        outcome: Outcome,
     ) -> None:
-        """The stand-in record of a stream about to start: what it becomes if this replica dies
-        before the stream settles. The budget journal then charges its whole reservation, so
-        that is the cost it records."""
-        lost = Outcome(
+        """The stand-in record of a stream about to start (`outcome` as it stands): what it
+        becomes if this replica dies before the stream settles. The budget journal then charges
+        its whole reservation, so that is the cost it records."""
+        lost = dataclasses.replace(
+            outcome,
             status=502,
-            budget_decision="reserved",
-            contract="not_declared",
-            provider=cand.provider,
-            model_version=cand.entry.model_version,
             cost=reservation.usd,
             bills=(Bill(cand.model, Usage(0, 0), usd_to_nanos(reservation.usd)),),
             error_code="replica_lost",

@@ -62,7 +62,8 @@ def jain(values: Sequence[float]) -> float:
     return sum(values) ** 2 / (len(values) * sum(v * v for v in values))
 
 
-def _percentile(values: Sequence[float], q: float) -> float:
+def percentile(values: Sequence[float], q: float) -> float:
+    """Nearest-rank percentile (q in 0..100); 0.0 for no values."""
     if not values:
         return 0.0
     ordered = sorted(values)
@@ -135,7 +136,7 @@ class ShareLedger:
         hourly = self.hourly_jain()
         return {
             "jain_hourly_mean": round(sum(hourly) / len(hourly), 4) if hourly else 1.0,
-            "jain_hourly_p10": round(_percentile(hourly, 10), 4) if hourly else 1.0,
+            "jain_hourly_p10": round(percentile(hourly, 10), 4) if hourly else 1.0,
             "jain_hours": len(hourly),
             "share_ratio_min": round(min(self.share_ratios().values(), default=1.0), 4),
         }
@@ -188,8 +189,8 @@ def finish_time_fairness(
         return FinishTimeFairness(0, 1.0, 1.0, 1.0, 1.0, censored)
     return FinishTimeFairness(
         jobs=len(rhos),
-        rho_p50=_percentile(rhos, 50),
-        rho_p90=_percentile(rhos, 90),
+        rho_p50=percentile(rhos, 50),
+        rho_p90=percentile(rhos, 90),
         rho_max=max(rhos),
         share_rho_at_most_1=sum(1 for r in rhos if r <= 1.0 + 1e-9) / len(rhos),
         censored=censored,

@@ -6,18 +6,10 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
+from switchyard.scheduler.fairness import percentile
 from switchyard.scheduler.sim.engine import JobRecord, SimTrace
 
 GANG_BUCKETS = (("1", 1, 1), ("2-4", 2, 7), ("8+", 8, 1 << 30))
-
-
-def percentile(values: Sequence[float], q: float) -> float:
-    """Nearest-rank percentile (q in 0..100); 0.0 for no values."""
-    if not values:
-        return 0.0
-    ordered = sorted(values)
-    rank = max(1, -(-len(ordered) * q // 100))
-    return float(ordered[int(rank) - 1])
 
 
 def wait_stats(records: Sequence[JobRecord]) -> dict[str, float]:

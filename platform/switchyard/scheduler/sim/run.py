@@ -16,11 +16,11 @@ from switchyard.scheduler.core.policy import (
     SchedulerPolicy,
     Team,
 )
-from switchyard.scheduler.fairness import JobTimes, finish_time_fairness
+from switchyard.scheduler.fairness import JobTimes, finish_time_fairness, percentile
 from switchyard.scheduler.sim.baselines import PolicyName, classes_for, knobs_for
 from switchyard.scheduler.sim.engine import Cluster, SimTrace, Simulation, SimWindow
 from switchyard.scheduler.sim.inference import InferenceDemand, load_azure_profile
-from switchyard.scheduler.sim.metrics import ReportInputs, build_report, percentile
+from switchyard.scheduler.sim.metrics import ReportInputs, build_report
 from switchyard.scheduler.sim.teams import (
     INFERENCE_TEAM,
     RESEARCH_CLASSES,
