@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from sched_support import ALL_CLASSES, gang, nodes
+from sched_support import ALL_CLASSES, gang, nodes, policy
 
 from switchyard.scheduler.core import (
     Node,
@@ -209,3 +209,21 @@ def test_hold_counts_match_a_recount(seed: int) -> None:
             assert counts.starving_of(team) == sum(
                 1 for k, t in held.values() if k is HoldKind.STARVING and t == team
             ), f"seed {seed}"
+
+
+def test_a_core_pickled_before_hold_counts_restores_them() -> None:
+    """The live scheduler journals its core with pickle: a state written by the previous
+    version (no `_hold_counts`) must still load and count its holds."""
+    import pickle
+
+    core = Scheduler(policy({"a": 8, "b": 8}), nodes(2), now=0.0)
+    core.submit(gang("a-1", "a", (8,), "training"), 0.0)
+    core.submit(gang("b-big", "b", (8, 8), "training", same_group=True), 0.0)
+    core.schedule(1.0)  # a-1 starts; b's 16-GPU gang is blocked and takes the reservation
+    assert core._hold_counts.of_kind(HoldKind.BLOCKED_HEAD) == 1
+    old_state = dict(core.__dict__)
+    del old_state["_hold_counts"]
+    restored = Scheduler.__new__(Scheduler)
+    restored.__setstate__(pickle.loads(pickle.dumps(old_state)))
+    assert restored._hold_counts.of_kind(HoldKind.BLOCKED_HEAD) == 1
+    assert pickle.loads(pickle.dumps(core))._hold_counts.of_kind(HoldKind.BLOCKED_HEAD) == 1

@@ -199,6 +199,15 @@ class Scheduler:
         self._start(pending, placement, admission.borrowing, now, decisions)
         return decisions.starts[0]
 
+    def __setstate__(self, state: dict[str, object]) -> None:
+        """A core pickled by an older version (the live scheduler's journal) lacks the hold
+        counts kept since: they are rebuilt from the holds, which every version records."""
+        self.__dict__.update(state)
+        if "_hold_counts" not in state:
+            self._hold_counts = HoldCounts()
+            for workload, kind in self._hold_kind.items():
+                self._hold_counts.add(kind, self._hold_team[workload])
+
     # -- the decision -------------------------------------------------------------------------
     def schedule(self, now: float) -> Decisions:
         decisions = Decisions()
