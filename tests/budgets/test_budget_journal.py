@@ -9,6 +9,7 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 
 import pytest
@@ -18,7 +19,7 @@ from switchyard.budgets.admission import Admissions
 from switchyard.budgets.charge_journal import ChargeJournal, recover_orphans
 from switchyard.budgets.db import SqliteDatabase
 from switchyard.budgets.leased_gate import LeaseConfig, LeasedBudgetGate
-from switchyard.budgets.ledger import BudgetLedger, Charge
+from switchyard.budgets.ledger import BudgetLedger, Charge, SoftAlert
 from switchyard.budgets.service import InProcessLedgerClient, LedgerService
 from switchyard.cli import main
 from switchyard.gateway.seams import Bill, Reservation, Usage
@@ -216,3 +217,53 @@ async def test_a_request_in_flight_when_its_replica_dies_is_charged_its_reservat
     again = await _gate(tmp_path, "third", ledger).recover()
     assert again.charges == 0 and ledger.charged_nanos() == 2 * 123_000 + 99_000 + reserved_nanos
     assert in_flight.reservation_id != late.reservation_id
+
+
+class _SpendingWhileSettling(InProcessLedgerClient):
+    """A ledger whose settle lets one more request settle locally while the flush is out, as
+    steady load does: the replica's journal is then never all sent at an upkeep."""
+
+    def __init__(self, service: LedgerService) -> None:
+        super().__init__(service)
+        self.during_settle: Callable[[], Awaitable[object]] | None = None
+
+    async def settle(
+        self, hold_id: str, charges: Sequence[Charge], close: bool, keep_nanos: int | None = None
+    ) -> list[SoftAlert]:
+        if self.during_settle is not None:
+            spend, self.during_settle = self.during_settle, None
+            await spend()
+        return await super().settle(hold_id, charges, close, keep_nanos)
+
+
+async def test_a_journal_under_steady_load_is_compacted_and_still_loses_nothing(tmp_path: Path) -> None:
+    """Under steady load a charge always arrives between a flush and the upkeep's "all sent"
+    check, so the journal was never truncated: two lines a request, for ever. Past
+    `journal_compact_bytes` it is rewritten with only the unacknowledged charges and the open
+    reservations; a replica killed after that still loses nothing and counts nothing twice."""
+    ledger = BudgetLedger(SqliteDatabase(tmp_path / "ledger.db"))
+    client = _SpendingWhileSettling(LedgerService(ledger))
+    ps = shipped()
+    gate = LeasedBudgetGate(
+        Admissions(lambda: ps),
+        client,
+        "busy",
+        dataclasses.replace(NEVER_FLUSH, journal_compact_bytes=1),
+        journal=ChargeJournal(tmp_path / "journal", "busy"),
+    )
+    await _spend(gate, 20)
+    open_request, reserved_nanos = await _reserve(gate)
+    assert gate.journal is not None
+    before = len(gate.journal.path.read_bytes().splitlines())
+    client.during_settle = lambda: _spend(gate, 1)  # arrives while the upkeep's flush is out
+    await gate.maintain()
+    lines = [json.loads(line) for line in gate.journal.path.read_bytes().splitlines()]
+    kinds = sorted(next(k for k in line if k != "hold") for line in lines)
+    assert before == 41 and kinds == ["charge", "provisional"], kinds  # the late charge, the open request
+    assert ledger.charged_nanos() == 20 * 123_000
+    _die(gate.journal)
+
+    report = await _gate(tmp_path, "survivor", ledger).recover()
+    assert report.charges == 2
+    assert ledger.charged_nanos() == 21 * 123_000 + reserved_nanos
+    assert open_request.usd > 0

@@ -101,6 +101,30 @@ class ChargeJournal:
         if self._reserved.pop(request_id, None) is not None:
             self._write({"released": request_id})
 
+    def size_bytes(self) -> int:
+        return os.fstat(self._fd).st_size if self._fd is not None else 0
+
+    def rewrite(self, unsent: Sequence[tuple[str, Charge]]) -> None:
+        """Replace the journal by what it still has to cover: `unsent` (hold id, charge) pairs,
+        the charges not yet acknowledged by the ledger (the caller's), and the reservations of
+        requests still open. Under steady load the journal is never all sent at once, so
+        `clear` alone let it grow by two lines a request. Written aside, locked, then renamed
+        over: a recoverer always finds the journal locked, and a death midway leaves the old
+        file, a superset."""
+        if self._fd is None:
+            return
+        lines = [
+            (json.dumps({"hold": hold, "charge": _fields(charge)}, separators=(",", ":")) + "\n").encode()
+            for hold, charge in unsent
+        ]
+        private = self.directory / f".{self.path.name}.new"
+        fd = os.open(private, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o600)
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        os.write(fd, b"".join([*lines, *self._reserved.values()]))
+        private.rename(self.path)
+        os.close(self._fd)  # the old file's lock goes with it; the path is the new file already
+        self._fd = fd
+
     def clear(self) -> None:
         """Every journaled charge is in the ledger: start over (the caller guarantees it),
         keeping the reservations of requests still open."""

@@ -59,6 +59,8 @@ class LeaseConfig:
     """Fetch the next lease in the background once the current one is below this fraction."""
     idle_close_s: float = 2.0
     """A lease unused for this long is closed and its money returned."""
+    journal_compact_bytes: int = 4 << 20
+    """A journal larger than this is rewritten with only what it still covers (upkeep)."""
     permit_batch_s: float = 0.25
     """Rate-limit permits held locally: this many seconds of the limit's refill."""
 
@@ -122,6 +124,7 @@ class LeasedBudgetGate:
         self.config = config or LeaseConfig()
         self.journal = journal
         self._sending = 0  # batches sent but not yet acknowledged: their charges stay journaled
+        self._unacknowledged: dict[int, tuple[str, list[Charge]]] = {}  # batch -> (hold, charges) in flight
         self._leases: dict[tuple[str, ...], _Lease] = {}  # the active lease per set of lines
         self._retired: dict[str, _Lease] = {}  # hold id -> lease waiting for in-flight requests
         self._locks: dict[tuple[str, ...], asyncio.Lock] = {}
@@ -329,6 +332,8 @@ class LeasedBudgetGate:
     async def _send(self, lease: _Lease, close: bool, keep: int | None) -> None:
         charges, lease.pending = lease.pending, []
         self._sending += 1
+        batch = id(charges)
+        self._unacknowledged[batch] = (lease.hold_id, charges)
         try:
             alerts = await self.client.settle(lease.hold_id, charges, close, keep)
         except BaseException:
@@ -336,6 +341,7 @@ class LeasedBudgetGate:
             raise
         finally:
             self._sending -= 1
+            del self._unacknowledged[batch]
         for alert in alerts:  # the highest threshold a line passed this period; its key names the period
             if alert.threshold >= self._alerts.get(alert.key, alert).threshold:
                 self._alerts[alert.key] = alert
@@ -450,6 +456,14 @@ class LeasedBudgetGate:
             del self._locks[keys]  # yesterday's lines and departed users
         if self.journal is not None and self._all_sent():
             self.journal.clear()  # no await since the check: nothing can have been journaled in between
+        elif self.journal is not None and self.journal.size_bytes() > self.config.journal_compact_bytes:
+            self.journal.rewrite(self._unsent())  # no await in between either
+
+    def _unsent(self) -> list[tuple[str, Charge]]:
+        """Charges the ledger has not acknowledged: queued on a lease, or in a batch in flight."""
+        leases = (*self._leases.values(), *self._retired.values())
+        queued = [(lease.hold_id, c) for lease in leases for c in lease.pending]
+        return queued + [(hold, c) for hold, charges in self._unacknowledged.values() for c in charges]
 
     async def _give_back_stale_permits(self, now: float) -> None:
         stale = {
