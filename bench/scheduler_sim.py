@@ -18,23 +18,11 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "platform"))
 
 from switchyard.scheduler.sim.baselines import PolicyName
+from switchyard.scheduler.sim.metrics import QUALITY_METRICS
 from switchyard.scheduler.sim.run import WINDOWS, SimSpec, run
 
 TRACE = Path(__file__).resolve().parents[2] / "shared" / "traces" / "philly_jobs_sep_oct_2017.csv"
-COLUMNS = [
-    "utilization",
-    "jain_hourly_mean",
-    "jain_hourly_p10",
-    "share_ratio_min",
-    "rho_at_most_1_worst_team",
-    "inference_slo_attainment",
-    "worst_team_wait_p99_s",
-    "priority_inversion_gpu_hours",
-    "quota_wait_gpu_hours",
-    "preemptions",
-    "max_preemptions_per_job",
-    "lost_gpu_hours",
-]
+COLUMNS = QUALITY_METRICS
 
 
 def main() -> None:

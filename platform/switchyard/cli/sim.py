@@ -10,6 +10,7 @@ from typing import Any
 from switchyard.cli._output import fail, print_json, print_table
 from switchyard.scheduler.core.config import PolicyFileError
 from switchyard.scheduler.sim.baselines import PolicyName
+from switchyard.scheduler.sim.metrics import QUALITY_METRICS
 from switchyard.scheduler.sim.run import WINDOWS, SimSpec, run
 from switchyard.scheduler.sim.teams import TeamsFileError
 from switchyard.scheduler.sim.trace import TraceError
@@ -142,25 +143,7 @@ def _print_human(report: dict[str, Any]) -> None:
         ["team", "quota", "jobs", "wait p50", "p90", "p99", "p99 1", "p99 2-4", "p99 8+", "JCT mean", "anomaly"], rows
     )
     print()
-    keys = [
-        "policy",
-        "capacity_gpus",
-        "offered_load",
-        "utilization",
-        "jain_hourly_mean",
-        "jain_hourly_p10",
-        "share_ratio_min",
-        "rho_at_most_1_worst_team",
-        "inference_slo_attainment",
-        "priority_inversion_gpu_hours",
-        "quota_wait_gpu_hours",
-        "preemptions",
-        "max_preemptions_per_job",
-        "most_preempted_job",
-        "lost_gpu_hours",
-        "worst_team_wait_p99_s",
-        "events_per_s",
-    ]
+    keys = ["policy", "capacity_gpus", "offered_load", *QUALITY_METRICS, "most_preempted_job", "events_per_s"]
     print_table(["metric", "value"], [[k, report.get(k, "-")] for k in keys])
     if report["pending"]:
         print()

@@ -10,6 +10,21 @@ from switchyard.scheduler.fairness import percentile
 from switchyard.scheduler.sim.engine import JobRecord, SimTrace
 
 GANG_BUCKETS = (("1", 1, 1), ("2-4", 2, 7), ("8+", 8, 1 << 30))
+QUALITY_METRICS = (
+    "utilization",
+    "jain_hourly_mean",
+    "jain_hourly_p10",
+    "share_ratio_min",
+    "rho_at_most_1_worst_team",
+    "inference_slo_attainment",
+    "worst_team_wait_p99_s",
+    "priority_inversion_gpu_hours",
+    "quota_wait_gpu_hours",
+    "preemptions",
+    "max_preemptions_per_job",
+    "lost_gpu_hours",
+)
+"""The report's headline numbers, in the order `switchyard sim` and the bench tables show them."""
 
 
 def wait_stats(records: Sequence[JobRecord]) -> dict[str, float]:
