@@ -209,3 +209,20 @@ async def test_streams_open_at_a_graceful_stop_are_recorded(tmp_path: Path, buil
     await spool.stop()
     (entry,) = [e.entry for e in store.find(limit=10)]
     assert entry.request_id == "req-open" and entry.error_code == "replica_lost"
+
+
+async def test_a_restated_stand_in_wins_over_the_first(tmp_path: Path, builder: RecordBuilder) -> None:
+    """Found in CI: a stream charged, then its replica killed before its record, left the
+    first stand-in (its whole reservation) against a ledger holding the real charge. The
+    stand-in restated after the charge is the one recovery stores."""
+    store = AuditStore(tmp_path / "audit.db")
+    spool = AuditSpool(tmp_path / "spool", store, drain_interval_s=3600)
+    await spool.start()
+    sink = StoreAuditSink(builder, store, spool)
+    ex = make_exchange(request_id="req-charged")
+    await sink.open_stream(dataclasses.replace(ex, status_code=502, error_code="replica_lost", cost_usd=5.0), False)
+    await sink.open_stream(dataclasses.replace(ex, status_code=502, error_code="replica_lost", cost_usd=0.25), False)
+    _die(spool)
+    recover_orphans(tmp_path / "spool", AuditStore(tmp_path / "audit.db"))
+    (entry,) = [e.entry for e in store.find(limit=10)]
+    assert entry.request_id == "req-charged" and entry.cost_usd == 0.25

@@ -121,7 +121,8 @@ def recover_open_streams(directory: Path, writer: str, store: AuditStore) -> Dra
     if not path.exists():
         return DrainReport(0, 0, 0, 0)
     entries, torn = _decode_lines(path)
-    new = store.append(entries) if entries else 0
+    latest = {e.record.request_id: e for e in entries}  # a restated stand-in (after its charge) wins
+    new = store.append(list(latest.values())) if latest else 0
     if new:
         log.warning("%d streams of dead writer %s were cut off by its death; recorded as replica_lost", new, writer)
     path.unlink()

@@ -569,6 +569,7 @@ class ChatPipeline:
             return error_result(
                 Unavailable("audit_unavailable", f"the audit log cannot keep this stream's record ({exc})"), hdr
             )
+        end.stand_in = True
         body = stream_body(self.parts, plan, redacted, end, cand.model, first, rest)
         # A body the server never starts (the client left before it) never runs its `finally`.
         weakref.finalize(body, end.finish_soon, asyncio.get_running_loop())
@@ -631,6 +632,17 @@ class ChatPipeline:
             await self.parts.audit.open_stream(
                 self._exchange(plan, redacted, lost, chain), durable=plan.ctx.flow.risk_tier is RiskTier.HIGH
             )
+
+    async def restate_stand_in(self, plan: Plan, redacted: Redacted, o: Outcome, chain: ChainLog) -> None:
+        """A settled stream's stand-in, now with what it was charged; logged if it cannot be
+        written (the record that follows is what counts)."""
+        lost = dataclasses.replace(o, status=502, error_code="replica_lost")
+        try:
+            await self.parts.audit.open_stream(
+                self._exchange(plan, redacted, lost, chain), durable=plan.ctx.flow.risk_tier is RiskTier.HIGH
+            )
+        except AuditUnavailable as exc:
+            log.error("stand-in of stream %s not restated: %s", plan.ctx.request_id, exc)
 
     async def _audit(self, plan: Plan, redacted: Redacted, o: Outcome, chain: ChainLog) -> None:
         with self.parts.tracing.stage("audit.record", plan.span):

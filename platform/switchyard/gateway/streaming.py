@@ -46,6 +46,8 @@ class Settler(Protocol):
 
     def own(self, work: Coroutine[Any, Any, None]) -> asyncio.Task[None]: ...
 
+    async def restate_stand_in(self, plan: Plan, redacted: Redacted, o: Outcome, chain: ChainLog) -> None: ...
+
 
 async def stream_body(
     parts: GatewayParts,
@@ -151,6 +153,7 @@ class StreamSettlement:
         self.finished = False  # the provider ended the answer itself
         self.usage: Usage | None = None  # as the provider reported it, if it did
         self._task: asyncio.Task[None] | None = None
+        self.stand_in = False  # the pipeline wrote the request's stand-in record (streams only)
 
     def finish(self) -> asyncio.Task[None]:
         if self._task is None:
@@ -196,4 +199,8 @@ class StreamSettlement:
         o.output_text = "".join(self.streamed)
         o.tool_calls = self.calls.calls()
         o.cost = await p.charge(plan, o, self.reservation, bills)
+        if self.stand_in:
+            # Charged now: a death before the record below must leave a stand-in of this cost,
+            # not of the reservation (the journal holds the charge, which wins there too).
+            await p.restate_stand_in(plan, self.redacted, o, self.chain)
         await p.record_outcome(plan, self.redacted, o, self.chain, context="streamed")
