@@ -26,10 +26,10 @@ from _budget_helpers import shipped, wall_clock_ctx  # noqa: E402  (the tests' s
 
 from switchyard.budgets.admission import Admissions  # noqa: E402
 from switchyard.budgets.charge_journal import ChargeJournal  # noqa: E402
-from switchyard.budgets.db import SqliteDatabase  # noqa: E402
 from switchyard.budgets.leased_gate import LeaseConfig, LeasedBudgetGate  # noqa: E402
 from switchyard.budgets.ledger import BudgetLedger  # noqa: E402
 from switchyard.budgets.service import InProcessLedgerClient, LedgerService  # noqa: E402
+from switchyard.db.engine import SqliteDatabase  # noqa: E402
 from switchyard.gateway.seams import Bill, Usage  # noqa: E402
 
 

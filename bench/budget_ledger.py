@@ -25,13 +25,13 @@ from typing import Any
 import yaml
 
 from switchyard.budgets.admission import Admissions
-from switchyard.budgets.db import SQLITE_PREFIX, open_database
 from switchyard.budgets.direct_gate import DirectBudgetGate
 from switchyard.budgets.leased_gate import LeasedBudgetGate
 from switchyard.budgets.ledger import BudgetLedger, Charge, HoldRequest
 from switchyard.budgets.money import usd_to_nanos
 from switchyard.budgets.resolve import BudgetLine
 from switchyard.budgets.service import InProcessLedgerClient, LedgerClient, LedgerService
+from switchyard.db.engine import SQLITE_PREFIX, open_database
 from switchyard.gateway.seams import Bill, BudgetGate, RequestContext, Usage
 from switchyard.paths import repo_root
 from switchyard.policy.layering import ResolvedFlow, resolve_flow

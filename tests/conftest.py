@@ -19,6 +19,8 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 
+pytest_plugins = ["tests.shared_db"]  # the `backend` fixture: every store test on SQLite and Postgres
+
 
 def pytest_configure(config: pytest.Config) -> None:
     # Before any test module imports ray: Ray reads its auth mode once, at import.

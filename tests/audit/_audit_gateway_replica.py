@@ -21,10 +21,11 @@ from fastapi import FastAPI
 from switchyard.audit.gateway import gateway_audit_parts
 from switchyard.budgets.admission import Admissions
 from switchyard.budgets.charge_journal import ChargeJournal
-from switchyard.budgets.db import ledger_url, open_database
 from switchyard.budgets.leased_gate import LeasedBudgetGate
 from switchyard.budgets.ledger import BudgetLedger
 from switchyard.budgets.service import InProcessLedgerClient, LedgerService
+from switchyard.db.engine import open_database
+from switchyard.db.location import ledger_url
 from switchyard.gateway.auth import KeySnapshot
 from switchyard.gateway.circuit import CircuitBoard
 from switchyard.gateway.http import create_app

@@ -1,13 +1,11 @@
 """Fixtures for the budget tests: ledgers on SQLite and on a real Postgres, and Ray.
 
-Postgres tests need `SWITCHYARD_TEST_POSTGRES_URL` (`eval "$(scripts/postgres.sh)"` sets it)
-and fail without it: a ledger that was never tested on Postgres must not pass CI silently.
+The backends are `tests.shared_db`'s: every ledger test runs on both.
 """
 
 from __future__ import annotations
 
 import importlib.util
-import os
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -15,33 +13,13 @@ from pathlib import Path
 
 import pytest
 
-from switchyard.budgets.db import PostgresDatabase, SqliteDatabase
-from switchyard.budgets.ledger import BudgetLedger
-
-POSTGRES_ENV = "SWITCHYARD_TEST_POSTGRES_URL"
+from switchyard.budgets.ledger import SCHEMA, BudgetLedger
+from tests.shared_db import store_database
 
 
-def postgres_url() -> str:
-    url = os.environ.get(POSTGRES_ENV)
-    if not url:
-        pytest.fail(
-            f"${POSTGRES_ENV} is not set: the ledger's Postgres tests need a real server. "
-            'Run `eval "$(scripts/postgres.sh)"` first (it installs and starts a local one).'
-        )
-    return url
-
-
-def fresh_postgres() -> PostgresDatabase:
-    db = PostgresDatabase(postgres_url())
-    with db.transaction() as tx:
-        for table in ("budget_lines", "holds", "charges"):
-            tx.execute(f"DROP TABLE IF EXISTS {table}")
-    return db
-
-
-@pytest.fixture(params=["sqlite", "postgres"])
-def ledger(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[BudgetLedger]:
-    db = SqliteDatabase(tmp_path / "ledger.db") if request.param == "sqlite" else fresh_postgres()
+@pytest.fixture
+def ledger(backend: str, tmp_path: Path) -> Iterator[BudgetLedger]:
+    db = store_database(backend, tmp_path / "ledger.db", SCHEMA)
     try:
         yield BudgetLedger(db)
     finally:

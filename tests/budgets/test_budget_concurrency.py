@@ -12,12 +12,12 @@ from _budget_helpers import NOON, context, shipped, with_limits
 from _load import MESSAGES, run_load
 
 from switchyard.budgets.admission import Admissions
-from switchyard.budgets.db import SqliteDatabase
 from switchyard.budgets.direct_gate import DirectBudgetGate
 from switchyard.budgets.leased_gate import LeaseConfig, LeasedBudgetGate
 from switchyard.budgets.ledger import BudgetLedger
 from switchyard.budgets.money import nanos_to_usd, usd_to_nanos
 from switchyard.budgets.service import InProcessLedgerClient, LedgerService
+from switchyard.db.engine import SqliteDatabase
 from switchyard.gateway.seams import Bill, BudgetGate, OverBudget, Usage
 from switchyard.policy.models import BudgetLimits, RateLimit
 from switchyard.policy.policy_set import PolicySet

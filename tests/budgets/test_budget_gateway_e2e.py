@@ -17,11 +17,11 @@ import yaml
 from _budget_helpers import REPO
 
 from switchyard.budgets.admission import Admissions
-from switchyard.budgets.db import SQLITE_PREFIX, SqliteDatabase
 from switchyard.budgets.leased_gate import LeasedBudgetGate
 from switchyard.budgets.ledger import BudgetLedger, LineStatus
 from switchyard.budgets.service import InProcessLedgerClient, LedgerClient, LedgerService
 from switchyard.budgets.tokens import count_input_tokens
+from switchyard.db.engine import SQLITE_PREFIX, SqliteDatabase
 from switchyard.gateway.auth import KeySnapshot
 from switchyard.gateway.circuit import CircuitBoard
 from switchyard.gateway.http import create_app

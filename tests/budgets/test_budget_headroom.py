@@ -10,12 +10,12 @@ import pytest
 from _budget_helpers import NOON, FixedClock, context, shipped, with_limits
 
 from switchyard.budgets.admission import Admissions
-from switchyard.budgets.db import SqliteDatabase
 from switchyard.budgets.direct_gate import DirectBudgetGate
 from switchyard.budgets.leased_gate import LeaseConfig, LeasedBudgetGate
 from switchyard.budgets.ledger import BudgetLedger
 from switchyard.budgets.money import nanos_to_usd
 from switchyard.budgets.service import InProcessLedgerClient, LedgerService
+from switchyard.db.engine import SqliteDatabase
 from switchyard.gateway.results import budget_left
 from switchyard.gateway.seams import Bill, Usage
 from switchyard.policy.models import BudgetLimits, RateLimit

@@ -17,11 +17,11 @@ from _budget_helpers import shipped, wall_clock_ctx
 
 from switchyard.budgets.admission import Admissions
 from switchyard.budgets.charge_journal import ChargeJournal, recover_orphans
-from switchyard.budgets.db import SqliteDatabase
 from switchyard.budgets.leased_gate import LeaseConfig, LeasedBudgetGate
 from switchyard.budgets.ledger import BudgetLedger, Charge, SoftAlert
 from switchyard.budgets.service import InProcessLedgerClient, LedgerService
 from switchyard.cli import main
+from switchyard.db.engine import SqliteDatabase
 from switchyard.gateway.seams import Bill, Reservation, Usage
 from switchyard.policy.keys import PLATFORM_TEAM, KeyStore
 from switchyard.policy.models import Role

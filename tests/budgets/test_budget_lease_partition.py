@@ -15,11 +15,11 @@ import pytest
 from _budget_helpers import NOON, FixedClock, context, shipped, with_limits
 
 from switchyard.budgets.admission import Admissions
-from switchyard.budgets.db import SqliteDatabase
 from switchyard.budgets.leased_gate import LeaseConfig, LeasedBudgetGate, check_lease_bound
 from switchyard.budgets.ledger import BudgetLedger, Charge, HoldRequest, SoftAlert
 from switchyard.budgets.ratelimit import PermitDemand
 from switchyard.budgets.service import Admission, InProcessLedgerClient, LedgerService
+from switchyard.db.engine import SqliteDatabase
 from switchyard.gateway.seams import Bill, OverBudget, RateLimited, Usage
 from switchyard.policy.layering import longest_deadline_s
 from switchyard.policy.models import BudgetLimits, RateLimit

@@ -8,7 +8,6 @@ from pathlib import Path
 
 import pytest
 
-from switchyard.budgets.db import SQLITE_PREFIX, PostgresDatabase, SqliteDatabase
 from switchyard.budgets.ledger import (
     BudgetLedger,
     Charge,
@@ -18,6 +17,7 @@ from switchyard.budgets.ledger import (
     UnknownHold,
 )
 from switchyard.budgets.resolve import BudgetLine
+from switchyard.db.engine import SQLITE_PREFIX, PostgresDatabase, SqliteDatabase
 
 ORG = BudgetLine("org:acme:day:2026-11-30", 1_000, "2026-12-01T00:00:00+00:00", (0.5, 0.9))
 TEAM = BudgetLine("team:support:day:2026-11-30", 300, "2026-12-01T00:00:00+00:00")

@@ -11,9 +11,9 @@ from _budget_helpers import context, shipped, with_limits
 from _load import Outcome, run_load
 
 from switchyard.budgets.admission import Admissions
-from switchyard.budgets.db import SQLITE_PREFIX
 from switchyard.budgets.direct_gate import DirectBudgetGate
 from switchyard.budgets.leased_gate import LeaseConfig, LeasedBudgetGate
+from switchyard.db.engine import SQLITE_PREFIX
 from switchyard.gateway.seams import BudgetGate
 from switchyard.policy.models import BudgetLimits, RateLimit
 

@@ -10,11 +10,11 @@ import pytest
 from fastapi import FastAPI, Request
 from fastapi.testclient import TestClient
 
-from switchyard.budgets.db import SqliteDatabase
 from switchyard.budgets.http import spend_router
 from switchyard.budgets.ledger import BudgetLedger, Charge, HoldRequest
 from switchyard.budgets.resolve import BudgetLine
 from switchyard.cli import main
+from switchyard.db.engine import SqliteDatabase
 from switchyard.policy.keys import PLATFORM_TEAM, KeyStore, Principal
 from switchyard.policy.models import Role
 

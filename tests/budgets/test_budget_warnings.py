@@ -10,10 +10,10 @@ import pytest
 from _budget_helpers import NOON, FixedClock, context, shipped, with_limits
 
 from switchyard.budgets.admission import Admissions
-from switchyard.budgets.db import SqliteDatabase
 from switchyard.budgets.leased_gate import LeaseConfig, LeasedBudgetGate
 from switchyard.budgets.ledger import BudgetLedger
 from switchyard.budgets.service import InProcessLedgerClient, LedgerService
+from switchyard.db.engine import SqliteDatabase
 from switchyard.gateway.seams import Bill, Usage
 from switchyard.policy.models import BudgetLimits, RateLimit
 

@@ -16,10 +16,10 @@ from gw_fakes import FakeUpstreams
 from gw_harness import Harness
 
 from switchyard.budgets.admission import Admissions
-from switchyard.budgets.db import SqliteDatabase
 from switchyard.budgets.leased_gate import LeasedBudgetGate
 from switchyard.budgets.ledger import BudgetLedger
 from switchyard.budgets.service import InProcessLedgerClient, LedgerService
+from switchyard.db.engine import SqliteDatabase
 from switchyard.gateway.http import create_app
 from switchyard.gateway.idempotency import (
     Claim,

@@ -27,9 +27,9 @@ from hypothesis import HealthCheck, settings
 
 from switchyard.audit.gateway import gateway_audit_router
 from switchyard.audit.http import audit_router
-from switchyard.budgets.db import SqliteDatabase
 from switchyard.budgets.http import spend_router
 from switchyard.budgets.ledger import BudgetLedger
+from switchyard.db.engine import SqliteDatabase
 from switchyard.gateway.http import create_app
 from switchyard.gateway.planning import DEADLINE_HEADER, FLOW_HEADER, IDEMPOTENCY_HEADER
 from switchyard.policy.keys import Principal

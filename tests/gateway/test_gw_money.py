@@ -16,11 +16,11 @@ from gw_fakes import FakeUpstreams, Fault
 from gw_harness import Harness, build_harness
 
 from switchyard.budgets.admission import Admissions
-from switchyard.budgets.db import SqliteDatabase
 from switchyard.budgets.leased_gate import LeasedBudgetGate
 from switchyard.budgets.ledger import BudgetLedger
 from switchyard.budgets.pricing import price_on
 from switchyard.budgets.service import InProcessLedgerClient, LedgerService
+from switchyard.db.engine import SqliteDatabase
 from switchyard.gateway.http import create_app
 from switchyard.gateway.seams import Usage
 

@@ -44,12 +44,12 @@ from gw_server import ThreadedServer
 
 from switchyard.audit.sink import StoreAuditSink, open_sink
 from switchyard.budgets.admission import Admissions
-from switchyard.budgets.db import SqliteDatabase
 from switchyard.budgets.leased_gate import LeasedBudgetGate
 from switchyard.budgets.ledger import BudgetLedger, HoldRequest
 from switchyard.budgets.pricing import estimate_call, price_on
 from switchyard.budgets.ratelimit import PermitDemand
 from switchyard.budgets.service import Admission, InProcessLedgerClient, LedgerService
+from switchyard.db.engine import SqliteDatabase
 from switchyard.gateway.circuit import BreakerSettings
 from switchyard.gateway.results import JSONResult, StreamResult
 from switchyard.gateway.seams import BudgetUnavailable, CostEstimate, Exchange, RequestContext, Reservation

@@ -20,12 +20,13 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from switchyard.budgets.db import Database, Transaction
 from switchyard.budgets.resolve import BudgetLine
+from switchyard.db.engine import Database, Transaction
+from switchyard.db.migrations import Migration, Schema, prepare
 
 log = logging.getLogger(__name__)
 
-SCHEMA = (
+_V1 = (
     """CREATE TABLE IF NOT EXISTS budget_lines (
         key            TEXT PRIMARY KEY,
         limit_nanos    BIGINT NOT NULL,
@@ -62,6 +63,7 @@ SCHEMA = (
     )""",
     "CREATE INDEX IF NOT EXISTS charges_team_day ON charges (team, day)",
 )
+SCHEMA = Schema("ledger", (Migration(1, _V1),))
 
 
 class UnknownHold(Exception):
@@ -158,9 +160,7 @@ class BudgetLedger:
     def __init__(self, db: Database, clock: Callable[[], float] = time.time) -> None:
         self.db = db
         self._clock = clock
-        with db.transaction() as tx:
-            for statement in SCHEMA:
-                tx.execute(statement)
+        prepare(db, SCHEMA)
 
     # ------------------------------------------------------------ holds
 

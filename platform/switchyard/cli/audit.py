@@ -19,12 +19,13 @@ from switchyard.audit.spool import pending_lines, recover_orphans
 from switchyard.audit.store import AuditStore, distinct
 from switchyard.audit.subject_keys import SubjectKeyring, subject_of
 from switchyard.budgets.charge_journal import recover_orphans as recover_charges
-from switchyard.budgets.db import ledger_url, open_database
 from switchyard.budgets.ledger import BudgetLedger, Charge
 from switchyard.budgets.service import InProcessLedgerClient, LedgerService
 from switchyard.cli._auth import NotAuthenticated, add_auth_args, require
 from switchyard.cli._output import fail, print_json, print_table
 from switchyard.cluster.record import read_record
+from switchyard.db.engine import open_database
+from switchyard.db.location import ledger_url
 from switchyard.gateway.idempotency import IdempotencyStore
 from switchyard.paths import policies_dir
 from switchyard.policy.roles import Action, Forbidden

@@ -7,11 +7,12 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from switchyard.budgets.db import LEDGER_URL_ENV, ledger_url, open_database
 from switchyard.budgets.ledger import BudgetLedger
 from switchyard.budgets.report import spend_report
 from switchyard.cli._auth import NotAuthenticated, add_auth_args, principal, require
 from switchyard.cli._output import fail, print_json, print_table
+from switchyard.db.engine import open_database
+from switchyard.db.location import LEDGER_URL_ENV, ledger_url
 from switchyard.policy.models import Role
 from switchyard.policy.roles import Action, Forbidden
 from switchyard.state import state_dir

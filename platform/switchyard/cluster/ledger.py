@@ -28,12 +28,13 @@ from ray.util.metrics import Gauge
 
 from switchyard.budgets.admission import Admissions
 from switchyard.budgets.charge_journal import ChargeJournal
-from switchyard.budgets.db import ledger_url, open_database
 from switchyard.budgets.leased_gate import LeaseConfig, LeasedBudgetGate, check_lease_bound
 from switchyard.budgets.ledger import BudgetLedger, Charge, HoldRequest, LineStatus, SoftAlert, SpendRow
 from switchyard.budgets.money import nanos_to_usd
 from switchyard.budgets.ratelimit import PermitDemand
 from switchyard.budgets.service import Admission, LedgerService
+from switchyard.db.engine import open_database
+from switchyard.db.location import ledger_url
 from switchyard.gateway.seams import BudgetUnavailable
 from switchyard.policy.layering import longest_deadline_s
 from switchyard.policy.store import PolicyStore
