@@ -76,7 +76,7 @@ def report(name: str, ms: list[float]) -> None:
 
 
 async def spool_costs(tmp: Path, builder: RecordBuilder, n: int) -> None:
-    store = AuditStore(tmp / "spool-audit.db")
+    store = AuditStore.in_state_dir(tmp / "spool-state")
     spool = AuditSpool(tmp / "spool", store, drain_interval_s=3600, max_backlog=10 * n)
     await spool.start()
     pendings = [builder.build(make_exchange()) for _ in range(n)]
@@ -115,7 +115,7 @@ def main() -> None:
     report("restore", timed(restore, n))
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
-        builder = RecordBuilder(policies, scrubber, SubjectKeyring(tmp / "keys.db"))
+        builder = RecordBuilder(policies, scrubber, SubjectKeyring.in_state_dir(tmp))
         flow = make_flow()
         # As in the gateway: the input was analysed by the redactor just before (cached by
         # digest), the output is new text.
@@ -135,7 +135,7 @@ def main() -> None:
             for i in range(n + 1)
         ]
         report("build-cold", timed(lambda i: builder.build(cold[i]), n))
-        store = AuditStore(tmp / "audit.db")
+        store = AuditStore.in_state_dir(tmp)
         pend = [builder.build(make_exchange(request_id=uuid.uuid4().hex)) for _ in range(n + 1)]
         report("durable", timed(lambda i: store.append([pend[i]]), n))
         asyncio.run(spool_costs(tmp, builder, n))

@@ -56,7 +56,7 @@ def one_run(tmp: Path, drain_interval: float) -> dict[str, float]:
                 at_risk.append(json.loads(raw)["record"]["time"])
             except ValueError:
                 continue  # a torn line: never acknowledged
-    store = AuditStore(state / "audit" / "audit.db")
+    store = AuditStore.in_state_dir(state)
     recover_orphans(spool, store)
     stored = [e.entry.request_id for e in store.find(limit=1_000_000)]
     assert store.verify() == [], "the chain does not verify"

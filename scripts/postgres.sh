@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# A throwaway local Postgres server for the ledger's tests.
+# A throwaway local Postgres server for the stores' tests.
 #
 #   eval "$(scripts/postgres.sh)"        # install if missing, start (or reuse), print the export
+#   scripts/postgres.sh restart          # restart it (cutting every connection), back once it accepts them
 #   scripts/postgres.sh stop             # stop it and delete its data
 #
 # Prints `export SWITCHYARD_TEST_POSTGRES_URL=postgresql://...` on stdout (everything else goes
@@ -17,6 +18,7 @@ PGDIR=${SWITCHYARD_PG_DIR:-/tmp/switchyard-pg}
 PORT=${SWITCHYARD_PG_PORT:-25432}
 DB=switchyard_test
 URL="postgresql://postgres@127.0.0.1:${PORT}/${DB}"
+SERVER_OPTS="-c listen_addresses=127.0.0.1 -p ${PORT} -k ${PGDIR} -c fsync=on"
 
 say() { echo "postgres.sh: $*" >&2; }
 
@@ -51,6 +53,20 @@ if [ "${1:-start}" = stop ]; then
   exit 0
 fi
 
+if [ "${1:-start}" = restart ]; then
+  [ -f "$PGDIR/data/PG_VERSION" ] || { say "no server in $PGDIR to restart (run: scripts/postgres.sh start)"; exit 1; }
+  # -m fast: every open connection is cut, as a crash or a failover would; -w: back once it is up.
+  if ! as_owner "$BIN/pg_ctl" -D "$PGDIR/data" -l "$PGDIR/server.log" -m fast -w -t 180 \
+      -o "$SERVER_OPTS" restart >&2; then
+    say "the server did not restart; its log:"
+    tail -n 30 "$PGDIR/server.log" >&2 || true
+    exit 1
+  fi
+  "$BIN/pg_isready" -q -h 127.0.0.1 -p "$PORT" -t 60 || { say "the server restarted but refuses connections"; exit 1; }
+  say "restarted"
+  exit 0
+fi
+
 if [ ! -f "$PGDIR/data/PG_VERSION" ]; then
   mkdir -p "$PGDIR"
   [ "$(id -u)" = 0 ] && chown postgres: "$PGDIR"
@@ -60,7 +76,7 @@ fi
 if ! as_owner "$BIN/pg_ctl" -D "$PGDIR/data" status >/dev/null 2>&1; then
   # -t 180: a loaded 2-core machine can take well over pg_ctl's default 60 s.
   if ! as_owner "$BIN/pg_ctl" -D "$PGDIR/data" -l "$PGDIR/server.log" -w -t 180 \
-      -o "-c listen_addresses=127.0.0.1 -p ${PORT} -k ${PGDIR} -c fsync=on" start >&2; then
+      -o "$SERVER_OPTS" start >&2; then
     say "the server did not start; its log:"
     tail -n 30 "$PGDIR/server.log" >&2 || true
     exit 1

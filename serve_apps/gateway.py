@@ -18,8 +18,8 @@ import logging
 import os
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from pathlib import Path
 
+import ray
 from fastapi import FastAPI, HTTPException, Request
 from ray import serve
 from ray.serve.handle import DeploymentHandle
@@ -28,8 +28,8 @@ from serve_apps.local_model import LocalModel, gpu_options
 from switchyard.audit.gateway import gateway_audit_parts, gateway_audit_router
 from switchyard.budgets.http import spend_router
 from switchyard.cluster.audit_metrics import SpoolBacklogGauge
-from switchyard.cluster.gateway_idempotency import ActorIdempotencyStore, shared_actor
 from switchyard.cluster.gateway_metrics import RayGatewayMetrics
+from switchyard.cluster.gateway_state import replica_state
 from switchyard.cluster.ledger import gateway_budget_gate, gateway_spend_source
 from switchyard.cluster.serve_handle import in_cluster_factory
 from switchyard.gateway.auth import KeySnapshot
@@ -38,12 +38,13 @@ from switchyard.gateway.embeddings import EmbeddingsPipeline
 from switchyard.gateway.eval_signing import EvalSigner
 from switchyard.gateway.evalbook import EvalBook
 from switchyard.gateway.http import create_app
+from switchyard.gateway.idempotency_sql import SqlIdempotencyStore
 from switchyard.gateway.metrics import FanOutMetrics, InMemoryMetrics
 from switchyard.gateway.pipeline import ChatPipeline, GatewayParts
 from switchyard.gateway.pool import ProviderPool
 from switchyard.gateway.runtime import Refresher, Sources
 from switchyard.gateway.tracing import GatewayTracing
-from switchyard.policy.keys import Principal
+from switchyard.policy.keys import KeyStore, Principal
 
 log = logging.getLogger(__name__)
 
@@ -73,16 +74,22 @@ class Gateway:
         app_name: str = "gateway",
         local_model_cpu: DeploymentHandle | None = None,
     ) -> None:
-        self.sources = Sources.open(policies_dir, state_dir)
         replica = serve.get_replica_context().replica_id.unique_id
+        node = ray.get_runtime_context().get_node_id()
+        # This node's own state directory (spool, journals, policy copies; the shared stores are
+        # the head's: the same SQLite files on one host, else `SWITCHYARD_DATABASE_URL`) and the
+        # set the head published (never this node's files), after the layout checks: a replica
+        # that fails them or gets no set raises here, and Serve never routes to it.
+        state, policies = replica_state(policies_dir, state_dir, replica)
+        self.sources = Sources(policies, KeyStore.in_state_dir(state))
         # Money and audit are never best-effort: the shared ledger and the durable audit store,
         # or the replica does not start.
-        self.audit, redactor = gateway_audit_parts(self.sources.policies, state_dir, SpoolBacklogGauge(replica).set)
+        self.audit, redactor = gateway_audit_parts(policies, state, SpoolBacklogGauge(replica).set)
         audit = self.audit
         # End users are named by their audit pseudonym in the ledger and the idempotency store
         # too, so erasing a subject unlinks all three.
         pseudonym = audit.builder.keyring.pseudonym_for
-        self.budget = budget = gateway_budget_gate(self.sources.policies, state_dir, pseudonym)
+        self.budget = budget = gateway_budget_gate(policies, state, pseudonym)
         self.local_metrics = InMemoryMetrics()
         metrics = FanOutMetrics(self.local_metrics, RayGatewayMetrics())
         keys = self.sources.key_snapshot()
@@ -96,19 +103,20 @@ class Gateway:
             redactor=redactor,
             audit=audit,
             metrics=metrics,
-            idempotency=ActorIdempotencyStore(shared_actor()),
+            idempotency=SqlIdempotencyStore.in_state_dir(state),  # durable, shared by every replica
             circuits=CircuitBoard(on_change=lambda p, s: metrics.circuit_changed(p, s.value)),
             pseudonym=pseudonym,
-            evals=EvalBook(EvalSigner.in_state_dir(Path(state_dir))),
+            evals=EvalBook(EvalSigner.in_state_dir(state)),
             # OTLP export when OTEL_EXPORTER_OTLP_(TRACES_)ENDPOINT is set (runtime_env env_vars).
             tracing=GatewayTracing.from_env(os.environ),
         )
         self.pipeline = ChatPipeline(self.parts)
         self.embeddings = EmbeddingsPipeline(self.parts)  # in-cluster models through the chat pool's handles
         self.refresher = Refresher(self.sources, keys, observe=metrics.config_refresh)
+        self.whoami = {"replica": replica, "node": node}  # in the health detail: which replica answered
         self.routers = [
-            gateway_audit_router(self.sources.policies, state_dir, lambda key: keys.verifier.verify(key)),
-            spend_router(lambda: gateway_spend_source(state_dir), _bearer_principal(keys)),
+            gateway_audit_router(policies, state, lambda key: keys.verifier.verify(key)),
+            spend_router(lambda: gateway_spend_source(state), _bearer_principal(keys)),
         ]
         self._refresh_task: asyncio.Task[None] | None = None
 
@@ -117,7 +125,7 @@ class Gateway:
             lambda: self.pipeline,
             routers=self.routers,
             lifespan=self._lifespan,
-            policy_state=self.refresher.state,
+            policy_state=lambda: {**self.refresher.state(), **self.whoami},
             embeddings=lambda: self.embeddings,
         )
 

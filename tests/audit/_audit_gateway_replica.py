@@ -77,7 +77,7 @@ def main(policies: Path, state: Path, port: int) -> None:
     )
     parts = GatewayParts(
         policies=lambda: store.current,
-        keys=KeySnapshot(keys.verifier(), keys.mtime()),
+        keys=KeySnapshot(keys.verifier(), keys.version()),
         providers=ProviderPool(overrides={n: HoldingProvider(n, answer) for n in ("openai", "anthropic", "bedrock")}),
         budget=budget,
         redactor=redactor,

@@ -30,7 +30,7 @@ AUDITOR = Principal("au", PLATFORM_TEAM, Role.AUDITOR)
 def state(tmp_path: Path, data_policies: DataPolicies, scrubber: TextScrubber) -> Path:
     """A state dir with records of two teams: support (personal, internal) and payments."""
     store = AuditStore.in_state_dir(tmp_path)
-    builder = RecordBuilder(data_policies, scrubber, SubjectKeyring(tmp_path / "audit" / "keys.db"))
+    builder = RecordBuilder(data_policies, scrubber, SubjectKeyring.in_state_dir(tmp_path))
     store.append(
         [
             builder.build(make_exchange(request_id="sup-personal")),
@@ -50,7 +50,7 @@ def state(tmp_path: Path, data_policies: DataPolicies, scrubber: TextScrubber) -
 
 
 def _reader(state: Path, data_policies: DataPolicies) -> AuditReader:
-    return AuditReader(AuditStore.in_state_dir(state), SubjectKeyring(state / "audit" / "keys.db"), data_policies)
+    return AuditReader(AuditStore.in_state_dir(state), SubjectKeyring.in_state_dir(state), data_policies)
 
 
 def test_team_admin_reads_only_its_team(state: Path, data_policies: DataPolicies) -> None:

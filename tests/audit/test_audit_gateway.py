@@ -86,7 +86,7 @@ def _replica(
     metrics = InMemoryMetrics()
     parts = GatewayParts(
         policies=lambda: ps,
-        keys=KeySnapshot(keys.verifier(), keys.mtime()),
+        keys=KeySnapshot(keys.verifier(), keys.version()),
         providers=ProviderPool(overrides={n: _provider(n, seen) for n in ("openai", "anthropic", "bedrock")}),
         budget=gate,
         redactor=redactor,
@@ -160,7 +160,7 @@ async def test_gateway_with_redaction_and_audit(tmp_path: Path) -> None:
     assert store.verify() == []
     requests = [r for r in records if isinstance(r, RequestRecord)]
     by_flow = {r.flow: r for r in requests}
-    cust = SubjectKeyring(state / "audit" / "keys.db").pseudonym_for("support", "cust-17")
+    cust = SubjectKeyring.in_state_dir(state).pseudonym_for("support", "cust-17")
     assert by_flow["reply"].redaction.mode == "reversible" and by_flow["reply"].user == cust  # a pseudonym
     assert by_flow["reply"].redaction.entity_counts["EMAIL_ADDRESS"] == 1
     assert by_flow["dispute-review"].risk_tier == "high" and by_flow["dispute-review"].contract_result == "valid"

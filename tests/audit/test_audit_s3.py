@@ -20,8 +20,8 @@ from switchyard.policy.models import DataPolicies
 
 @pytest.fixture
 def store(tmp_path: Path, data_policies: DataPolicies, scrubber: TextScrubber) -> AuditStore:
-    store = AuditStore(tmp_path / "audit.db")
-    builder = RecordBuilder(data_policies, scrubber, SubjectKeyring(tmp_path / "keys.db"))
+    store = AuditStore.in_state_dir(tmp_path)
+    builder = RecordBuilder(data_policies, scrubber, SubjectKeyring.in_state_dir(tmp_path))
     store.append([builder.build(make_exchange()) for _ in range(7)])
     return store
 

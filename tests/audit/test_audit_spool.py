@@ -28,11 +28,11 @@ HERE = Path(__file__).parent
 
 @pytest.fixture
 def builder(tmp_path: Path, data_policies: DataPolicies, scrubber: TextScrubber) -> RecordBuilder:
-    return RecordBuilder(data_policies, scrubber, SubjectKeyring(tmp_path / "keys.db"))
+    return RecordBuilder(data_policies, scrubber, SubjectKeyring.in_state_dir(tmp_path))
 
 
 async def test_spooled_records_reach_the_store(tmp_path: Path, builder: RecordBuilder) -> None:
-    store = AuditStore(tmp_path / "audit.db")
+    store = AuditStore.in_state_dir(tmp_path)
     backlog_seen: list[int] = []
     spool = AuditSpool(tmp_path / "spool", store, drain_interval_s=3600, on_backlog=backlog_seen.append)
     await spool.start()
@@ -48,7 +48,7 @@ async def test_spooled_records_reach_the_store(tmp_path: Path, builder: RecordBu
 
 
 async def test_high_risk_is_durable_even_if_the_caller_says_otherwise(tmp_path: Path, builder: RecordBuilder) -> None:
-    store = AuditStore(tmp_path / "audit.db")
+    store = AuditStore.in_state_dir(tmp_path)
     spool = AuditSpool(tmp_path / "spool", store, drain_interval_s=3600)
     await spool.start()
     sink = StoreAuditSink(builder, store, spool)
@@ -60,7 +60,7 @@ async def test_high_risk_is_durable_even_if_the_caller_says_otherwise(tmp_path: 
 async def test_store_outage_fails_high_risk_closed(
     tmp_path: Path, builder: RecordBuilder, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    store = AuditStore(tmp_path / "audit.db")
+    store = AuditStore.in_state_dir(tmp_path)
     sink = StoreAuditSink(builder, store, None)
 
     def broken(*_: object) -> int:
@@ -74,7 +74,7 @@ async def test_store_outage_fails_high_risk_closed(
 async def test_a_full_spool_refuses_loudly_and_recovers(
     tmp_path: Path, builder: RecordBuilder, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    store = AuditStore(tmp_path / "audit.db")
+    store = AuditStore.in_state_dir(tmp_path)
     spool = AuditSpool(tmp_path / "spool", store, drain_interval_s=0.01, max_backlog=3, full_wait_s=0.2)
     real_append = store.append
 
@@ -95,7 +95,7 @@ async def test_a_full_spool_refuses_loudly_and_recovers(
 
 
 async def test_recovery_leaves_live_writers_alone(tmp_path: Path, builder: RecordBuilder) -> None:
-    store = AuditStore(tmp_path / "audit.db")
+    store = AuditStore.in_state_dir(tmp_path)
     spool = AuditSpool(tmp_path / "spool", store, drain_interval_s=3600)
     await spool.start()
     for _ in range(2):
@@ -112,7 +112,7 @@ async def test_recovery_leaves_live_writers_alone(tmp_path: Path, builder: Recor
 
 
 def test_a_spool_whose_lock_file_is_gone_is_drained(tmp_path: Path, builder: RecordBuilder) -> None:
-    store = AuditStore(tmp_path / "audit.db")
+    store = AuditStore.in_state_dir(tmp_path)
     directory = tmp_path / "spool"
     directory.mkdir()
     lines = b"".join(encode_line(builder.build(make_exchange())) for _ in range(3))
@@ -137,7 +137,7 @@ def test_killed_writer_loses_nothing_acknowledged(tmp_path: Path) -> None:
         proc.wait()
     acked = [line.split() for line in ack.read_text().splitlines() if line.count(" ") == 2]
     assert len(acked) >= 200
-    store = AuditStore(state / "audit" / "audit.db")
+    store = AuditStore.in_state_dir(state)
     stored_before = {e.entry.request_id for e in store.find(limit=100_000)}
     high = [rid for rid, tier, _ in acked if tier == "high"]
     assert set(high) <= stored_before  # durable before the "response"
@@ -168,7 +168,7 @@ async def test_a_dead_writers_open_streams_get_their_stand_ins_and_no_more(
     """Three streams open on a writer that dies: one whose real record was spooled, one whose
     real record was stored durably, one still running. Recovery stores each real record, the
     running one's stand-in, and nothing twice; compaction drops superseded stand-ins."""
-    store = AuditStore(tmp_path / "audit.db")
+    store = AuditStore.in_state_dir(tmp_path)
     spool = AuditSpool(tmp_path / "spool", store, drain_interval_s=3600)
     await spool.start()
     sink = StoreAuditSink(builder, store, spool)
@@ -189,7 +189,7 @@ async def test_a_dead_writers_open_streams_get_their_stand_ins_and_no_more(
     await sink.record(extra, durable=False)  # superseded, but the file still holds its stand-in
     _die(spool)
 
-    report = recover_orphans(tmp_path / "spool", AuditStore(tmp_path / "audit.db"))
+    report = recover_orphans(tmp_path / "spool", AuditStore.in_state_dir(tmp_path))
     assert report.torn_lines == 0
     records = {e.entry.request_id: e.entry for e in store.find(limit=100)}
     assert set(records) == {"req-spooled", "req-durable", "req-running", "req-late"}
@@ -200,7 +200,7 @@ async def test_a_dead_writers_open_streams_get_their_stand_ins_and_no_more(
 
 
 async def test_streams_open_at_a_graceful_stop_are_recorded(tmp_path: Path, builder: RecordBuilder) -> None:
-    store = AuditStore(tmp_path / "audit.db")
+    store = AuditStore.in_state_dir(tmp_path)
     spool = AuditSpool(tmp_path / "spool", store, drain_interval_s=3600)
     await spool.start()
     sink = StoreAuditSink(builder, store, spool)
@@ -215,7 +215,7 @@ async def test_a_restated_stand_in_wins_over_the_first(tmp_path: Path, builder: 
     """Found in CI: a stream charged, then its replica killed before its record, left the
     first stand-in (its whole reservation) against a ledger holding the real charge. The
     stand-in restated after the charge is the one recovery stores."""
-    store = AuditStore(tmp_path / "audit.db")
+    store = AuditStore.in_state_dir(tmp_path)
     spool = AuditSpool(tmp_path / "spool", store, drain_interval_s=3600)
     await spool.start()
     sink = StoreAuditSink(builder, store, spool)
@@ -223,6 +223,6 @@ async def test_a_restated_stand_in_wins_over_the_first(tmp_path: Path, builder: 
     await sink.open_stream(dataclasses.replace(ex, status_code=502, error_code="replica_lost", cost_usd=5.0), False)
     await sink.open_stream(dataclasses.replace(ex, status_code=502, error_code="replica_lost", cost_usd=0.25), False)
     _die(spool)
-    recover_orphans(tmp_path / "spool", AuditStore(tmp_path / "audit.db"))
+    recover_orphans(tmp_path / "spool", AuditStore.in_state_dir(tmp_path))
     (entry,) = [e.entry for e in store.find(limit=10)]
     assert entry.request_id == "req-charged" and entry.cost_usd == 0.25

@@ -3,13 +3,13 @@
 A chain cut at its tail, or cut together with the segment rows that sealed it, is still a
 valid chain: only heads anchored outside the database (`anchors.jsonl`, the S3 export) can
 show what was there. A database rewritten consistently, anchors included, disagrees with
-its S3 copies.
+its S3 copies. Every test runs on SQLite and on Postgres (`audit_state`); the tampering goes
+through the database, as anyone with its credentials could.
 """
 
 from __future__ import annotations
 
 import json
-import sqlite3
 from pathlib import Path
 from typing import Any
 
@@ -30,26 +30,26 @@ from switchyard.policy.models import DataPolicies, Role
 def _filled(state: Path, data_policies: DataPolicies, scrubber: TextScrubber, n: int) -> AuditStore:
     """`n` records appended one at a time, as requests arrive; the store closed and reopened."""
     store = AuditStore.in_state_dir(state)
-    builder = RecordBuilder(data_policies, scrubber, SubjectKeyring(state / "audit" / "keys.db"))
+    builder = RecordBuilder(data_policies, scrubber, SubjectKeyring.in_state_dir(state))
     for _ in range(n):
         store.append([builder.build(make_exchange())])
     return store
 
 
-def _reopen(store: AuditStore) -> AuditStore:
+def _reopen(store: AuditStore, state: Path) -> AuditStore:
     store.close()
-    return AuditStore(store.path)
+    return AuditStore.in_state_dir(state)
 
 
 def _sql(store: AuditStore, sql: str, *args: object) -> None:
-    with sqlite3.connect(store.path) as db:
-        db.execute(sql, args)
+    with store.db.transaction() as tx:
+        tx.execute(sql, args)
 
 
 def test_deleting_the_newest_unsealed_entries_is_found(
-    tmp_path: Path, data_policies: DataPolicies, scrubber: TextScrubber
+    audit_state: Path, data_policies: DataPolicies, scrubber: TextScrubber
 ) -> None:
-    store = _reopen(_filled(tmp_path, data_policies, scrubber, 5))
+    store = _reopen(_filled(audit_state, data_policies, scrubber, 5), audit_state)
     assert store.verify() == []
     _sql(store, "DELETE FROM entries WHERE seq >= 4")
     findings = store.verify()
@@ -58,11 +58,11 @@ def test_deleting_the_newest_unsealed_entries_is_found(
 
 
 def test_deleting_sealed_segments_with_their_rows_is_found(
-    tmp_path: Path, data_policies: DataPolicies, scrubber: TextScrubber
+    audit_state: Path, data_policies: DataPolicies, scrubber: TextScrubber
 ) -> None:
-    store = _filled(tmp_path, data_policies, scrubber, 6)
+    store = _filled(audit_state, data_policies, scrubber, 6)
     store.seal_segments(size=3)
-    store = _reopen(store)
+    store = _reopen(store, audit_state)
     _sql(store, "DELETE FROM entries WHERE seq > 3")
     _sql(store, "DELETE FROM segments WHERE segment_no = 2")
     problems = {(f.seq, f.problem) for f in store.verify()}
@@ -75,18 +75,18 @@ def _forge_from(store: AuditStore, seq: int) -> None:
     rows = list(store.rows())
     rewritten: dict[str, str] = {}
     prev = rows[seq - 2].hash
-    with sqlite3.connect(store.path) as db:
+    with store.db.transaction() as tx:
         for row in rows[seq - 1 :]:
             payload = row.payload.replace('"cost_usd":0.0012', '"cost_usd":0.0') if row.seq == seq else row.payload
             digest = link_hash(prev, payload)
-            db.execute(
+            tx.execute(
                 "UPDATE entries SET payload = ?, prev_hash = ?, hash = ? WHERE seq = ?",
                 (payload, prev, digest, row.seq),
             )
-            db.execute("UPDATE segments SET last_hash = ? WHERE last_seq = ?", (digest, row.seq))
+            tx.execute("UPDATE segments SET last_hash = ? WHERE last_seq = ?", (digest, row.seq))
             rewritten[row.hash] = digest
             prev = digest
-    anchors = store.path.with_name("anchors.jsonl")
+    anchors = store.anchors.path
     if anchors.exists():
         text = anchors.read_text()
         for old, new in rewritten.items():
@@ -101,66 +101,72 @@ def _verify_cli(state: Path, capsys: pytest.CaptureFixture[str], *argv: str) -> 
 
 
 def test_a_database_that_disagrees_with_its_s3_copies_is_found(
-    tmp_path: Path,
+    audit_state: Path,
+    backend: str,
     data_policies: DataPolicies,
     scrubber: TextScrubber,
     s3: Any,
     s3_endpoint: str,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    store = _filled(tmp_path, data_policies, scrubber, 6)
+    store = _filled(audit_state, data_policies, scrubber, 6)
     store.seal_segments(size=3)
-    s3.create_bucket(Bucket="tamper-export", ObjectLockEnabledForBucket=True)
-    export_sealed(store, s3, S3Target("tamper-export"))
-    store = _reopen(store)
+    bucket = f"tamper-export-{backend}"  # one moto server serves both backends' runs
+    s3.create_bucket(Bucket=bucket, ObjectLockEnabledForBucket=True)
+    export_sealed(store, s3, S3Target(bucket))
+    store = _reopen(store, audit_state)
     _forge_from(store, 5)
     assert store.verify() == []  # consistent on the host: only the off-host copy can tell
 
-    code, report = _verify_cli(tmp_path, capsys, "--bucket", "tamper-export", "--endpoint-url", s3_endpoint)
+    code, report = _verify_cli(audit_state, capsys, "--bucket", bucket, "--endpoint-url", s3_endpoint)
     assert code == 1
     problems = {(f["seq"], f["problem"]) for f in report["findings"]}
     assert (5, "s3_mismatch") in problems and (6, "s3_mismatch") in problems, problems
 
 
 def test_an_exported_segment_deleted_with_its_rows_and_anchors_is_found_against_s3(
-    tmp_path: Path,
+    audit_state: Path,
+    backend: str,
     data_policies: DataPolicies,
     scrubber: TextScrubber,
     s3: Any,
     s3_endpoint: str,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    store = _filled(tmp_path, data_policies, scrubber, 6)
+    store = _filled(audit_state, data_policies, scrubber, 6)
     store.seal_segments(size=3)
-    s3.create_bucket(Bucket="tamper-deleted", ObjectLockEnabledForBucket=True)
-    export_sealed(store, s3, S3Target("tamper-deleted"))
-    store = _reopen(store)
+    bucket = f"tamper-deleted-{backend}"  # one moto server serves both backends' runs
+    s3.create_bucket(Bucket=bucket, ObjectLockEnabledForBucket=True)
+    export_sealed(store, s3, S3Target(bucket))
+    store = _reopen(store, audit_state)
     _sql(store, "DELETE FROM entries WHERE seq > 3")
     _sql(store, "DELETE FROM segments WHERE segment_no = 2")
-    anchors = store.path.with_name("anchors.jsonl")
+    anchors = store.anchors.path
     if anchors.exists():
         kept = [line for line in anchors.read_text().splitlines() if json.loads(line)["seq"] <= 3]
         anchors.write_text("".join(f"{line}\n" for line in kept))
     assert store.verify() == []
 
-    code, report = _verify_cli(tmp_path, capsys, "--bucket", "tamper-deleted", "--endpoint-url", s3_endpoint)
+    code, report = _verify_cli(audit_state, capsys, "--bucket", bucket, "--endpoint-url", s3_endpoint)
     assert code == 1
     problems = {(f["seq"], f["problem"]) for f in report["findings"]}
     assert (6, "segment_deleted") in problems and (6, "truncated") in problems, problems
 
 
 def test_an_untouched_export_verifies(
-    tmp_path: Path,
+    audit_state: Path,
+    backend: str,
     data_policies: DataPolicies,
     scrubber: TextScrubber,
     s3: Any,
     s3_endpoint: str,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    store = _filled(tmp_path, data_policies, scrubber, 7)
+    store = _filled(audit_state, data_policies, scrubber, 7)
     store.seal_segments(size=3)
-    s3.create_bucket(Bucket="tamper-none")
-    export_sealed(store, s3, S3Target("tamper-none"))
+    bucket = f"tamper-none-{backend}"  # one moto server serves both backends' runs
+    s3.create_bucket(Bucket=bucket)
+    export_sealed(store, s3, S3Target(bucket))
     store.close()  # the 7th entry is unsealed: the exported head anchors it all the same
-    code, report = _verify_cli(tmp_path, capsys, "--bucket", "tamper-none", "--endpoint-url", s3_endpoint)
+    code, report = _verify_cli(audit_state, capsys, "--bucket", bucket, "--endpoint-url", s3_endpoint)
     assert (code, report["findings"]) == (0, [])

@@ -44,7 +44,7 @@ def test_tool_arguments_and_results_are_redacted_and_restored(
 def test_stored_bodies_keep_tool_calls_redacted_and_images_by_digest(
     tmp_path: Path, data_policies: DataPolicies, scrubber: TextScrubber
 ) -> None:
-    keyring = SubjectKeyring(tmp_path / "keys.db")
+    keyring = SubjectKeyring.in_state_dir(tmp_path)
     builder = RecordBuilder(data_policies, scrubber, keyring)
     image = {
         "role": "user",

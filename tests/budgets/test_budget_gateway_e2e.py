@@ -109,7 +109,7 @@ def replica(
     metrics = InMemoryMetrics()
     parts = GatewayParts(
         policies=lambda: ps,
-        keys=KeySnapshot(keys.verifier(), keys.mtime()),
+        keys=KeySnapshot(keys.verifier(), keys.version()),
         providers=ProviderPool(overrides={"openai": InProcessProvider("openai", usage_equal_to_estimate)}),
         budget=gate,
         redactor=PassthroughRedactor(ps),

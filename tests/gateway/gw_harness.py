@@ -215,7 +215,7 @@ def build_harness(
     local = InProcessProvider("local", local_echo)
     parts = GatewayParts(
         policies=lambda: store.current,
-        keys=KeySnapshot(ks.verifier(), ks.mtime()),
+        keys=KeySnapshot(ks.verifier(), ks.version()),
         providers=ProviderPool(overrides={"local": local, **(overrides or {})}),
         budget=budget,
         redactor=PassthroughRedactor(store.current, strict=False),

@@ -180,15 +180,15 @@ async def egw(tmp_path_factory: pytest.TempPathFactory, gw_env: None) -> AsyncIt
     keys = KeyStore.in_state_dir(state)
     key = keys.create("recs", Role.MEMBER)[0]
     scrubber = TextScrubber()
-    keyring = SubjectKeyring(state / "audit" / "keys.db")
-    audit_store = AuditStore(state / "audit" / "audit.db")
+    keyring = SubjectKeyring.in_state_dir(state)
+    audit_store = AuditStore.in_state_dir(state)
     # No spool: every record is committed before the answer, so a test reads it at once.
     sink = TeeAuditSink(StoreAuditSink(RecordBuilder(lambda: store.current.data, scrubber, keyring), audit_store, None))
     metrics = RecordingMetrics()
     budget = InMemoryBudgetGate(store.current)
     parts = GatewayParts(
         policies=lambda: store.current,
-        keys=KeySnapshot(keys.verifier(), keys.mtime()),
+        keys=KeySnapshot(keys.verifier(), keys.version()),
         providers=ProviderPool(),
         budget=budget,
         redactor=PresidioRedactor(lambda: store.current.data, scrubber),

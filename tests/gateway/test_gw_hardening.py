@@ -327,10 +327,10 @@ async def test_key_database_errors_do_not_hold_back_policy_refresh(
     snapshot = sources.key_snapshot()
     refresher = Refresher(sources, snapshot, refresh_s=0.02)
 
-    def locked() -> float:
+    def locked() -> int:
         raise sqlite3.OperationalError("database is locked")
 
-    monkeypatch.setattr(sources.keys, "mtime", locked)
+    monkeypatch.setattr(sources.keys, "version", locked)
     loop = asyncio.create_task(refresher.run())
     try:
         before = sources.policies.current

@@ -73,22 +73,41 @@ def test_idempotency_is_shared_by_replicas(
     assert httpx.get(f"{serve_gateway}/healthz", timeout=30).json() == {"live": True, "ready": True}
 
 
-def test_idempotency_actor_outlives_a_replica(serve_gateway: str) -> None:
-    """A new replica gets the same named, detached actor and sees completed keys."""
+def test_idempotent_answers_outlive_every_replica(
+    serve_gateway: str, gw_dirs: tuple[object, object, dict[str, str]], upstreams: FakeUpstreams
+) -> None:
+    """An answer the replicas stored is in the state's database, not in any process: a store
+    opened afresh on it (what a restarted replica, or the CLI's erasure, opens) replays it."""
     import asyncio
 
-    from switchyard.cluster.gateway_idempotency import ActorIdempotencyStore, shared_actor
-    from switchyard.gateway.idempotency import StoredResponse
+    from switchyard.gateway.idempotency import body_fingerprint
+    from switchyard.gateway.idempotency_sql import SqlIdempotencyStore
 
-    async def run() -> None:
-        first = ActorIdempotencyStore(shared_actor())
-        assert (await first.claim("qa", "restart-k", "h")).outcome == "owner"
-        await first.complete("qa", "restart-k", StoredResponse(200, {"id": "x"}, {}))
-        again = ActorIdempotencyStore(shared_actor())  # what a restarted replica does
-        claim = await again.claim("qa", "restart-k", "h")
-        assert claim.outcome == "replay" and claim.response is not None and claim.response.body == {"id": "x"}
+    upstreams.reset()
+    raw = json.dumps({"model": "auto", "messages": [{"role": "user", "content": "keep me"}]}).encode()
+    headers = {
+        "authorization": f"Bearer {gw_dirs[2]['qa']}",
+        "idempotency-key": "outlives-k1",
+        "content-type": "application/json",
+    }
+    answered = httpx.post(f"{serve_gateway}/v1/chat/completions", content=raw, headers=headers, timeout=60)
+    assert answered.status_code == 200, answered.text
 
-    asyncio.run(run())
+    async def replayed() -> dict[str, object]:
+        store = SqlIdempotencyStore.in_state_dir(Path(str(gw_dirs[1])))
+        try:
+            for _ in range(50):  # the answer is stored right after it is returned
+                claim = await store.claim("qa", "outlives-k1", body_fingerprint("plain", raw))
+                if claim.outcome == "replay":
+                    assert claim.response is not None
+                    return claim.response.body
+                assert claim.outcome == "wait", claim
+                await asyncio.sleep(0.1)
+        finally:
+            store.close()
+        raise AssertionError("the stored answer never appeared in the database")
+
+    assert asyncio.run(replayed())["id"] == answered.json()["id"]
 
 
 EMAIL, PHONE, CARD = "jane.doe@example.com", "+1 415-555-0132", "4111 1111 1111 1111"
@@ -231,7 +250,7 @@ def test_killing_a_serve_replica_under_load_keeps_ledger_and_audit_reconciled(
     while running_replicas() < 2 and time.monotonic() < deadline:
         time.sleep(0.5)
     assert running_replicas() == 2, "Serve did not replace the killed replica"
-    store = AuditStore(state / "audit" / "audit.db")
+    store = AuditStore.in_state_dir(state)
     ledger_db = state / "ledger.db"
 
     def reconcile() -> tuple[dict[str, int], dict[str, int], dict[str, str]]:

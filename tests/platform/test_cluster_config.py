@@ -63,3 +63,21 @@ def test_kuberay_manifests_match_cluster_yaml(repo: Path) -> None:
         assert f"switchyard/node-group={name}" in group["rayStartParams"]["labels"]
     app = yaml.safe_load(service["spec"]["serveConfigV2"])["applications"][0]
     assert app["import_path"] == "serve_apps.gateway:build_app" and set(app["args"]) == {"policies_dir", "state_dir"}
+
+
+def test_every_node_gets_the_shared_database_url(repo: Path) -> None:
+    # A replica on a node without the URL would open its own SQLite state; it refuses to start,
+    # but the configs must not make that the normal case.
+    config = load(repo)
+    for command in config["head_start_ray_commands"] + config["worker_start_ray_commands"]:
+        if "ray start" in command or "switchyard up" in command:
+            assert "SWITCHYARD_DATABASE_URL=$(cat ~/.switchyard-database-url)" in command, command
+    assert "~/.switchyard-database-url" in config["file_mounts"]
+    for manifest in ("raycluster.yaml", "rayservice.yaml"):
+        text = (repo / "deploy" / "kuberay" / manifest).read_text()
+        containers = text.count("image: switchyard:latest")
+        # raycluster.yaml shares one env block (a YAML anchor) among its three containers.
+        assert text.count("name: SWITCHYARD_DATABASE_URL") == (1 if "&platform-env" in text else containers), manifest
+        assert "secretKeyRef: {name: switchyard-database, key: url}" in text
+    docs = list(yaml.safe_load_all((repo / "deploy" / "kuberay" / "postgres.yaml").read_text()))
+    assert {d["kind"] for d in docs} == {"Service", "StatefulSet"}

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import sqlite3
 from collections.abc import Callable
 from pathlib import Path
 
@@ -14,6 +13,8 @@ from switchyard.audit.redaction import TextScrubber
 from switchyard.audit.spool import AuditSpool
 from switchyard.audit.store import AuditStore
 from switchyard.audit.subject_keys import SubjectKeyring
+from switchyard.db.engine import database_errors
+from switchyard.db.migrations import redacted
 from switchyard.gateway.seams import AuditUnavailable, Exchange
 from switchyard.policy.models import RiskTier
 
@@ -32,6 +33,9 @@ class StoreAuditSink:
         self.store = store
         self.spool = spool
         self._starting = asyncio.Lock()
+        # The store or keyring cannot answer (locked, full, unreachable): `AuditUnavailable`.
+        self._unavailable = database_errors()
+        self._unbuildable: tuple[type[Exception], ...] = (*self._unavailable, OSError)
 
     async def _started_spool(self) -> AuditSpool:
         """The spool, started on first use: a sink may be built where no event loop runs yet
@@ -47,7 +51,7 @@ class StoreAuditSink:
         try:
             # Redaction is CPU work (~ms): off the event loop. It reads the subject keyring.
             return await asyncio.to_thread(self.builder.build, exchange)
-        except (sqlite3.Error, OSError) as exc:
+        except self._unbuildable as exc:
             log.error("the audit record of request %s cannot be built: %s", exchange.ctx.request_id, exc)
             raise AuditUnavailable(f"the subject keyring is unavailable ({type(exc).__name__})") from exc
 
@@ -68,10 +72,10 @@ class StoreAuditSink:
         if durable or self.spool is None:
             try:
                 await asyncio.to_thread(self.store.append, [pending])
-            except sqlite3.Error as exc:
+            except self._unavailable as exc:
                 log.error(
                     "audit store %s rejected request %s: %s",
-                    self.store.path,
+                    redacted(self.store.db.url),
                     pending.record.request_id,
                     exc,
                 )
@@ -98,12 +102,13 @@ async def open_sink(
     drain_interval_s: float = 0.2,
     on_backlog: Callable[[int], None] | None = None,
 ) -> StoreAuditSink:
-    """The standard wiring under a state directory: `<state>/audit/{audit.db,keys.db,spool/}`.
+    """The standard wiring under a state directory: its audit store and keyring (SQLite files
+    `<state>/audit/{audit.db,keys.db}`, or the shared database) and `<state>/audit/spool/`.
 
     Starting the spool drains what dead writers left behind first.
     """
     store = AuditStore.in_state_dir(state)
-    keyring = SubjectKeyring(state / "audit" / "keys.db")
+    keyring = SubjectKeyring.in_state_dir(state)
     builder = RecordBuilder(policies, scrubber or TextScrubber(), keyring)
     spool = None
     if spooled:

@@ -1,60 +1,90 @@
-"""The SQLite audit store: an append-only hash chain of entries, their bodies, sealed segments.
+"""The audit store: an append-only hash chain of entries, their bodies, sealed segments.
 
-One file (`<state>/audit/audit.db`, WAL, `synchronous=FULL`) shared by every writer on the
-host; an append takes SQLite's write lock (`BEGIN IMMEDIATE`), reads the chain head and links
-the new entries to it, so concurrent writers from several processes still form one chain.
-Entries are unique by request id: re-delivering a spooled record never makes a second one.
-Chain heads are also anchored outside the database (`anchors.py`), so `verify` can tell a
-chain cut at its tail from a short one.
+The database is `Store.AUDIT`'s (`switchyard.db.location`): a SQLite file on one host
+(`<state>/audit/audit.db`, WAL, `synchronous=FULL`), or the cluster's Postgres. Entries are
+unique by request id: re-delivering a spooled record never makes a second one.
+
+**One chain across all writers.** Every gateway replica, on every host, appends to one
+sequence, serialised by the database: an append takes the `audit_chain` lock (a Postgres
+advisory transaction lock; SQLite's write transaction is already exclusive), reads the head
+and gives its entries `seq = head + 1, head + 2, ...` itself. Never an AUTOINCREMENT or an
+identity column: Postgres spends identity values on rolled-back transactions, and a gap
+would read as a deleted entry. So `verify` walks one total order, unchanged, at the cost of
+appends waiting for each other: one short transaction holds the lock per append, and a spool
+drain appends its records in batches. Sealing segments takes the same lock.
+
+**Anchors.** Chain heads are also written outside the database, to a per-host file
+(`<state>/audit/anchors.jsonl`, `anchors.py`), so `verify` can tell a chain cut at its tail
+from a short one. On SQLite the file sits beside the database and sees every append, so
+`verify` requires it (`anchors_required`: a chain with entries and no anchors is a finding).
+On Postgres each host anchors what it appended; `verify` checks every anchor in the local
+file against the shared chain but cannot require this host to have appended anything. There
+the check of the tail across hosts is the sealed segments and their object-locked S3 copies
+(`export.py`, `switchyard audit verify --bucket`).
 """
 
 from __future__ import annotations
 
-import sqlite3
-import threading
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from switchyard import sqlite_db
 from switchyard.audit.anchors import ANCHORS_FILE, AnchorLog, check_anchors
 from switchyard.audit.builder import BodyBlob, PendingEntry
 from switchyard.audit.chain import GENESIS, ChainRow, Finding, link_hash, verify_rows
 from switchyard.audit.record import AuditEntry, ErasureRecord, RequestRecord, canonical_json, parse_entry
 from switchyard.audit.subject_keys import plain_digest
+from switchyard.db.engine import Database, Transaction
+from switchyard.db.location import Store, open_store
+from switchyard.db.migrations import Migration, Schema, prepare
 from switchyard.policy.models import BodyStorage
 
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS entries (
-    seq        INTEGER PRIMARY KEY AUTOINCREMENT,
-    request_id TEXT NOT NULL UNIQUE,
-    kind       TEXT NOT NULL,
-    team       TEXT,
-    flow       TEXT,
-    time       REAL NOT NULL,
-    payload    TEXT NOT NULL,
-    prev_hash  TEXT NOT NULL,
-    hash       TEXT NOT NULL
-);
-CREATE INDEX IF NOT EXISTS entries_team_time ON entries (team, time);
-CREATE TABLE IF NOT EXISTS bodies (
-    request_id TEXT NOT NULL,
-    part       TEXT NOT NULL,
-    data       BLOB NOT NULL,
-    expires_at REAL NOT NULL,
-    PRIMARY KEY (request_id, part)
-);
-CREATE INDEX IF NOT EXISTS bodies_expiry ON bodies (expires_at);
-CREATE TABLE IF NOT EXISTS segments (
-    segment_no  INTEGER PRIMARY KEY,
-    first_seq   INTEGER NOT NULL,
-    last_seq    INTEGER NOT NULL,
-    last_hash   TEXT NOT NULL,
-    sealed_at   REAL NOT NULL,
-    exported_to TEXT
-);
-"""
+CHAIN_LOCK = "audit_chain"  # held by every append and seal: one writer of the chain at a time
+
+
+def _create_entries(tx: Transaction, db: Database) -> None:
+    # SQLite files made before the shared database declared AUTOINCREMENT; appends name their
+    # seq now, which such a column accepts. Postgres gets a plain key (see the docstring).
+    seq = "INTEGER PRIMARY KEY AUTOINCREMENT" if db.dialect == "sqlite" else "BIGINT PRIMARY KEY"
+    tx.execute(
+        f"""CREATE TABLE IF NOT EXISTS entries (
+            seq        {seq},
+            request_id TEXT NOT NULL UNIQUE,
+            kind       TEXT NOT NULL,
+            team       TEXT,
+            flow       TEXT,
+            time       DOUBLE PRECISION NOT NULL,
+            payload    TEXT NOT NULL,
+            prev_hash  TEXT NOT NULL,
+            hash       TEXT NOT NULL
+        )"""
+    )
+
+
+_V1 = (
+    _create_entries,
+    "CREATE INDEX IF NOT EXISTS entries_team_time ON entries (team, time)",
+    """CREATE TABLE IF NOT EXISTS bodies (
+        request_id TEXT NOT NULL,
+        part       TEXT NOT NULL,
+        data       {blob} NOT NULL,
+        expires_at DOUBLE PRECISION NOT NULL,
+        PRIMARY KEY (request_id, part)
+    )""",
+    "CREATE INDEX IF NOT EXISTS bodies_expiry ON bodies (expires_at)",
+    """CREATE TABLE IF NOT EXISTS segments (
+        segment_no  INTEGER PRIMARY KEY,
+        first_seq   BIGINT NOT NULL,
+        last_seq    BIGINT NOT NULL,
+        last_hash   TEXT NOT NULL,
+        sealed_at   DOUBLE PRECISION NOT NULL,
+        exported_to TEXT
+    )""",
+)
+SCHEMA = Schema("audit", (Migration(1, _V1),))
+
+_SEGMENT_COLUMNS = "segment_no, first_seq, last_seq, last_hash, sealed_at, exported_to"
 
 
 @dataclass(frozen=True)
@@ -75,88 +105,65 @@ class StoredEntry:
 
 
 class AuditStore:
-    def __init__(self, path: Path, anchor_every_s: float = 1.0) -> None:
-        """`anchor_every_s`: the longest a committed entry waits to be anchored (one line of
-        `anchors.jsonl`, next to the database, per interval at most)."""
-        self.path = path
-        self.anchors = AnchorLog(path.with_name(ANCHORS_FILE), anchor_every_s)
-        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        # One connection per store, used from worker threads one at a time.
-        self._lock = threading.Lock()
-        self._db = sqlite_db.connect(path, autocommit=True)  # WAL, synchronous=FULL
-        self._db.executescript(_SCHEMA)
-        path.chmod(0o600)
+    """The chain in `db` (the store owns it: `close` closes it), anchored in `anchors`."""
+
+    def __init__(self, db: Database, anchors: AnchorLog, anchors_required: bool | None = None) -> None:
+        """`anchors_required`: whether a chain with entries but no anchors is a finding; by
+        default on SQLite (the anchor file sees every append) and not on Postgres (it sees
+        this host's)."""
+        self.db = db
+        self.anchors = anchors
+        self.anchors_required = db.dialect == "sqlite" if anchors_required is None else anchors_required
+        prepare(db, SCHEMA)
 
     @classmethod
-    def in_state_dir(cls, state: Path) -> AuditStore:
-        return cls(state / "audit" / "audit.db")
+    def in_state_dir(cls, state: Path, anchor_every_s: float = 1.0) -> AuditStore:
+        """`anchor_every_s`: the longest a committed entry waits to be anchored (one line of
+        `<state>/audit/anchors.jsonl` per interval at most)."""
+        audit = Path(state) / "audit"
+        audit.mkdir(parents=True, exist_ok=True, mode=0o700)  # the anchors live here on every backend
+        return cls(open_store(Path(state), Store.AUDIT), AnchorLog(audit / ANCHORS_FILE, anchor_every_s))
 
     def close(self) -> None:
         self.anchors.flush()
-        with self._lock:
-            self._db.close()
+        self.db.close()
 
     # ------------------------------------------------------------ writing
 
     def append(self, items: Sequence[PendingEntry | AuditEntry]) -> int:
         """Append entries in one transaction; returns how many were new (others were duplicates)."""
-        with self._lock:
-            db = self._db
-            db.execute("BEGIN IMMEDIATE")  # outside the try: no transaction to roll back if it fails
-            try:
-                row = db.execute("SELECT hash FROM entries ORDER BY seq DESC LIMIT 1").fetchone()
-                prev = row[0] if row else GENESIS
-                added, seq = 0, 0
-                for item in items:
-                    entry, bodies = (item.record, item.bodies) if isinstance(item, PendingEntry) else (item, ())
-                    if db.execute("SELECT 1 FROM entries WHERE request_id = ?", (entry.request_id,)).fetchone():
-                        continue
-                    seq, prev = self._insert(db, entry, bodies, prev)
-                    added += 1
-                db.execute("COMMIT")
-            except BaseException:
-                db.execute("ROLLBACK")
-                raise
+        added = 0
+        with self.db.transaction() as tx:
+            tx.lock(CHAIN_LOCK)
+            seq, prev = _head(tx)
+            for item in items:
+                entry, bodies = (item.record, item.bodies) if isinstance(item, PendingEntry) else (item, ())
+                if tx.execute("SELECT 1 FROM entries WHERE request_id = ?", (entry.request_id,)).one():
+                    continue
+                seq += 1
+                prev = _insert(tx, seq, entry, bodies, prev)
+                added += 1
         if added:
             self.anchors.head(seq, prev)  # after the commit: an anchor never names a lost entry
         return added
 
-    @staticmethod
-    def _insert(db: sqlite3.Connection, entry: AuditEntry, bodies: Sequence[BodyBlob], prev: str) -> tuple[int, str]:
-        payload = canonical_json(entry)
-        digest = link_hash(prev, payload)
-        team = entry.team
-        flow = entry.flow
-        cur = db.execute(
-            "INSERT INTO entries (request_id, kind, team, flow, time, payload, prev_hash, hash)"
-            " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-            (entry.request_id, entry.kind, team, flow, entry.time, payload, prev, digest),
-        )
-        expires = entry.body_expires_at if isinstance(entry, RequestRecord) else float("inf")
-        for body in bodies:
-            db.execute(
-                "INSERT INTO bodies VALUES (?, ?, ?, ?)",
-                (entry.request_id, body.part, body.data, expires),
-            )
-        assert cur.lastrowid is not None  # an INSERT into a rowid table always sets it
-        return cur.lastrowid, digest
-
     # ------------------------------------------------------------ reading
 
     def rows(self) -> Iterator[ChainRow]:
-        with self._lock:
-            found = self._db.execute("SELECT seq, payload, prev_hash, hash FROM entries ORDER BY seq").fetchall()
+        with self.db.read() as tx:
+            found = tx.execute("SELECT seq, payload, prev_hash, hash FROM entries ORDER BY seq").rows
         for r in found:
-            yield ChainRow(r[0], r[1], r[2], r[3])
+            yield ChainRow(int(r[0]), r[1], r[2], r[3])
 
     def head(self) -> tuple[int, str]:
-        with self._lock:
-            row = self._db.execute("SELECT seq, hash FROM entries ORDER BY seq DESC LIMIT 1").fetchone()
-        return (0, GENESIS) if row is None else (int(row[0]), str(row[1]))
+        with self.db.read() as tx:
+            return _head(tx)
 
     def count(self) -> int:
-        with self._lock:
-            return int(self._db.execute("SELECT COUNT(*) FROM entries").fetchone()[0])
+        with self.db.read() as tx:
+            row = tx.execute("SELECT COUNT(*) FROM entries").one()
+        assert row is not None  # COUNT always answers one row
+        return int(row[0])
 
     def find(
         self,
@@ -175,15 +182,13 @@ class AuditStore:
             sql += " AND time >= ?"
             args.append(since)
         sql += " ORDER BY seq LIMIT ?"
-        with self._lock:
-            found = self._db.execute(sql, (*args, limit)).fetchall()
-        return [StoredEntry(r[0], parse_entry(r[1]), r[2]) for r in found]
+        with self.db.read() as tx:
+            found = tx.execute(sql, (*args, limit)).rows
+        return [StoredEntry(int(r[0]), parse_entry(r[1]), r[2]) for r in found]
 
     def body(self, request_id: str, part: str) -> bytes | None:
-        with self._lock:
-            row = self._db.execute(
-                "SELECT data FROM bodies WHERE request_id = ? AND part = ?", (request_id, part)
-            ).fetchone()
+        with self.db.read() as tx:
+            row = tx.execute("SELECT data FROM bodies WHERE request_id = ? AND part = ?", (request_id, part)).one()
         return None if row is None else bytes(row[0])
 
     # ------------------------------------------------------------ retention
@@ -198,64 +203,61 @@ class AuditStore:
             entry = stored.entry
             if isinstance(entry, RequestRecord) and entry.subject == subject and _has_plaintext(entry):
                 removed.append(entry.request_id)
-        with self._lock:
-            self._db.executemany("DELETE FROM bodies WHERE request_id = ?", [(rid,) for rid in removed])
+        with self.db.transaction() as tx:
+            for rid in removed:
+                tx.execute("DELETE FROM bodies WHERE request_id = ?", (rid,))
         return tuple(removed)
 
     def purge_expired_bodies(self, now: float | None = None) -> int:
         """Delete bodies past their class's retention; records (and the chain) stay."""
-        with self._lock:
-            cur = self._db.execute("DELETE FROM bodies WHERE expires_at <= ?", (time.time() if now is None else now,))
-        return cur.rowcount
+        with self.db.transaction() as tx:
+            return tx.execute(
+                "DELETE FROM bodies WHERE expires_at <= ?", (time.time() if now is None else now,)
+            ).rowcount
 
     # ------------------------------------------------------------ segments
 
     def seal_segments(self, size: int, include_partial: bool = False) -> list[Segment]:
         """Seal consecutive runs of `size` unsealed entries (and the remainder if asked)."""
         sealed = []
-        with self._lock:
-            db = self._db
-            db.execute("BEGIN IMMEDIATE")  # outside the try: no transaction to roll back if it fails
-            try:
-                row = db.execute("SELECT MAX(segment_no), MAX(last_seq) FROM segments").fetchone()
-                number, last = (row[0] or 0), (row[1] or 0)
-                head = db.execute("SELECT COALESCE(MAX(seq), 0) FROM entries").fetchone()[0]
-                while head - last >= size or (include_partial and head > last):
-                    end = min(last + size, head)
-                    digest = db.execute("SELECT hash FROM entries WHERE seq = ?", (end,)).fetchone()[0]
-                    number += 1
-                    seg = Segment(number, last + 1, end, digest, time.time(), None)
-                    db.execute(
-                        "INSERT INTO segments VALUES (?, ?, ?, ?, ?, NULL)",
-                        (seg.segment_no, seg.first_seq, seg.last_seq, seg.last_hash, seg.sealed_at),
-                    )
-                    sealed.append(seg)
-                    last = end
-                db.execute("COMMIT")
-            except BaseException:
-                db.execute("ROLLBACK")
-                raise
+        with self.db.transaction() as tx:
+            tx.lock(CHAIN_LOCK)  # two sealers must not number the same segment
+            row = tx.execute("SELECT MAX(segment_no), MAX(last_seq) FROM segments").one()
+            number, last = (int(row[0] or 0), int(row[1] or 0)) if row else (0, 0)
+            head, _ = _head(tx)
+            while head - last >= size or (include_partial and head > last):
+                end = min(last + size, head)
+                found = tx.execute("SELECT hash FROM entries WHERE seq = ?", (end,)).one()
+                assert found is not None  # appends number entries without gaps
+                number += 1
+                seg = Segment(number, last + 1, end, found[0], time.time(), None)
+                tx.execute(
+                    f"INSERT INTO segments ({_SEGMENT_COLUMNS}) VALUES (?, ?, ?, ?, ?, NULL)",
+                    (seg.segment_no, seg.first_seq, seg.last_seq, seg.last_hash, seg.sealed_at),
+                )
+                sealed.append(seg)
+                last = end
         for seg in sealed:
             self.anchors.segment(seg.last_seq, seg.last_hash, seg.segment_no)
         return sealed
 
     def segments(self, unexported_only: bool = False) -> list[Segment]:
-        sql = "SELECT * FROM segments" + (" WHERE exported_to IS NULL" if unexported_only else "")
-        with self._lock:
-            found = self._db.execute(sql + " ORDER BY segment_no").fetchall()
-        return [Segment(*r) for r in found]
+        sql = f"SELECT {_SEGMENT_COLUMNS} FROM segments" + (" WHERE exported_to IS NULL" if unexported_only else "")
+        with self.db.read() as tx:
+            found = tx.execute(sql + " ORDER BY segment_no").rows
+        return [Segment(int(r[0]), int(r[1]), int(r[2]), r[3], float(r[4]), r[5]) for r in found]
 
     def segment_rows(self, seg: Segment) -> list[ChainRow]:
-        with self._lock:
-            found = self._db.execute(
+        with self.db.read() as tx:
+            found = tx.execute(
                 "SELECT seq, payload, prev_hash, hash FROM entries WHERE seq BETWEEN ? AND ? ORDER BY seq",
                 (seg.first_seq, seg.last_seq),
-            ).fetchall()
-        return [ChainRow(*r) for r in found]
+            ).rows
+        return [ChainRow(int(r[0]), r[1], r[2], r[3]) for r in found]
 
     def mark_exported(self, segment_no: int, location: str) -> None:
-        with self._lock:
-            self._db.execute("UPDATE segments SET exported_to = ? WHERE segment_no = ?", (location, segment_no))
+        with self.db.transaction() as tx:
+            tx.execute("UPDATE segments SET exported_to = ? WHERE segment_no = ?", (location, segment_no))
 
     # ------------------------------------------------------------ verification
 
@@ -286,7 +288,7 @@ class AuditStore:
         findings = [
             Finding(0, "anchor_mismatch", f"line {n} of {self.anchors.path} is not an anchor") for n in unreadable
         ]
-        if by_seq and not anchors:
+        if by_seq and not anchors and self.anchors_required:
             findings.append(
                 Finding(
                     max(by_seq),
@@ -300,11 +302,8 @@ class AuditStore:
 
     def _verify_bodies(self, rows: list[ChainRow], now: float) -> list[Finding]:
         findings = []
-        with self._lock:
-            stored = {
-                (r[0], r[1]): bytes(r[2])
-                for r in self._db.execute("SELECT request_id, part, data FROM bodies").fetchall()
-            }
+        with self.db.read() as tx:
+            stored = {(r[0], r[1]): bytes(r[2]) for r in tx.execute("SELECT request_id, part, data FROM bodies").rows}
         entries = [(row, parse_entry(row.payload)) for row in rows]
         erased = {rid for _, e in entries if isinstance(e, ErasureRecord) for rid in e.bodies_removed}
         for row, entry in entries:
@@ -325,6 +324,29 @@ class AuditStore:
                 elif data is not None and plain_digest(data) != body.digest:
                     findings.append(Finding(row.seq, "body_edited", f"the {part} body does not match its digest"))
         return findings
+
+
+def _head(tx: Transaction) -> tuple[int, str]:
+    row = tx.execute("SELECT seq, hash FROM entries ORDER BY seq DESC LIMIT 1").one()
+    return (0, GENESIS) if row is None else (int(row[0]), str(row[1]))
+
+
+def _insert(tx: Transaction, seq: int, entry: AuditEntry, bodies: Sequence[BodyBlob], prev: str) -> str:
+    """Entry `seq`, linked to `prev`; returns its hash."""
+    payload = canonical_json(entry)
+    digest = link_hash(prev, payload)
+    tx.execute(
+        "INSERT INTO entries (seq, request_id, kind, team, flow, time, payload, prev_hash, hash)"
+        " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        (seq, entry.request_id, entry.kind, entry.team, entry.flow, entry.time, payload, prev, digest),
+    )
+    expires = entry.body_expires_at if isinstance(entry, RequestRecord) else float("inf")
+    for body in bodies:
+        tx.execute(
+            "INSERT INTO bodies (request_id, part, data, expires_at) VALUES (?, ?, ?, ?)",
+            (entry.request_id, body.part, body.data, expires),
+        )
+    return digest
 
 
 def _has_plaintext(record: RequestRecord) -> bool:

@@ -6,9 +6,23 @@ requests that named no user). The subject's key does two things:
 - it names the subject everywhere else: records, S3 copies, the budget ledger and stored
   idempotent answers carry `pseudonym(key, subject)`, never the id the team sent.
 Deleting the key ("crypto-shredding") makes the bodies unreadable and the pseudonym
-unlinkable to anyone, without touching the chained records. The key database uses
-`secure_delete` and a rollback journal (not WAL) so a deleted key's bytes are overwritten
-in the file rather than left in a free page or a WAL frame.
+unlinkable to anyone, without touching the chained records.
+
+The keys are `Store.SUBJECT_KEYS`'s database (`switchyard.db.location`), shared by every
+writer: a key is created with `INSERT ... ON CONFLICT (subject) DO NOTHING` and read back,
+so two replicas (or hosts) meeting a new subject at once agree on one key. What a deleted
+key leaves behind, by backend:
+- **SQLite** (`<state>/audit/keys.db`): `secure_delete` and a rollback journal (not WAL),
+  then `VACUUM`, so its bytes are overwritten in the file rather than left in a free page or
+  a WAL frame.
+- **Postgres**: the row is deleted and `VACUUM FULL subject_keys` rewrites the table into a
+  new file without it (a plain VACUUM was measured to leave the bytes in the page). The table
+  is one small row per subject, so the rewrite's exclusive lock holds `key_for` for
+  milliseconds, once per erasure. The bound is weaker than SQLite's and the operator's to set:
+  the key's bytes can remain in WAL segments (and their archive), in base backups until those
+  age out under their retention, and in the filesystem blocks of the old file until reused.
+  VACUUM FULL waits for open transactions, and needs the role erasing to own the table (the
+  platform's own role does).
 """
 
 from __future__ import annotations
@@ -18,33 +32,43 @@ import hashlib
 import hmac
 import os
 import secrets
-import sqlite3
 import time
-from collections.abc import Iterator
-from contextlib import closing, contextmanager
 from pathlib import Path
 
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
-from switchyard import sqlite_db
+from switchyard.db.engine import Database, Transaction
+from switchyard.db.location import Store, open_store
+from switchyard.db.migrations import Migration, Schema, prepare
 
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS subject_keys (
-    key_id     TEXT PRIMARY KEY,
-    subject    TEXT NOT NULL UNIQUE,
-    key        BLOB NOT NULL,
-    created_at REAL NOT NULL
-);
-CREATE TABLE IF NOT EXISTS erasures (
-    subject   TEXT NOT NULL,
-    erased_at REAL NOT NULL,
-    erased_by TEXT NOT NULL
-);
-"""
+
+def _forget_named_erasures(tx: Transaction, db: Database) -> None:
+    # Erasures recorded before pseudonyms named the subject in clear ("<team>/<user>"; a
+    # pseudonym has no "/"): forget the name, keep the fact. The pattern is a parameter:
+    # psycopg would read a literal `%` in the statement as a placeholder.
+    tx.execute("UPDATE erasures SET subject = '' WHERE subject LIKE ?", ("%/%",))
+
+
+_V1 = (
+    """CREATE TABLE IF NOT EXISTS subject_keys (
+        key_id     TEXT PRIMARY KEY,
+        subject    TEXT NOT NULL UNIQUE,
+        key        {blob} NOT NULL,
+        created_at DOUBLE PRECISION NOT NULL
+    )""",
+    """CREATE TABLE IF NOT EXISTS erasures (
+        subject   TEXT NOT NULL,
+        erased_at DOUBLE PRECISION NOT NULL,
+        erased_by TEXT NOT NULL
+    )""",
+    _forget_named_erasures,
+)
+SCHEMA = Schema("subject_keys", (Migration(1, _V1),))
 # `erasures.subject` holds the erased pseudonym ("" when the subject had no key), never the
 # subject's id: the row outlives the key it records the deletion of.
 
 _PSEUDONYM_LABEL = b"switchyard pseudonym v1\0"  # keeps the HMAC apart from any other use of the key
+_VACUUM = {"sqlite": "VACUUM", "postgres": "VACUUM FULL subject_keys"}  # SQLite vacuums the whole file
 
 
 class KeyErased(Exception):
@@ -56,39 +80,40 @@ def subject_of(team: str, user: str | None) -> str:
 
 
 class SubjectKeyring:
-    """`<state>/audit/keys.db`: one random 256-bit key per subject, created on first use."""
+    """One random 256-bit key per subject, created on first use, in `db` (the keyring owns it)."""
 
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with self._db() as db:
-            db.executescript(_SCHEMA)
-            # Erasures recorded before pseudonyms named the subject in clear ("<team>/<user>";
-            # a pseudonym has no "/"): forget the name, keep the fact.
-            db.execute("UPDATE erasures SET subject = '' WHERE subject LIKE '%/%'")
-        path.chmod(0o600)
+    def __init__(self, db: Database) -> None:
+        self.db = db
+        prepare(db, SCHEMA)
 
-    @contextmanager
-    def _db(self) -> Iterator[sqlite3.Connection]:
-        with closing(sqlite_db.connect(self.path, secure_delete=True)) as db, db:
-            yield db
+    @classmethod
+    def in_state_dir(cls, state: Path) -> SubjectKeyring:
+        return cls(open_store(Path(state), Store.SUBJECT_KEYS))
+
+    def close(self) -> None:
+        self.db.close()
+
+    def _current(self, subject: str) -> tuple[str, bytes] | None:
+        with self.db.read() as tx:
+            row = tx.execute("SELECT key_id, key FROM subject_keys WHERE subject = ?", (subject,)).one()
+        return None if row is None else (str(row[0]), bytes(row[1]))
 
     def key_for(self, subject: str) -> tuple[str, bytes]:
         """The subject's current (key id, key), created on first use, and again after an
         erasure: bodies sealed before it stay unreadable, later ones use the new key."""
-        with self._db() as db:
-            row = db.execute("SELECT key_id, key FROM subject_keys WHERE subject = ?", (subject,)).fetchone()
-            if row is None:
-                db.execute(
-                    "INSERT OR IGNORE INTO subject_keys VALUES (?, ?, ?, ?)",
-                    (
-                        secrets.token_hex(8),
-                        subject,
-                        AESGCM.generate_key(bit_length=256),
-                        time.time(),
-                    ),
-                )
-                row = db.execute("SELECT key_id, key FROM subject_keys WHERE subject = ?", (subject,)).fetchone()
+        found = self._current(subject)  # a read first: every request asks, few create
+        if found is not None:
+            return found
+        with self.db.transaction() as tx:
+            # Another writer may create the subject's key first: then this insert does nothing
+            # (on Postgres it waits for that writer's commit) and both read back its key.
+            tx.execute(
+                "INSERT INTO subject_keys (key_id, subject, key, created_at) VALUES (?, ?, ?, ?)"
+                " ON CONFLICT (subject) DO NOTHING",
+                (secrets.token_hex(8), subject, AESGCM.generate_key(bit_length=256), time.time()),
+            )
+            row = tx.execute("SELECT key_id, key FROM subject_keys WHERE subject = ?", (subject,)).one()
+        assert row is not None  # inserted, or kept by the insert that won
         return str(row[0]), bytes(row[1])
 
     def pseudonym_for(self, team: str, user: str | None) -> str:
@@ -99,13 +124,12 @@ class SubjectKeyring:
 
     def existing_pseudonym(self, subject: str) -> str | None:
         """The subject's current pseudonym, or None if it has no key (creates none)."""
-        with self._db() as db:
-            row = db.execute("SELECT key FROM subject_keys WHERE subject = ?", (subject,)).fetchone()
-        return None if row is None else pseudonym(bytes(row[0]), subject)
+        found = self._current(subject)
+        return None if found is None else pseudonym(found[1], subject)
 
     def key_by_id(self, key_id: str) -> bytes:
-        with self._db() as db:
-            row = db.execute("SELECT key FROM subject_keys WHERE key_id = ?", (key_id,)).fetchone()
+        with self.db.read() as tx:
+            row = tx.execute("SELECT key FROM subject_keys WHERE key_id = ?", (key_id,)).one()
         if row is None:
             raise KeyErased(f"key {key_id} was erased")
         return bytes(row[0])
@@ -113,13 +137,15 @@ class SubjectKeyring:
     def erase(self, subject: str, erased_by: str) -> str | None:
         """Delete the subject's key for good. Returns the pseudonym the key gave the subject,
         or None if it had no key."""
-        with self._db() as db:
-            row = db.execute("SELECT key FROM subject_keys WHERE subject = ?", (subject,)).fetchone()
+        with self.db.transaction() as tx:
+            row = tx.execute("SELECT key FROM subject_keys WHERE subject = ?" + self.db.lock_rows, (subject,)).one()
             alias = None if row is None else pseudonym(bytes(row[0]), subject)
-            db.execute("DELETE FROM subject_keys WHERE subject = ?", (subject,))
-            db.execute("INSERT INTO erasures VALUES (?, ?, ?)", (alias or "", time.time(), erased_by))
-        with closing(sqlite_db.connect(self.path, secure_delete=True)) as db:
-            db.execute("VACUUM")  # rewrite the file so no page keeps the old key
+            tx.execute("DELETE FROM subject_keys WHERE subject = ?", (subject,))
+            tx.execute(
+                "INSERT INTO erasures (subject, erased_at, erased_by) VALUES (?, ?, ?)",
+                (alias or "", time.time(), erased_by),
+            )
+        self.db.outside_transaction(_VACUUM[self.db.dialect])  # the bound per backend: the module docstring
         return alias
 
 

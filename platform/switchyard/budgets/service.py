@@ -9,7 +9,6 @@ costs one round trip to admit and one to settle.
 from __future__ import annotations
 
 import logging
-import sqlite3
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -26,6 +25,7 @@ from switchyard.budgets.ledger import (
     SpendRow,
 )
 from switchyard.budgets.ratelimit import PermitDemand, PermitsGranted, PermitsRefused, TokenBuckets
+from switchyard.db.engine import database_errors
 from switchyard.gateway.seams import BudgetUnavailable
 
 log = logging.getLogger(__name__)
@@ -121,7 +121,7 @@ class InProcessLedgerClient:
     async def admit(self, permits: tuple[PermitDemand, ...], hold: HoldRequest | None) -> Admission:
         try:
             return self.service.admit(permits, hold)
-        except (sqlite3.Error, OSError) as exc:  # the ledger's database: locked, gone, full
+        except (OSError, *database_errors()) as exc:  # type: ignore[misc]  # the ledger's database: locked, gone, full
             raise BudgetUnavailable(f"the ledger's database is unavailable ({type(exc).__name__})") from exc
 
     async def settle(

@@ -23,10 +23,11 @@ from switchyard.budgets.ledger import BudgetLedger, Charge
 from switchyard.budgets.service import InProcessLedgerClient, LedgerService
 from switchyard.cli._auth import NotAuthenticated, add_auth_args, require
 from switchyard.cli._output import fail, print_json, print_table
-from switchyard.cluster.record import read_record
 from switchyard.db.engine import open_database
 from switchyard.db.location import ledger_url
+from switchyard.db.migrations import SchemaError
 from switchyard.gateway.idempotency import IdempotencyStore
+from switchyard.gateway.idempotency_sql import SqlIdempotencyStore
 from switchyard.paths import policies_dir
 from switchyard.policy.roles import Action, Forbidden
 from switchyard.state import state_dir
@@ -108,7 +109,7 @@ def _guarded(fn: Handler) -> Handler:
             return fn(args)
         except (NotAuthenticated, Forbidden) as exc:
             return fail(str(exc), 3)
-        except (DataPolicyError, ValueError) as exc:
+        except (DataPolicyError, SchemaError, ValueError) as exc:  # SchemaError names the migration to run
             return fail(str(exc))
 
     return wrapper
@@ -118,25 +119,36 @@ def _state(args: argparse.Namespace) -> Path:
     return state_dir(args.state_dir)
 
 
-def _store(args: argparse.Namespace) -> AuditStore:
-    return AuditStore.in_state_dir(_state(args))
+@contextmanager
+def _store(args: argparse.Namespace) -> Iterator[AuditStore]:
+    """The state directory's audit store (its SQLite file, or the shared database)."""
+    store = AuditStore.in_state_dir(_state(args))
+    try:
+        yield store
+    finally:
+        store.close()  # writes the anchor of what this command appended
 
 
-def _keyring(args: argparse.Namespace) -> SubjectKeyring:
-    return SubjectKeyring(_state(args) / "audit" / "keys.db")
+@contextmanager
+def _keyring(args: argparse.Namespace) -> Iterator[SubjectKeyring]:
+    keyring = SubjectKeyring.in_state_dir(_state(args))
+    try:
+        yield keyring
+    finally:
+        keyring.close()
 
 
 def run_verify(args: argparse.Namespace) -> int:
     require(args, Action.READ_AUDIT, None)
-    store = _store(args)
-    findings = store.verify()
-    compared = None
-    if args.bucket:
-        target = S3Target(args.bucket, args.prefix)
-        findings = distinct(findings + verify_export(store, _s3_client(args), target))
-        compared = f"s3://{target.bucket}/{target.prefix}"
-    seq, head = store.head()
-    exported = any(seg.exported_to for seg in store.segments())
+    with _store(args) as store:
+        findings = store.verify()
+        compared = None
+        if args.bucket:
+            target = S3Target(args.bucket, args.prefix)
+            findings = distinct(findings + verify_export(store, _s3_client(args), target))
+            compared = f"s3://{target.bucket}/{target.prefix}"
+        seq, head = store.head()
+        exported = any(seg.exported_to for seg in store.segments())
     if args.json:
         print_json(
             {
@@ -162,8 +174,10 @@ def run_query(args: argparse.Namespace) -> int:
     who = require(args, Action.READ_AUDIT, args.team)
     since = None if args.since is None else parse_since(args.since)
     policies = load_data_policies(policies_dir(args.policies))
-    reader = AuditReader(_store(args), _keyring(args), policies)
-    found = reader.query(who, AuditQuery(args.team, args.flow, since, args.bodies, args.limit))
+    with _store(args) as store, _keyring(args) as keyring:
+        found = AuditReader(store, keyring, policies).query(
+            who, AuditQuery(args.team, args.flow, since, args.bodies, args.limit)
+        )
     if args.json:
         print_json(found)
         return 0
@@ -197,10 +211,8 @@ def run_erase(args: argparse.Namespace) -> int:
     # Erasure destroys data for good: platform admins only, on any team.
     who = require(args, Action.ERASE_SUBJECT, args.team)
     user = None if args.team_key else args.subject
-    with _shared_idempotency(_state(args)) as replays:
-        record = asyncio.run(
-            erase_subject(_store(args), _keyring(args), args.team, user, erased_by=who.key_id, idempotency=replays)
-        )
+    with _shared_idempotency(_state(args)) as replays, _store(args) as store, _keyring(args) as keyring:
+        record = asyncio.run(erase_subject(store, keyring, args.team, user, erased_by=who.key_id, idempotency=replays))
     if args.json:
         print_json(record.model_dump(mode="json"))
         return 0
@@ -209,46 +221,30 @@ def run_erase(args: argparse.Namespace) -> int:
         print(f"erased subject {named!r}: its stored bodies can no longer be read")
     else:
         print(f"subject {named!r} had no key (nothing stored, or already erased); recorded anyway")
-    if record.replays_purged is None:
-        print("no platform is up: no shared idempotency store to purge (a stopped one kept nothing)")
-    else:
-        print(f"purged {record.replays_purged} stored idempotent answers")
+    print(f"purged {record.replays_purged or 0} stored idempotent answers")
     if record.bodies_removed:
         print(f"deleted the plaintext bodies of {len(record.bodies_removed)} schema-1 records")
     return 0
 
 
 @contextmanager
-def _shared_idempotency(state: Path) -> Iterator[IdempotencyStore | None]:
-    """The gateway replicas' shared idempotency store (a detached Ray actor) while a platform
-    is up on this state dir; None otherwise, or if no gateway created it yet."""
-    platform = read_record(state)
-    if platform is None:
-        yield None
-        return
-    from switchyard.cluster.head import PLATFORM_ENV
-
-    os.environ.update(PLATFORM_ENV)
-    import ray
-
-    from switchyard.cluster.gateway_idempotency import ACTOR_NAME, NAMESPACE, ActorIdempotencyStore
-
-    ray.init(address=platform.ray_address, namespace=NAMESPACE, logging_level="WARNING", log_to_driver=False)
+def _shared_idempotency(state: Path) -> Iterator[IdempotencyStore]:
+    """The idempotency store every gateway replica replays answers from: the state's own
+    database (SQLite here, or `SWITCHYARD_DATABASE_URL`), whether or not a platform is up."""
+    store = SqlIdempotencyStore.in_state_dir(state)
     try:
-        try:
-            actor = ray.get_actor(ACTOR_NAME, namespace=NAMESPACE)
-        except ValueError:  # no gateway has stored an answer since the platform came up
-            yield None
-        else:
-            yield ActorIdempotencyStore(actor)
+        yield store
     finally:
-        ray.shutdown()
+        store.close()
 
 
 def run_drain(args: argparse.Namespace) -> int:
     require(args, Action.OPERATE, None)
     directory = _state(args) / "audit" / "spool"
-    report = recover_orphans(directory, _store(args)) if directory.exists() else None
+    report = None
+    if directory.exists():
+        with _store(args) as store:
+            report = recover_orphans(directory, store)
     left = pending_lines(directory) if directory.exists() else 0
     result = {
         "files": report.files if report else 0,
@@ -282,7 +278,8 @@ def _drain_charge_journals(state: Path) -> dict[str, int]:
 
 def run_purge(args: argparse.Namespace) -> int:
     require(args, Action.OPERATE, None)
-    removed = _store(args).purge_expired_bodies()
+    with _store(args) as store:
+        removed = store.purge_expired_bodies()
     if args.json:
         print_json({"bodies_removed": removed})
     else:
@@ -294,10 +291,10 @@ def run_export(args: argparse.Namespace) -> int:
     require(args, Action.OPERATE, None)
     if not args.bucket:
         return fail(f"export: no bucket: pass --bucket or set ${BUCKET_ENV}")
-    store = _store(args)
-    sealed = store.seal_segments(args.segment_size, include_partial=args.all)
     target = S3Target(args.bucket, args.prefix, args.retention_days)
-    keys = export_sealed(store, _s3_client(args), target)
+    with _store(args) as store:
+        sealed = store.seal_segments(args.segment_size, include_partial=args.all)
+        keys = export_sealed(store, _s3_client(args), target)
     if args.json:
         print_json({"sealed": len(sealed), "exported": keys})
     else:

@@ -73,7 +73,7 @@ def stop_platform(state: Path) -> int:
         from switchyard.cluster.record import NAMESPACE
 
         ray.init(address=record.ray_address, namespace=NAMESPACE)
-        undeploy(shutdown_serve=False)
+        undeploy(shutdown_serve=False, policies_dir=Path(record.policies_dir), state_dir=Path(record.state_dir))
         ray.shutdown()
         clear_record(state)
     return 0

@@ -92,3 +92,33 @@ def render(info: dict[str, Any]) -> None:
         print(f"  keys ({keys.get('state', '?')})  last error: {keys.get('last_error') or 'none'}")
     else:
         print(f"  {gw.get('error')}")
+    render_policy(info.get("policy", {}))
+
+
+def render_policy(pol: dict[str, Any]) -> None:
+    print("\nPolicy set served by each gateway replica")
+    if "error" in pol:
+        print(f"  {pol['error']}")
+        return
+    published = str(pol.get("published", ""))
+    print(
+        f"  published {published[:12]} ({pol.get('state', '?')})  rejected changes {pol.get('rejected_changes', 0)}"
+        f"  last error: {pol.get('last_error') or 'none'}"
+    )
+    replicas = pol.get("replicas", [])
+    if not replicas:
+        print("  no replica has asked for it yet")
+        return
+    print_table(
+        ["replica", "node", "fingerprint", "state", "seen s ago"],
+        [
+            (
+                r["replica"],
+                str(r["node"])[:12],
+                str(r["fingerprint"] or "")[:12] + ("" if r["fingerprint"] == published else "  (stale)"),
+                r["state"],
+                r["seen_s_ago"],
+            )
+            for r in replicas
+        ],
+    )

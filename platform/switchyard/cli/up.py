@@ -15,6 +15,7 @@ from typing import Any
 from switchyard.cli._auth import ensure_admin_key
 from switchyard.cli._output import fail, print_json
 from switchyard.cluster.record import PlatformRecord, read_record
+from switchyard.db.location import UnsafeLayout
 from switchyard.paths import policies_dir
 from switchyard.policy.errors import PolicyError
 from switchyard.policy.keys import KeyStore
@@ -65,17 +66,40 @@ def run(args: argparse.Namespace) -> int:
         )
     if args.demo and DEMO_TEAM not in policy_set.teams:
         return fail(f"--demo needs the team {DEMO_TEAM!r} in {policies}/teams/")
+    problem = _prepare_shared_state(state)
+    if problem is not None:
+        return fail(problem, 1)
     admin_key = ensure_admin_key(state)
     demo_key = None
     if args.demo:
         demo_key, _ = KeyStore.in_state_dir(state).create(DEMO_TEAM, Role.MEMBER, note="switchyard up --demo")
-    record = _attach(args, state, policies) if args.address else _start_local(args, state, policies)
+    try:
+        record = _attach(args, state, policies) if args.address else _start_local(args, state, policies)
+    except UnsafeLayout as exc:
+        return fail(f"refusing to start: {exc}", 1)
     if isinstance(record, int):
         return record
     _report(args, record, state, admin_key, demo_key)
     if args.detach:
         return 0
     return _wait_then_down(args, record, state)
+
+
+def _prepare_shared_state(state: Path) -> str | None:
+    """Refuse an unsafe layout, then migrate every store's schema; the problem, or None."""
+    from switchyard.db.engine import database_errors
+    from switchyard.db.location import UnsafeLayout, check_layout
+    from switchyard.db.migrations import SchemaError
+    from switchyard.db.schemas import migrate_stores
+
+    try:
+        check_layout(state, hosts=1)  # the cluster's other hosts: checked when attaching, and by each replica
+        migrate_stores(state)
+    except UnsafeLayout as exc:
+        return f"refusing to start: {exc}"
+    except (ValueError, SchemaError, *database_errors()) as exc:  # type: ignore[misc]  # a starred tuple
+        return f"cannot prepare the shared state: {exc}"
+    return None
 
 
 def _start_local(args: argparse.Namespace, state: Path, policies: Path) -> PlatformRecord | int:
@@ -149,9 +173,12 @@ def _attach(args: argparse.Namespace, state: Path, policies: Path) -> PlatformRe
     import ray
 
     from switchyard.cluster.deploy import deploy_gateway, start_scheduler
+    from switchyard.cluster.placement import cluster_hosts
     from switchyard.cluster.record import NAMESPACE, write_record
+    from switchyard.db.location import check_layout
 
     context = ray.init(address=args.address, namespace=NAMESPACE)
+    check_layout(state, cluster_hosts())  # UnsafeLayout: reported by `run`
     dashboard_url = f"http://{context.dashboard_url}" if context.dashboard_url else None
     ray.get(start_scheduler(policies, state, dashboard_url).ping.remote(), timeout=60)
     gateway_url = deploy_gateway(policies, state, args.gateway_port, local_model_gpus=args.local_model_gpus)

@@ -15,6 +15,8 @@ from typing import Any
 import ray
 from ray import serve
 
+from switchyard.cluster.placement import on_head
+from switchyard.cluster.policy_publisher import find_publisher, policy_publisher
 from switchyard.cluster.record import GATEWAY_APP, NAMESPACE, SCHEDULER_ACTOR
 from switchyard.cluster.scheduler_actor import SchedulerActor
 from switchyard.cluster.serve_configs import PLATFORM_APPS, max_replicas
@@ -40,6 +42,7 @@ def start_scheduler(policies_dir: Path, state_dir: Path, dashboard_url: str | No
         num_cpus=0,  # it decides; it does not compute
         max_restarts=-1,  # restarted by Ray; it recovers its queues from SQLite
         max_task_retries=3,
+        **on_head(),  # its journal is on the head's disk
     ).remote(str(policies_dir), str(state_dir), dashboard_url)
 
 
@@ -65,6 +68,8 @@ def deploy_gateway(
     with, so on a cluster where Serve already runs the app is reached at that port. With
     `local_model_gpus`, the local model's replicas take that many GPUs each, in the inference
     pool (the deployment waits until the scheduler has GPUs for its first replica)."""
+    # Replicas serve the set the head publishes; its policy files load, or no gateway deploys.
+    ray.get(policy_publisher(policies_dir, state_dir).status.remote(), timeout=60)
     serve.start(http_options={"host": "127.0.0.1", "port": port})
     from ray.serve.context import _get_global_client
 
@@ -75,8 +80,9 @@ def deploy_gateway(
     return f"http://127.0.0.1:{port}"
 
 
-def undeploy(shutdown_serve: bool) -> None:
-    """Remove the gateway app and the scheduler actor; Serve itself only if we started it."""
+def undeploy(shutdown_serve: bool, policies_dir: Path, state_dir: Path) -> None:
+    """Remove the gateway app, the scheduler and the policy publisher; Serve itself only if we
+    started it."""
     try:
         serve.delete(GATEWAY_APP)
     except Exception as exc:  # noqa: BLE001 - Serve raises several types; we report and go on
@@ -87,3 +93,7 @@ def undeploy(shutdown_serve: bool) -> None:
         ray.kill(ray.get_actor(SCHEDULER_ACTOR, namespace=NAMESPACE), no_restart=True)
     except ValueError:
         log.info("no scheduler actor to stop")
+    try:
+        ray.kill(find_publisher(policies_dir, state_dir), no_restart=True)
+    except ValueError:
+        log.info("no policy publisher to stop")

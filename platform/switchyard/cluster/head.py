@@ -98,7 +98,7 @@ def run_head(state_dir: Path, policies_dir: Path, gpus: int, cpus: int, demo: bo
     finally:
         log.info("stopping: removing the gateway and scheduler, shutting Ray down")
         try:
-            undeploy(shutdown_serve=True)
+            undeploy(shutdown_serve=True, policies_dir=policies_dir, state_dir=state_dir)
         finally:
             ray.shutdown()
             clear_record(state_dir)

@@ -33,11 +33,12 @@ from switchyard.budgets.ledger import BudgetLedger, Charge, HoldRequest, LineSta
 from switchyard.budgets.money import nanos_to_usd
 from switchyard.budgets.ratelimit import PermitDemand
 from switchyard.budgets.service import Admission, LedgerService
+from switchyard.cluster.placement import on_head
 from switchyard.db.engine import open_database
 from switchyard.db.location import ledger_url
 from switchyard.gateway.seams import BudgetUnavailable
 from switchyard.policy.layering import longest_deadline_s
-from switchyard.policy.store import PolicyStore
+from switchyard.policy.store import PolicySource
 
 log = logging.getLogger(__name__)
 
@@ -111,7 +112,7 @@ def ledger_actor(url: str, name: str | None = None, detached: bool = True) -> An
     is bound to the ledger's URL, so two platforms on one cluster never share a ledger by mistake."""
     if name is None:
         name = f"{LEDGER_ACTOR}-{hashlib.sha256(url.encode()).hexdigest()[:10]}"
-    options: dict[str, Any] = {"name": name, "get_if_exists": True}
+    options: dict[str, Any] = {"name": name, "get_if_exists": True, **on_head()}  # SQLite: the head's disk
     if detached:
         options["lifetime"] = "detached"  # outlives the process that created it (the first replica)
     return LedgerActor.options(**options).remote(url)  # type: ignore[attr-defined]
@@ -158,7 +159,7 @@ class ActorLedgerClient:
 
 
 def gateway_budget_gate(
-    policies: PolicyStore, state_dir: str, pseudonym: Callable[[str, str], str] | None = None
+    policies: PolicySource, state_dir: str | Path, pseudonym: Callable[[str, str], str] | None = None
 ) -> LeasedBudgetGate:
     """The budget gate of one gateway replica: leases from the shared ledger actor.
 
@@ -193,5 +194,5 @@ class ActorSpendSource:
         return result
 
 
-def gateway_spend_source(state_dir: str) -> ActorSpendSource:
+def gateway_spend_source(state_dir: str | Path) -> ActorSpendSource:
     return ActorSpendSource(ledger_actor(ledger_url(Path(state_dir))))

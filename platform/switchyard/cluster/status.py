@@ -16,6 +16,7 @@ import ray
 from ray import serve
 from ray.util.state import list_actors
 
+from switchyard.cluster.policy_publisher import find_publisher
 from switchyard.cluster.record import NAMESPACE, SCHEDULER_ACTOR, PlatformRecord
 
 log = logging.getLogger(__name__)
@@ -76,6 +77,16 @@ def scheduler_status() -> dict[str, Any]:
     return result
 
 
+def policy_publication(record: PlatformRecord) -> dict[str, Any]:
+    """The head's published policy set and the one every gateway replica serves."""
+    try:
+        publisher = find_publisher(record.policies_dir, record.state_dir)
+    except ValueError:
+        return {"error": "the policy publisher is not running"}
+    result: dict[str, Any] = ray.get(publisher.status.remote(), timeout=30)
+    return result
+
+
 def gateway_health(url: str, api_key: str | None) -> dict[str, Any]:
     """The gateway's health detail (policy state, circuits), which needs an operator key."""
     if not api_key:
@@ -102,4 +113,5 @@ def collect(record: PlatformRecord, api_key: str | None = None) -> dict[str, Any
         "serve": serve_apps(),
         "scheduler": scheduler_status(),
         "gateway": gateway_health(record.gateway_url, api_key),
+        "policy": policy_publication(record),
     }

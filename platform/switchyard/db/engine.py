@@ -68,6 +68,14 @@ class Database(Protocol):
     def close(self) -> None: ...
 
 
+def database_errors() -> tuple[type[Exception], ...]:
+    """What a store's database raises when it cannot answer (locked, unreachable, refused):
+    sqlite3's and psycopg's base errors (psycopg imported only when asked)."""
+    import psycopg
+
+    return (sqlite3.Error, psycopg.Error)
+
+
 def ddl(db: Database, text: str) -> str:
     """A schema statement for `db`'s dialect (`{blob}` is the byte-string column type)."""
     return text.replace("{blob}", _BLOB[db.dialect])
@@ -140,7 +148,8 @@ class _PostgresTx:
         self._conn = conn
 
     def execute(self, sql: str, params: Sequence[Any] = ()) -> Result:
-        cur = self._conn.execute(sql.replace("?", "%s"), tuple(params))
+        # No parameters: none are bound, so a literal `%` (LIKE '%x') is not read as a placeholder.
+        cur = self._conn.execute(sql.replace("?", "%s"), tuple(params) or None)
         rows = cur.fetchall() if cur.description is not None else []
         return Result(rows, cur.rowcount)
 

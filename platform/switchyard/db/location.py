@@ -82,6 +82,10 @@ def open_store(state: Path, store: Store, env: Mapping[str, str] | None = None) 
     return open_database(store_url(state, store, env), secure_delete=store is Store.SUBJECT_KEYS)
 
 
+def redacted_store_url(state: Path, store: Store, env: Mapping[str, str] | None = None) -> str:
+    return redacted(store_url(state, store, env))
+
+
 def ledger_url(state: Path, explicit: str | None = None) -> str:
     """`explicit`, else `$SWITCHYARD_LEDGER_URL`, else the shared URL, else `ledger.db` here."""
     return explicit or store_url(state, Store.LEDGER)
@@ -151,3 +155,15 @@ def state_identity(state: Path, env: Mapping[str, str] | None = None) -> str:
     if url is not None:
         return "shared:" + redacted(url)
     return f"sqlite:{host_identity()}:{Path(state).resolve()}"
+
+
+def require_same_state(head: str, state: Path, env: Mapping[str, str] | None = None) -> None:
+    """Refuse to run a gateway replica whose shared state is not the head's (`head` is the
+    head's `state_identity`): its keys, audit and idempotent answers would be another copy."""
+    mine = state_identity(state, env)
+    if mine != head:
+        raise UnsafeLayout(
+            f"this node's shared state is {mine}, the head's is {head}: SQLite state is local to one host"
+            f" and one state directory, so replicas elsewhere cannot share it. Set"
+            f" {DATABASE_URL_ENV}=postgresql://... on every node (docs/deploy.md, multi-node)"
+        )

@@ -1,8 +1,8 @@
 """Who is calling: the bearer key checked against an in-memory snapshot of the key hashes.
 
 The snapshot (`KeyStore.verifier()`) is replaced when the key database changes (the app
-polls `KeyStore.mtime()` in the background), so no request reads SQLite. Expiry is checked
-against the clock at each request, since a key expiring does not change the database.
+polls `KeyStore.version()` in the background), so no request reads the database. Expiry is
+checked against the clock at each request, since a key expiring does not change the database.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from switchyard.policy.roles import Action, allowed
 class KeySnapshot:
     def __init__(self, verifier: KeyVerifier, version: float = 0.0) -> None:
         self.verifier = verifier
-        self.version = version  # the key store's mtime the snapshot was taken at
+        self.version = version  # the key store's `version()` the snapshot was taken at
 
     def replace(self, verifier: KeyVerifier, version: float) -> None:
         self.verifier = verifier

@@ -2,7 +2,9 @@
 
 The store is a seam: `InMemoryIdempotencyStore` serves one process (tests, benchmarks); the
 cluster adapter (`switchyard.cluster.gateway_idempotency`) puts the same logic in a named,
-detached actor so every replica shares it and it outlives a replica restart.
+detached actor so every replica shares it and it outlives a replica restart; the SQL store
+(`switchyard.gateway.idempotency_sql`) keeps it in the shared database, so it outlives every
+process. All of them apply the same decisions (`decide_claim`, `after_complete`, ...).
 
 Protocol: `claim` returns a `Claim` saying what to do. `owner` means "make the call, then
 `complete` or `abandon`"; `replay` carries the stored response; `conflict` means the key was
@@ -22,7 +24,7 @@ import hashlib
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal, Protocol
 
 log = logging.getLogger(__name__)
@@ -68,12 +70,60 @@ def body_fingerprint(flow: str, raw_body: bytes) -> str:
     return hashlib.sha256(flow.encode() + b"\0" + raw_body).hexdigest()
 
 
-@dataclass
-class _Entry:
+@dataclass(frozen=True)
+class IdempotencyEntry:
+    """What is stored under one (scope, key): a claim, and once its owner is done, the answer."""
+
     body_hash: str
-    expires_at: float
+    claimed_at: float
+    expires_at: float  # kept at least until then; dropped by the next sweep after
     response: StoredResponse | None = None  # None while the owner is still working
-    claimed_at: float = 0.0
+
+
+# The decisions, as pure functions over one entry: every store (the in-memory table, the SQL
+# store) applies these, so they cannot drift. Each returns the entry to keep: the same object
+# (no change), a new one (write it) or None (delete it).
+
+
+def decide_claim(
+    entry: IdempotencyEntry | None, body_hash: str, now: float, ttl_s: float, claim_timeout_s: float
+) -> tuple[Claim, IdempotencyEntry | None]:
+    if entry is None or (entry.response is None and now - entry.claimed_at > claim_timeout_s):
+        return Claim("owner"), IdempotencyEntry(body_hash, now, now + ttl_s)
+    if entry.body_hash != body_hash:
+        return Claim("conflict"), entry
+    if entry.response is None:
+        return Claim("wait"), entry
+    return Claim("replay", entry.response), entry
+
+
+def after_complete(
+    entry: IdempotencyEntry | None, response: StoredResponse, now: float, ttl_s: float, erased_until: float
+) -> IdempotencyEntry | None:
+    """`erased_until`: when the erasure marker of the response's subject lapses (0: none)."""
+    if entry is None:
+        return None
+    if response.subject is not None and erased_until > now:
+        return None  # in flight during an erasure: a retry runs again
+    return replace(entry, response=response, expires_at=now + ttl_s)
+
+
+def after_abandon(entry: IdempotencyEntry | None) -> IdempotencyEntry | None:
+    return None if entry is not None and entry.response is None else entry
+
+
+def erased_by(entry: IdempotencyEntry, subject: str) -> bool:
+    """Whether purging `subject` deletes `entry` (a stored answer of that subject)."""
+    return entry.response is not None and entry.response.subject == subject
+
+
+def erasure_until(now: float, ttl_s: float) -> float:
+    """A purge's marker lasts one TTL: longer than any claim in flight during it can live."""
+    return now + ttl_s
+
+
+def is_expired(expires_at: float, now: float) -> bool:
+    return expires_at <= now
 
 
 class IdempotencyTable:
@@ -85,57 +135,44 @@ class IdempotencyTable:
         self.ttl_s = ttl_s
         self.claim_timeout_s = claim_timeout_s  # a crashed owner's claim lapses after this
         self._clock = clock
-        self._entries: dict[tuple[str, str], _Entry] = {}
+        self._entries: dict[tuple[str, str], IdempotencyEntry] = {}
         self._erased: dict[tuple[str, str], float] = {}  # (scope, pseudonym) -> marker expiry
 
     def claim(self, scope: str, key: str, body_hash: str) -> Claim:
         now = self._clock()
         self._expire(now)
-        entry = self._entries.get((scope, key))
-        if entry is None or (entry.response is None and now - entry.claimed_at > self.claim_timeout_s):
-            self._entries[(scope, key)] = _Entry(body_hash, now + self.ttl_s, None, now)
-            return Claim("owner")
-        if entry.body_hash != body_hash:
-            return Claim("conflict")
-        if entry.response is None:
-            return Claim("wait")
-        return Claim("replay", entry.response)
+        claim, kept = decide_claim(self._entries.get((scope, key)), body_hash, now, self.ttl_s, self.claim_timeout_s)
+        self._keep((scope, key), kept)
+        return claim
 
     def complete(self, scope: str, key: str, response: StoredResponse) -> None:
-        entry = self._entries.get((scope, key))
-        if entry is None:
-            return
         now = self._clock()
-        if response.subject is not None and self._erased.get((scope, response.subject), 0.0) > now:
-            del self._entries[(scope, key)]  # in flight during an erasure: a retry runs again
-            return
-        entry.response = response
-        entry.expires_at = now + self.ttl_s
+        until = 0.0 if response.subject is None else self._erased.get((scope, response.subject), 0.0)
+        self._keep((scope, key), after_complete(self._entries.get((scope, key)), response, now, self.ttl_s, until))
 
     def purge_subject(self, scope: str, subject: str) -> int:
-        now = self._clock()
-        self._erased[(scope, subject)] = now + self.ttl_s
-        doomed = [
-            k
-            for k, e in self._entries.items()
-            if k[0] == scope and e.response is not None and e.response.subject == subject
-        ]
+        self._erased[(scope, subject)] = erasure_until(self._clock(), self.ttl_s)
+        doomed = [k for k, e in self._entries.items() if k[0] == scope and erased_by(e, subject)]
         for k in doomed:
             del self._entries[k]
         return len(doomed)
 
     def abandon(self, scope: str, key: str) -> None:
-        entry = self._entries.get((scope, key))
-        if entry is not None and entry.response is None:
-            del self._entries[(scope, key)]
+        self._keep((scope, key), after_abandon(self._entries.get((scope, key))))
+
+    def _keep(self, where: tuple[str, str], entry: IdempotencyEntry | None) -> None:
+        if entry is None:
+            self._entries.pop(where, None)
+        else:
+            self._entries[where] = entry
 
     def _expire(self, now: float) -> None:
         # Amortised: drop expired entries only once the table has grown.
         if len(self._entries) < 1024:
             return
-        for k in [k for k, e in self._entries.items() if e.expires_at <= now]:
+        for k in [k for k, e in self._entries.items() if is_expired(e.expires_at, now)]:
             del self._entries[k]
-        for marker in [m for m, until in self._erased.items() if until <= now]:
+        for marker in [m for m, until in self._erased.items() if is_expired(until, now)]:
             del self._erased[marker]
 
     def __len__(self) -> int:

@@ -2,31 +2,31 @@
 
 Policies are re-read every `refresh_s` (never per request; an invalid change is rejected by
 `PolicyStore` and the last valid set stays). The key snapshot is replaced when the key
-database's mtime changes. A failure of either is logged, counted and shown as degraded in
-the health detail; it never stops the loop.
+store's version (the head of its event chain) changes. A failure of either is logged, counted
+and shown as degraded in the health detail; it never stops the loop.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import sqlite3
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from switchyard.db.engine import database_errors
 from switchyard.gateway.auth import KeySnapshot
 from switchyard.policy.keys import KeyStore
-from switchyard.policy.store import PolicyStore
+from switchyard.policy.store import PolicySource, PolicyStore
 
 log = logging.getLogger(__name__)
 
 
 @dataclass
 class Sources:
-    policies: PolicyStore
+    policies: PolicySource  # files (one host, tests) or the head's published set (a Serve replica)
     keys: KeyStore
 
     @classmethod
@@ -35,7 +35,10 @@ class Sources:
         return cls(PolicyStore(Path(policies_dir), state), KeyStore.in_state_dir(state))
 
     def key_snapshot(self) -> KeySnapshot:
-        return KeySnapshot(self.keys.verifier(), self.keys.mtime())
+        # The version first: a change landing between the two reads is then seen as new by the
+        # next refresh, never hidden under a version the snapshot does not reflect.
+        version = self.keys.version()
+        return KeySnapshot(self.keys.verifier(), version)
 
 
 class Refresher:
@@ -62,13 +65,13 @@ class Refresher:
 
     def refresh_keys(self) -> None:
         try:
-            mtime = self.sources.keys.mtime()
-            if mtime != self.snapshot.version:
-                self.snapshot.replace(self.sources.keys.verifier(), mtime)
+            version = self.sources.keys.version()  # read before the keys: as in `key_snapshot`
+            if version != self.snapshot.version:
+                self.snapshot.replace(self.sources.keys.verifier(), version)
                 log.info("key snapshot refreshed (%d keys)", len(self.snapshot.verifier.entries))
         except Exception as exc:
             # The snapshot in force stays; revocations wait for the next successful read.
-            expected = isinstance(exc, OSError | sqlite3.Error)
+            expected = isinstance(exc, (OSError, *database_errors()))  # not a bug: no traceback
             log.error("key refresh failed, keeping the key snapshot in force: %s", exc, exc_info=not expected)
             self.keys_error = f"{type(exc).__name__}: {exc}"
             self.observe("keys", False)
@@ -91,7 +94,7 @@ class Refresher:
         while True:
             await asyncio.sleep(self.refresh_s)
             started = time.monotonic()
-            # File hashing and SQLite reads block: keep them off the event loop.
+            # File hashing and database reads block: keep them off the event loop.
             for step in (self.refresh_keys, self.refresh_policies):
                 try:
                     await asyncio.to_thread(step)

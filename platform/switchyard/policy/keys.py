@@ -1,4 +1,4 @@
-"""API keys: shown once, stored only as hashes, in the state directory (never in git).
+"""API keys: shown once, stored only as hashes, in the keys database (never in git).
 
 A key looks like `sy_<key id>_<secret>`. The key id finds the row in O(1); the secret is
 checked against its SHA-256 with a constant-time compare. A plain hash (not a slow KDF) is
@@ -6,9 +6,14 @@ enough because the secret is 256 random bits, not a password a person chose, and
 gateway verifies a key on every request.
 
 A key may expire (`expires_at`); an expired key is refused like a revoked one, checked at the
-time of each verification. Every create, rotate and revoke is written, in the same SQLite
+time of each verification. Every create, rotate and revoke is written, in the same
 transaction as the change itself, to `key_events`: an append-only hash chain (the audit
 log's, `switchyard.audit.chain`) of who did what to which key, never a secret.
+
+The database is `<state>/keys.db` (SQLite) or the cluster's shared Postgres
+(`switchyard.db.location`). Key changes are serialised across processes on both backends, so
+the chain never forks, and its head's seq is the store's `version()`: what the gateway polls
+to know its in-memory snapshot is stale.
 """
 
 from __future__ import annotations
@@ -17,16 +22,18 @@ import hashlib
 import hmac
 import json
 import secrets
-import sqlite3
 import time
 from collections.abc import Callable, Iterator
-from contextlib import closing, contextmanager
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import TracebackType
 from typing import Any, Literal, NamedTuple
 
-from switchyard import sqlite_db
 from switchyard.audit.chain import GENESIS, ChainRow, Finding, link_hash, verify_rows
+from switchyard.db.engine import Database, Transaction
+from switchyard.db.location import Store, open_store
+from switchyard.db.migrations import Migration, Schema, prepare
 from switchyard.policy.models import Role
 
 KEY_PREFIX = "sy"
@@ -100,26 +107,45 @@ def parse_key(key: str) -> tuple[str, str] | None:
     return parts[1], parts[2]
 
 
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS api_keys (
+# Timestamps are DOUBLE PRECISION: Postgres REAL is float4, which rounds a time of today to 128 s.
+_API_KEYS = """CREATE TABLE IF NOT EXISTS api_keys (
     key_id      TEXT PRIMARY KEY,
     team        TEXT NOT NULL,
     role        TEXT NOT NULL,
     secret_hash TEXT NOT NULL,
-    created_at  REAL NOT NULL,
-    revoked_at  REAL,
+    created_at  DOUBLE PRECISION NOT NULL,
+    revoked_at  DOUBLE PRECISION,
     note        TEXT NOT NULL DEFAULT '',
-    expires_at  REAL
-);
-CREATE TABLE IF NOT EXISTS key_events (
-    seq       INTEGER PRIMARY KEY AUTOINCREMENT,
+    expires_at  DOUBLE PRECISION
+)"""
+_KEY_EVENTS = """CREATE TABLE IF NOT EXISTS key_events (
+    seq       {seq},
     team      TEXT NOT NULL,
-    time      REAL NOT NULL,
+    time      DOUBLE PRECISION NOT NULL,
     payload   TEXT NOT NULL,
     prev_hash TEXT NOT NULL,
     hash      TEXT NOT NULL
-);
-"""
+)"""
+# Every event's seq is written explicitly (the head's + 1): a Postgres identity would leave a
+# gap at each rolled-back append, which the chain check reads as a deleted event. SQLite keeps
+# the AUTOINCREMENT its existing files were made with; an explicit seq satisfies it.
+_SEQ_COLUMN = {"sqlite": "INTEGER PRIMARY KEY AUTOINCREMENT", "postgres": "BIGINT PRIMARY KEY"}
+_CHANGES_LOCK = "key_events"  # held by every key change: the check, the change and its event are one step
+
+
+def _create_key_events(tx: Transaction, db: Database) -> None:
+    tx.execute(_KEY_EVENTS.replace("{seq}", _SEQ_COLUMN[db.dialect]))
+
+
+def _add_expires_at(tx: Transaction, db: Database) -> None:
+    """SQLite files made before keys could expire lack `expires_at` (no Postgres ever did)."""
+    if db.dialect != "sqlite":
+        return
+    if "expires_at" not in {row[1] for row in tx.execute("PRAGMA table_info(api_keys)").rows}:
+        tx.execute("ALTER TABLE api_keys ADD COLUMN expires_at REAL")
+
+
+SCHEMA = Schema("keys", (Migration(1, (_API_KEYS, _create_key_events, _add_expires_at)),))
 _COLUMNS = "key_id, team, role, created_at, revoked_at, note, expires_at"
 
 
@@ -129,48 +155,44 @@ def _record(row: tuple[Any, ...]) -> KeyRecord:
 
 
 class KeyStore:
-    """The key table in `<state>/keys.db`. Safe to open from several processes (SQLite WAL).
+    """The key table and its event chain in one `Database`, which the store owns (`close()`).
 
-    `clock` stamps creation, revocation and events and decides expiry; tests inject one."""
+    Safe to use from several processes on either backend: every change is one transaction that
+    first takes the changes' lock (SQLite's write transaction already is one), so two admins
+    rotating the same key cannot both succeed. `clock` stamps creation, revocation and events
+    and decides expiry; tests inject one."""
 
-    def __init__(self, path: Path, clock: Clock = time.time) -> None:
-        self.path = path
+    def __init__(self, db: Database, clock: Clock = time.time) -> None:
+        self.db = db
         self.clock = clock
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with self._db() as db:
-            db.executescript(_SCHEMA)
-        self._migrate()
-        path.chmod(0o600)
+        prepare(db, SCHEMA)
 
     @classmethod
     def in_state_dir(cls, state: Path, clock: Clock = time.time) -> KeyStore:
-        return cls(state / "keys.db", clock)
+        """`<state>/keys.db`, or the shared database where `$SWITCHYARD_DATABASE_URL` names one."""
+        db = open_store(state, Store.KEYS)
+        try:
+            return cls(db, clock)
+        except BaseException:
+            db.close()  # a schema refused at open must not leak the connection
+            raise
+
+    def close(self) -> None:
+        self.db.close()
+
+    def __enter__(self) -> KeyStore:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        self.close()
 
     @contextmanager
-    def _db(self) -> Iterator[sqlite3.Connection]:
-        with closing(sqlite_db.connect(self.path)) as db, db:
-            yield db
-
-    @contextmanager
-    def _write(self) -> Iterator[sqlite3.Connection]:
-        """One write transaction, taken up front: reading the chain head and appending to it
-        must not interleave with another process doing the same."""
-        with self._db() as db:
-            db.execute("BEGIN IMMEDIATE")
-            yield db
-
-    def _migrate(self) -> None:
-        """Databases made before keys could expire lack `expires_at`; add it (once, under the lock)."""
-
-        def missing(db: sqlite3.Connection) -> bool:
-            return "expires_at" not in {r[1] for r in db.execute("PRAGMA table_info(api_keys)")}
-
-        with self._db() as db:
-            if not missing(db):
-                return
-        with self._write() as db:
-            if missing(db):
-                db.execute("ALTER TABLE api_keys ADD COLUMN expires_at REAL")
+    def _change(self) -> Iterator[Transaction]:
+        """One key change, serialised with every other: reading the key, changing it and
+        appending to the chain's head must not interleave with another process doing the same."""
+        with self.db.transaction() as tx:
+            tx.lock(_CHANGES_LOCK)
+            yield tx
 
     # ------------------------------------------------------------ changes (each one an event)
 
@@ -184,9 +206,9 @@ class KeyStore:
         by: Principal | None = None,
     ) -> tuple[str, KeyRecord]:
         """Create a key. The returned secret is never stored and cannot be shown again."""
-        with self._write() as db:
-            key, record = self._insert(db, team, role, note, expires_at)
-            self._event(db, "create", record, by, expires_at=expires_at)
+        with self._change() as tx:
+            key, record = self._insert(tx, team, role, note, expires_at)
+            self._event(tx, "create", record, by, expires_at=expires_at)
         return key, record
 
     def rotate(
@@ -195,37 +217,34 @@ class KeyStore:
         """Issue a new key with the same team and role and revoke the old one, in one transaction.
 
         The old key's expiry is not carried over: the new key expires at `expires_at` (None: never)."""
-        with self._write() as db:
-            old = self._active(db, key_id)
-            key, record = self._insert(db, old.team, old.role, f"rotated from {key_id}", expires_at)
-            db.execute("UPDATE api_keys SET revoked_at = ? WHERE key_id = ?", (record.created_at, key_id))
-            self._event(db, "rotate", old, by, new_key_id=record.key_id, expires_at=expires_at)
+        with self._change() as tx:
+            old = self._active(tx, key_id)
+            key, record = self._insert(tx, old.team, old.role, f"rotated from {key_id}", expires_at)
+            tx.execute("UPDATE api_keys SET revoked_at = ? WHERE key_id = ?", (record.created_at, key_id))
+            self._event(tx, "rotate", old, by, new_key_id=record.key_id, expires_at=expires_at)
         return key, record
 
     def revoke(self, key_id: str, *, by: Principal | None = None) -> KeyRecord:
-        with self._write() as db:
-            old = self._active(db, key_id)
-            db.execute("UPDATE api_keys SET revoked_at = ? WHERE key_id = ?", (self.clock(), key_id))
-            self._event(db, "revoke", old, by)
-        record = self.get(key_id)
-        assert record is not None
-        return record
+        with self._change() as tx:
+            old = self._active(tx, key_id)
+            revoked_at = self.clock()
+            tx.execute("UPDATE api_keys SET revoked_at = ? WHERE key_id = ?", (revoked_at, key_id))
+            self._event(tx, "revoke", old, by)
+        return KeyRecord(old.key_id, old.team, old.role, old.created_at, revoked_at, old.note, old.expires_at)
 
-    def _active(self, db: sqlite3.Connection, key_id: str) -> KeyRecord:
-        row = db.execute(
-            f"SELECT {_COLUMNS} FROM api_keys WHERE key_id = ? AND revoked_at IS NULL", (key_id,)
-        ).fetchone()
+    def _active(self, tx: Transaction, key_id: str) -> KeyRecord:
+        row = tx.execute(f"SELECT {_COLUMNS} FROM api_keys WHERE key_id = ? AND revoked_at IS NULL", (key_id,)).one()
         if row is None:
             raise UnknownKeyError(f"no active key with id {key_id!r}")
         return _record(row)
 
     def _insert(
-        self, db: sqlite3.Connection, team: str, role: Role, note: str, expires_at: float | None
+        self, tx: Transaction, team: str, role: Role, note: str, expires_at: float | None
     ) -> tuple[str, KeyRecord]:
         key_id = secrets.token_hex(6)
         secret = secrets.token_urlsafe(32)
         now = self.clock()
-        db.execute(
+        tx.execute(
             f"INSERT INTO api_keys ({_COLUMNS}, secret_hash) VALUES (?, ?, ?, ?, NULL, ?, ?, ?)",
             (key_id, team, role.value, now, note, expires_at, _hash(secret)),
         )
@@ -233,7 +252,7 @@ class KeyStore:
 
     def _event(
         self,
-        db: sqlite3.Connection,
+        tx: Transaction,
         action: KeyAction,
         target: KeyRecord,
         by: Principal | None,
@@ -241,8 +260,8 @@ class KeyStore:
         new_key_id: str | None = None,
         expires_at: float | None = None,
     ) -> None:
-        row = db.execute("SELECT hash FROM key_events ORDER BY seq DESC LIMIT 1").fetchone()
-        prev = row[0] if row else GENESIS
+        head = tx.execute("SELECT seq, hash FROM key_events ORDER BY seq DESC LIMIT 1").one()
+        seq, prev = (1, GENESIS) if head is None else (int(head[0]) + 1, str(head[1]))
         now = self.clock()
         payload = json.dumps(
             {
@@ -259,9 +278,9 @@ class KeyStore:
             sort_keys=True,
             separators=(",", ":"),
         )
-        db.execute(
-            "INSERT INTO key_events (team, time, payload, prev_hash, hash) VALUES (?, ?, ?, ?, ?)",
-            (target.team, now, payload, prev, link_hash(prev, payload)),
+        tx.execute(
+            "INSERT INTO key_events (seq, team, time, payload, prev_hash, hash) VALUES (?, ?, ?, ?, ?, ?)",
+            (seq, target.team, now, payload, prev, link_hash(prev, payload)),
         )
 
     # ------------------------------------------------------------ reading
@@ -271,8 +290,8 @@ class KeyStore:
         args: tuple[str, ...] = ()
         if team is not None:
             sql, args = sql + " WHERE team = ?", (team,)
-        with self._db() as db:
-            rows = db.execute(sql + " ORDER BY seq", args).fetchall()
+        with self.db.read() as tx:
+            rows = tx.execute(sql + " ORDER BY seq", args).rows
         out = []
         for seq, payload, digest in rows:
             p = json.loads(payload)
@@ -295,13 +314,14 @@ class KeyStore:
 
     def verify_events(self) -> list[Finding]:
         """Check the key-event chain; an empty list means no event was edited, removed or moved."""
-        with self._db() as db:
-            rows = db.execute("SELECT seq, payload, prev_hash, hash FROM key_events ORDER BY seq").fetchall()
+        with self.db.read() as tx:
+            rows = tx.execute("SELECT seq, payload, prev_hash, hash FROM key_events ORDER BY seq").rows
         return verify_rows(ChainRow(*r) for r in rows)
 
     def list(self, team: str | None = None, include_revoked: bool = False) -> list[KeyRecord]:
         sql = f"SELECT {_COLUMNS} FROM api_keys"
-        where, args = [], []
+        where: list[str] = []
+        args: list[str] = []
         if team is not None:
             where.append("team = ?")
             args.append(team)
@@ -309,13 +329,13 @@ class KeyStore:
             where.append("revoked_at IS NULL")
         if where:
             sql += " WHERE " + " AND ".join(where)
-        with self._db() as db:
-            rows = db.execute(sql + " ORDER BY created_at", args).fetchall()
+        with self.db.read() as tx:
+            rows = tx.execute(sql + " ORDER BY created_at", args).rows
         return [_record(r) for r in rows]
 
     def get(self, key_id: str) -> KeyRecord | None:
-        with self._db() as db:
-            r = db.execute(f"SELECT {_COLUMNS} FROM api_keys WHERE key_id = ?", (key_id,)).fetchone()
+        with self.db.read() as tx:
+            r = tx.execute(f"SELECT {_COLUMNS} FROM api_keys WHERE key_id = ?", (key_id,)).one()
         return None if r is None else _record(r)
 
     def verify(self, key: str) -> Principal | None:
@@ -324,27 +344,32 @@ class KeyStore:
         if parsed is None:
             return None
         key_id, secret = parsed
-        with self._db() as db:
-            row = db.execute(
+        with self.db.read() as tx:
+            row = tx.execute(
                 "SELECT team, role, secret_hash, expires_at FROM api_keys WHERE key_id = ? AND revoked_at IS NULL",
                 (key_id,),
-            ).fetchone()
+            ).one()
         if row is None or not hmac.compare_digest(row[2], _hash(secret)) or _expired(row[3], self.clock()):
             return None
         return Principal(key_id, row[0], Role(row[1]))
 
     def verifier(self) -> KeyVerifier:
-        """An in-memory snapshot for the request hot path (no SQLite read per request)."""
-        with self._db() as db:
-            rows = db.execute(
+        """An in-memory snapshot for the request hot path (no database read per request)."""
+        with self.db.read() as tx:
+            rows = tx.execute(
                 "SELECT key_id, team, role, secret_hash, expires_at FROM api_keys WHERE revoked_at IS NULL"
-            ).fetchall()
+            ).rows
         return KeyVerifier({r[0]: KeyEntry(r[1], Role(r[2]), r[3], r[4]) for r in rows}, self.clock)
 
-    def mtime(self) -> float:
-        """Changes whenever a key is created or revoked (WAL file included)."""
-        wal = self.path.with_name(self.path.name + "-wal")
-        return max(p.stat().st_mtime for p in (self.path, wal) if p.exists())
+    def version(self) -> int:
+        """Changes with every create, rotate and revoke, from any process: the event chain's
+        head seq (each change appends its event in the same transaction). 0: no change yet.
+
+        One indexed read, cheap enough to poll; unlike a file's mtime it means the same on
+        Postgres and cannot miss two writes inside the filesystem's timestamp granularity."""
+        with self.db.read() as tx:
+            row = tx.execute("SELECT MAX(seq) FROM key_events").one()
+        return 0 if row is None or row[0] is None else int(row[0])
 
 
 class KeyEntry(NamedTuple):

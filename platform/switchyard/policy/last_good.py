@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+from collections.abc import Mapping
 from pathlib import Path
 
 from switchyard.policy.policy_set import PolicySet
@@ -26,12 +27,18 @@ class LastGoodSet:
         self.directory = directory
 
     def save(self, policy_set: PolicySet) -> None:
-        name = policy_set.fingerprint[:24]
+        self.save_sources(policy_set.fingerprint, policy_set.sources)
+
+    def save_sources(self, fingerprint: str, sources: Mapping[str, bytes]) -> Path:
+        """Write a set's files under its fingerprint and make it CURRENT; returns its directory."""
+        name = fingerprint[:24]
         final = self.directory / name
         if not final.is_dir():
             tmp = self.directory / f".{name}.{os.getpid()}.tmp"
             shutil.rmtree(tmp, ignore_errors=True)
-            for rel, data in policy_set.sources.items():
+            for rel, data in sources.items():
+                if Path(rel).is_absolute() or ".." in Path(rel).parts:
+                    raise ValueError(f"policy file {rel!r} is not a path inside the policy directory")
                 target = tmp / rel
                 target.parent.mkdir(parents=True, exist_ok=True)
                 target.write_bytes(data)
@@ -43,6 +50,7 @@ class LastGoodSet:
         pointer.write_text(name + "\n")
         pointer.replace(self.directory / "CURRENT")  # atomic: a reader sees the old name or the new
         self._prune(keep={name})
+        return final
 
     def path(self) -> Path | None:
         """The directory of the last good set, or None if no set was ever saved here."""

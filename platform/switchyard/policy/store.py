@@ -13,7 +13,7 @@ import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from switchyard.policy.errors import PolicyError
 from switchyard.policy.last_good import LastGoodSet
@@ -54,6 +54,21 @@ class PolicyChange:
     git_commit: str | None
     files: dict[str, str]
     error: str | None = None
+
+
+class PolicySource(Protocol):
+    """The policy set a component serves and how it stands: a `PolicyStore` over files (one
+    host, the head), or a `PublishedPolicyStore` (a gateway replica on a cluster)."""
+
+    @property
+    def current(self) -> PolicySet: ...
+
+    @property
+    def degraded(self) -> bool: ...
+
+    def refresh(self) -> bool: ...
+
+    def status(self) -> dict[str, Any]: ...
 
 
 class PolicyStore:

@@ -1,0 +1,84 @@
+"""`switchyard db migrate|status` and `switchyard up`'s refusals, as an operator runs them: the
+CLI in its own process, on SQLite and on a real Postgres."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from switchyard.db.engine import open_database
+from switchyard.db.location import DATABASE_URL_ENV
+from switchyard.db.migrations import SchemaError
+from switchyard.policy.keys import KeyStore
+from switchyard.state import STATE_DIR_ENV
+from tests.shared_db import fresh_postgres, postgres_url
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _env(backend: str, state: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k != DATABASE_URL_ENV}
+    env[STATE_DIR_ENV] = str(state)
+    if backend == "postgres":
+        fresh_postgres().close()  # empty: nothing migrated yet
+        env[DATABASE_URL_ENV] = postgres_url()
+    return env
+
+
+def _switchyard(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "switchyard.cli", *args], capture_output=True, text=True, env=env, timeout=120, cwd=REPO
+    )
+
+
+def test_status_shows_a_fresh_database_behind_then_migrate_brings_every_store_up(backend: str, tmp_path: Path) -> None:
+    env = _env(backend, tmp_path / "state")
+    before = _switchyard(env, "db", "status", "--json")
+    assert before.returncode == 1, before.stderr
+    rows = json.loads(before.stdout)
+    assert {r["store"] for r in rows} == {"keys", "audit", "subject_keys", "idempotency", "ledger"}
+    assert {r["state"] for r in rows} == {"behind"}
+    assert all("postgres" in r["database"] if backend == "postgres" else "sqlite" in r["database"] for r in rows)
+    migrated = _switchyard(env, "db", "migrate", "--json")
+    assert migrated.returncode == 0, migrated.stderr
+    assert set(json.loads(migrated.stdout)["applied"].values()) == {1}
+    again = _switchyard(env, "db", "migrate")
+    assert again.returncode == 0 and again.stdout.count("up to date") == 5
+    after = _switchyard(env, "db", "status")
+    assert after.returncode == 0, after.stdout + after.stderr
+    assert after.stdout.count(" ok") == 5
+
+
+def test_a_database_ahead_of_the_code_is_refused_by_name(backend: str, tmp_path: Path) -> None:
+    env = _env(backend, tmp_path / "state")
+    assert _switchyard(env, "db", "migrate").returncode == 0
+    url = env.get(DATABASE_URL_ENV) or f"sqlite:///{tmp_path / 'state' / 'keys.db'}"
+    db = open_database(url)
+    with db.transaction() as tx:  # what a newer build's migration leaves behind
+        tx.execute("UPDATE schema_versions SET version = 7 WHERE component = 'keys'")
+    status = _switchyard(env, "db", "status")
+    assert status.returncode == 1 and "ahead" in status.stdout
+    with pytest.raises(SchemaError, match=r"keys schema .* is at version 7, newer than this code.s 1"):
+        KeyStore(db)
+    db.close()
+
+
+def test_a_gateway_replica_refuses_a_shared_database_nobody_migrated() -> None:
+    db = fresh_postgres()
+    with pytest.raises(SchemaError, match="run `switchyard db migrate`"):
+        KeyStore(db)
+    db.close()
+
+
+def test_up_refuses_a_sqlite_url_for_the_shared_state_before_starting_anything(tmp_path: Path) -> None:
+    env = {**os.environ, STATE_DIR_ENV: str(tmp_path / "state"), DATABASE_URL_ENV: f"sqlite:///{tmp_path}/all.db"}
+    up = _switchyard(env, "up", "--detach")
+    assert up.returncode == 1
+    assert f"{DATABASE_URL_ENV}=sqlite:///" in up.stderr and "expected postgresql://" in up.stderr
+    assert "Traceback" not in up.stderr
+    assert not (tmp_path / "state" / "up.json").exists()
