@@ -117,3 +117,40 @@ def test_signing_key_is_made_once(tmp_path: Path, ps: PolicySet) -> None:
     first = EvalSigner.in_state_dir(state).sign(record, "k1")
     assert EvalSigner.in_state_dir(state).sign(record, "k1").signature == first.signature
     assert [p.name for p in state.iterdir()] == ["eval_signing.key"]  # no temp file left behind
+
+
+def test_on_a_shared_database_every_node_checks_with_the_key_the_head_signed_with(
+    ps: PolicySet, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Regression: the key was a file in each node's state directory, so a record the head
+    signed counted for nothing on a replica elsewhere: a high-risk flow lost its fallback there."""
+    from switchyard.db.location import DATABASE_URL_ENV
+    from switchyard.db.schemas import store_schemas
+    from tests.shared_db import fresh_postgres, postgres_url
+
+    fresh_postgres(*store_schemas().values()).close()
+    monkeypatch.setenv(DATABASE_URL_ENV, postgres_url())
+    head, node = tmp_path / "head-state", tmp_path / "node-state"
+    signed = EvalSigner.in_state_dir(head).sign(valid_record(ps), signed_by="operator-key-id")
+    assert not (head / "eval_signing.key").exists()  # in the database, not on the head's disk
+    write_record(record_path(ps.root, "payments", "dispute-review", CANDIDATE), signed)
+    assert judge(EvalBook(EvalSigner.in_state_dir(node)), ps.root) == EvalVerdict(True, "eval_passed")
+    forged = signed.model_copy(update={"score": 0.99})
+    assert EvalSigner.in_state_dir(node).problem(forged) == "bad_eval_signature"
+
+
+def test_moving_to_a_shared_database_adopts_the_heads_key_file(
+    ps: PolicySet, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Records signed before the move keep counting: the head's key file becomes the shared key."""
+    from switchyard.db.location import DATABASE_URL_ENV
+    from switchyard.db.schemas import store_schemas
+    from tests.shared_db import fresh_postgres, postgres_url
+
+    head = tmp_path / "head-state"
+    before = EvalSigner.in_state_dir(head).sign(valid_record(ps), signed_by="operator-key-id")  # the file key
+    fresh_postgres(*store_schemas().values()).close()
+    monkeypatch.setenv(DATABASE_URL_ENV, postgres_url())
+    later = EvalSigner.in_state_dir(head).sign(valid_record(ps), signed_by="operator-key-id")
+    assert EvalSigner.in_state_dir(tmp_path / "node-state").problem(before) is None
+    assert EvalSigner.in_state_dir(tmp_path / "node-state").problem(later) is None

@@ -169,7 +169,7 @@ def test_bad_expires_is_a_clear_error(
 
 def test_old_key_database_gains_expires_at(tmp_path: Path) -> None:
     """A SQLite file from before keys could expire, and before schemas had versions, migrates
-    to version 1 when it opens."""
+    to the current version when it opens."""
     path = tmp_path / "keys.db"
     with sqlite3.connect(path) as db:  # the schema before keys could expire
         db.execute(
@@ -178,12 +178,12 @@ def test_old_key_database_gains_expires_at(tmp_path: Path) -> None:
         )
         db.execute("INSERT INTO api_keys VALUES ('abc', 'support', 'member', 'x', 1.0, NULL, '')")
     with KeyStore(SqliteDatabase(path)) as store:
-        assert stored_version(store.db, "keys") == SCHEMA.version == 1
+        assert stored_version(store.db, "keys") == SCHEMA.version == 2  # 2: platform secrets
         assert store.get("abc") is not None and store.get("abc").expires_at is None  # type: ignore[union-attr]
         key, _ = store.create("support", Role.MEMBER, expires_at=2e9)
         assert store.verify_events() == [] and store.version() == 1
     with KeyStore(SqliteDatabase(path)) as reopened:  # a second open finds the column and changes nothing
-        assert reopened.verify(key) is not None and stored_version(reopened.db, "keys") == 1
+        assert reopened.verify(key) is not None and stored_version(reopened.db, "keys") == SCHEMA.version
     assert path.stat().st_mode & 0o077 == 0
 
 

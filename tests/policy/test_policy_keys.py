@@ -272,5 +272,5 @@ def test_a_shared_database_that_was_never_migrated_is_refused(tmp_path: Path, mo
     """A gateway replica only checks the Postgres schema (`switchyard up` migrates it)."""
     fresh_postgres().close()
     monkeypatch.setenv(DATABASE_URL_ENV, postgres_url())
-    with pytest.raises(SchemaError, match=r"the keys schema .* is at version 0, this code needs 1"):
+    with pytest.raises(SchemaError, match=r"the keys schema .* is at version 0, this code needs 2"):
         KeyStore.in_state_dir(tmp_path / "state")

@@ -28,10 +28,10 @@ def add_auth_args(parser: argparse.ArgumentParser) -> None:
 def ensure_admin_key(state: Path) -> str | None:
     """Create the operator's platform-admin key on first start. Returns it only when new."""
     path = state / ADMIN_KEY_FILE
-    store = KeyStore.in_state_dir(state)
-    if path.exists() and store.verify(path.read_text().strip()) is not None:
-        return None
-    key, _ = store.create(PLATFORM_TEAM, Role.PLATFORM_ADMIN, note="operator key written by `switchyard up`")
+    with KeyStore.in_state_dir(state) as store:
+        if path.exists() and store.verify(path.read_text().strip()) is not None:
+            return None
+        key, _ = store.create(PLATFORM_TEAM, Role.PLATFORM_ADMIN, note="operator key written by `switchyard up`")
     path.touch(mode=0o600)
     path.write_text(key + "\n")
     return key
@@ -50,7 +50,8 @@ def principal(args: argparse.Namespace) -> Principal:
     key = operator_key(state, args.api_key)
     if not key:
         raise NotAuthenticated(f"no key: pass --api-key or set ${API_KEY_ENV}")
-    found = KeyStore.in_state_dir(state).verify(key)
+    with KeyStore.in_state_dir(state) as store:
+        found = store.verify(key)
     if found is None:
         raise NotAuthenticated("the key is unknown, revoked or expired")
     return found

@@ -72,7 +72,8 @@ def run(args: argparse.Namespace) -> int:
     admin_key = ensure_admin_key(state)
     demo_key = None
     if args.demo:
-        demo_key, _ = KeyStore.in_state_dir(state).create(DEMO_TEAM, Role.MEMBER, note="switchyard up --demo")
+        with KeyStore.in_state_dir(state) as keys:
+            demo_key, _ = keys.create(DEMO_TEAM, Role.MEMBER, note="switchyard up --demo")
     try:
         record = _attach(args, state, policies) if args.address else _start_local(args, state, policies)
     except UnsafeLayout as exc:

@@ -145,7 +145,16 @@ def _add_expires_at(tx: Transaction, db: Database) -> None:
         tx.execute("ALTER TABLE api_keys ADD COLUMN expires_at REAL")
 
 
-SCHEMA = Schema("keys", (Migration(1, (_API_KEYS, _create_key_events, _add_expires_at)),))
+_PLATFORM_SECRETS = """CREATE TABLE IF NOT EXISTS platform_secrets (
+    name       TEXT PRIMARY KEY,
+    secret     TEXT NOT NULL,
+    created_at DOUBLE PRECISION NOT NULL
+)"""
+# 2: the platform's own secrets (the eval signing key), where every node reads them.
+SCHEMA = Schema(
+    "keys",
+    (Migration(1, (_API_KEYS, _create_key_events, _add_expires_at)), Migration(2, (_PLATFORM_SECRETS,))),
+)
 _COLUMNS = "key_id, team, role, created_at, revoked_at, note, expires_at"
 
 
@@ -360,6 +369,26 @@ class KeyStore:
                 "SELECT key_id, team, role, secret_hash, expires_at FROM api_keys WHERE revoked_at IS NULL"
             ).rows
         return KeyVerifier({r[0]: KeyEntry(r[1], Role(r[2]), r[3], r[4]) for r in rows}, self.clock)
+
+    # ------------------------------------------------------------ the platform's own secrets
+
+    def secret(self, name: str) -> str | None:
+        with self.db.read() as tx:
+            row = tx.execute("SELECT secret FROM platform_secrets WHERE name = ?", (name,)).one()
+        return None if row is None else str(row[0])
+
+    def ensure_secret(self, name: str, candidate: str) -> str:
+        """The secret `name`, stored as `candidate` if there was none; of two racing callers
+        both get the first one stored."""
+        with self.db.transaction() as tx:
+            tx.execute(
+                "INSERT INTO platform_secrets (name, secret, created_at) VALUES (?, ?, ?)"
+                " ON CONFLICT (name) DO NOTHING",
+                (name, candidate, self.clock()),
+            )
+            row = tx.execute("SELECT secret FROM platform_secrets WHERE name = ?", (name,)).one()
+        assert row is not None  # inserted above, or already there
+        return str(row[0])
 
     def version(self) -> int:
         """Changes with every create, rotate and revoke, from any process: the event chain's
