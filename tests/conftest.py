@@ -36,6 +36,10 @@ def pytest_configure(config: pytest.Config) -> None:
     os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.25")
     os.environ.setdefault("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER", "0")
     os.environ.setdefault("RAY_TRAIN_ENABLE_STATE_ACTOR_RECONCILIATION", "0")
+    # A Serve replica being removed stays reachable this long so load balancers deregister it
+    # (30 s by default); HAProxy here reloads its backends within a second, and every gateway
+    # app a test module removes would otherwise cost the suite 30 s.
+    os.environ.setdefault("RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S", "3")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

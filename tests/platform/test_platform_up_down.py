@@ -67,6 +67,12 @@ def test_local_platform_up_status_down(tmp_path: Path) -> None:
         assert status["serve"]["gateway"]["status"] == "RUNNING"
         assert "error" not in status["scheduler"] and status["scheduler"]["total_gpus"] == 8
         assert status["gateway"]["ok"] is True and status["gateway"]["policy"]["last_error"] is None
+        # Every gateway replica serves the set the head published, and status shows which.
+        published = status["policy"]["published"]
+        assert status["gateway"]["policy"]["fingerprint"] == published
+        assert [r["fingerprint"] for r in status["policy"]["replicas"]] == [published]
+        shown = switchyard("status", "--state-dir", state).stdout
+        assert "Policy set served by each gateway replica" in shown and published[:12] in shown
 
         # The demo key is a real key: its hash is in the state dir, the key itself is not.
         assert up["demo_api_key"].split("_", 2)[2].encode() not in (Path(state) / "keys.db").read_bytes()
