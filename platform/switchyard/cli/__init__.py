@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import pkgutil
 import sys
 from collections.abc import Sequence
@@ -29,6 +30,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    # Before anything imports ray, which reads its auth mode once, at import: a command typed in
+    # a fresh shell talks to the platform's cluster with the platform's settings (token auth on).
+    from switchyard.cluster.head import PLATFORM_ENV
+
+    os.environ.update(PLATFORM_ENV)
     parser = build_parser()
     args = parser.parse_args(argv)
     code: int = args.handler(args)

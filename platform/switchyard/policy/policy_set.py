@@ -28,6 +28,13 @@ class PolicySet:
     """Relative path -> the exact bytes parsed (and hashed), for every file, evals/ included:
     what the store keeps as the last good set. Not part of equality or the fingerprint."""
 
+    @property
+    def team_names(self) -> set[str]:
+        """Every team a key may belong to: the gateway's (`teams/*.yaml`) and the GPU scheduler's
+        (`scheduler.yaml`; a research team may only train)."""
+        gpu_teams = {str(t["name"]) for t in self.scheduler.get("teams", []) if isinstance(t, dict) and "name" in t}
+        return set(self.teams) | gpu_teams
+
     def team_file(self, team: str) -> str:
         return f"teams/{team}.yaml"
 
