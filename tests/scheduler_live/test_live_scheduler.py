@@ -48,6 +48,11 @@ def test_gang_that_cannot_fit_waits_without_holding_anything(scheduler_factory: 
     assert ray.get(actor.lease.remote(big.workload_id)) is None
     assert ray.available_resources().get("GPU", 0) == free_before  # nothing held for the waiting gang
     assert next(t for t in status["teams"] if t["team"] == "vision")["queued"] == 1
+    # What `train list` shows of it: why it waits, its place in its team's queue, its attempt.
+    [row] = [w for w in ray.get(actor.list_workloads.remote()) if w["workload_id"] == big.workload_id]
+    assert row["state"] == "queued" and row["queue_position"] == 1 and row["attempt"] == 1
+    assert row["waiting_for"].startswith("capacity:") and row["waited_s"] >= 0
+    assert status["waits"]["vision"]["1h"]["n"] == 1  # `switchyard status`: still waiting counts
     ray.get(actor.release.remote(lease.lease_id, True))
     big_lease = granted(actor, big.workload_id)
     assert len({p.node_id for p in big_lease.placements}) == 2

@@ -117,7 +117,7 @@ def list_command(args: argparse.Namespace) -> int:
         print_json(rows)
     else:
         print_table(
-            ["workload", "team", "priority", "gpus", "state", "ray job", "name"],
+            LIST_COLUMNS,
             [
                 (
                     r["workload_id"],
@@ -125,13 +125,30 @@ def list_command(args: argparse.Namespace) -> int:
                     r["priority_class"],
                     r["gpus"],
                     r["state"],
+                    r["attempt"],
+                    "-" if r["waited_s"] is None else duration(r["waited_s"]),
+                    r["queue_position"] or "-",
                     r["ray_job"] or "-",
-                    r["description"],
+                    r["waiting_for"] or "-",
                 )
                 for r in rows
             ],
         )
     return 0
+
+
+LIST_COLUMNS = ("workload", "team", "priority", "gpus", "state", "attempt", "waited", "position", "ray job", "why")
+
+
+def duration(seconds: float) -> str:
+    """A wait as people read it: 42s, 17m, 5.2h, 3.1d."""
+    if seconds < 60:
+        return f"{seconds:.0f}s"
+    if seconds < 3600:
+        return f"{seconds / 60:.0f}m"
+    if seconds < 86400:
+        return f"{seconds / 3600:.1f}h"
+    return f"{seconds / 86400:.1f}d"
 
 
 @_guarded

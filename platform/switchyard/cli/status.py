@@ -80,6 +80,7 @@ def render(info: dict[str, Any]) -> None:
             ],
         )
         print(f"  leases: {len(sched['leases'])}   pending: {len(sched['pending'])}")
+        render_waits(sched.get("waits", {}))
     gw = info["gateway"]
     print("\nGateway / policy")
     if gw.get("ok"):
@@ -93,6 +94,23 @@ def render(info: dict[str, Any]) -> None:
     else:
         print(f"  {gw.get('error')}")
     render_policy(info.get("policy", {}))
+
+
+def render_waits(waits: dict[str, Any]) -> None:
+    """Per team: p50 / p90 / max queue wait over the last hour and day (admitted + still waiting)."""
+    from switchyard.cli._train_queue import duration
+
+    if not waits:
+        return
+    print("\n  queue wait (admitted in the window, or still waiting)")
+    rows = []
+    for team, windows in waits.items():
+        cells: list[Any] = [team]
+        for name in ("1h", "1d"):
+            w = windows[name]
+            cells.append(f"{duration(w['p50'])} / {duration(w['p90'])} / {duration(w['max'])} (n={w['n']:.0f})")
+        rows.append(cells)
+    print_table(["team", "last hour p50 / p90 / max", "last day p50 / p90 / max"], rows)
 
 
 def render_policy(pol: dict[str, Any]) -> None:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +29,7 @@ from switchyard.cluster.serve_pool import ServePool, is_pool_workload
 from switchyard.scheduler.api import LeaseGrant, Notice, Placement, WorkloadSubmission
 from switchyard.scheduler.core import Decisions, LeaseState, Node, Scheduler
 from switchyard.scheduler.core.config import load_policy_file
+from switchyard.scheduler.queue_view import WaitLog, queue_rows
 
 log = logging.getLogger(__name__)
 
@@ -67,6 +68,12 @@ class LiveState:
     # queued and is not one it launches: lease id -> workload. The job still holding that
     # lease id says, when it releases it, whether it will come back for the workload.
     ended: dict[str, str] = field(default_factory=dict)
+    waits: WaitLog = field(default_factory=WaitLog)  # admissions of the last day, for `status`
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        # A journal written before a field existed restores with that field's default.
+        defaults = {f.name: f.default_factory() for f in fields(self) if f.default_factory is not MISSING}
+        self.__dict__.update({**defaults, **state})
 
 
 @dataclass
@@ -191,12 +198,15 @@ class SchedulerActor:
             self._journal.event("cancelled", workload_id, self._team_of(workload_id), now)
 
     def list_workloads(self) -> list[dict[str, Any]]:
+        now = time.time()
         with self._lock:
-            pending = {p.request.workload_id for p in self._state.core.pending()}
+            core = self._state.core
+            queue = queue_rows(core.pending(), core.explain_pending, now)
             out = []
             for wid, sub in self._state.submissions.items():
-                lease = self._state.core.lease_of(wid)
-                state = "queued" if wid in pending else (lease.state.value if lease else "done")
+                lease = core.lease_of(wid)
+                waiting = queue.get(wid)
+                state = "queued" if waiting is not None else (lease.state.value if lease else "done")
                 out.append(
                     {
                         "workload_id": wid,
@@ -206,6 +216,10 @@ class SchedulerActor:
                         "state": state,
                         "description": sub.description,
                         "ray_job": self._state.launched[wid].submission_id if wid in self._state.launched else None,
+                        "attempt": waiting.attempt if waiting else self._state.attempts.get(wid, 0),
+                        "waited_s": round(waiting.waited_s, 1) if waiting else None,
+                        "queue_position": waiting.position if waiting else None,
+                        "waiting_for": f"{waiting.reason}: {waiting.detail}" if waiting else None,
                     }
                 )
             return out
@@ -217,7 +231,9 @@ class SchedulerActor:
         now = time.time()
         with self._lock:
             snap = self._state.core.snapshot(now)
-            pending = [p.request.workload_id for p in self._state.core.pending()]
+            queued = self._state.core.pending()
+            pending = [p.request.workload_id for p in queued]
+            waits = self._state.waits.summary(now, [(p.request.team, now - p.queued_at) for p in queued])
             serve_pool = self._serve_pool.report(self._state, now)
         accounting = self._accounting
         return {
@@ -229,6 +245,7 @@ class SchedulerActor:
             "pending": pending,
             "outside_leases": summarize(accounting) if accounting is not None else None,
             "serve_pool": serve_pool,
+            "waits": waits,
         }
 
     def ping(self) -> float:
@@ -257,7 +274,9 @@ class SchedulerActor:
         replicas = self._serve_pool.observe(now)  # Ray's view of Serve's replicas, when due (I/O: unlocked)
         with self._lock:
             pool_changed = replicas is not None and self._serve_pool.reconcile(self._state, replicas, now)
+            started = time.perf_counter()
             decisions = self._state.core.schedule(now)
+            self._metrics.decided(time.perf_counter() - started)
             self._serve_pool.record(self._state, decisions, now)  # before the notices it causes
             effects = self._apply(decisions, now) if decisions else _Effects()
             if decisions or pool_changed:
@@ -279,6 +298,7 @@ class SchedulerActor:
             s.attempts[start.workload_id] = s.attempts.get(start.workload_id, 0) + 1
             waited = now - s.queued_since.pop(start.workload_id, now)
             self._metrics.admitted(sub.team, sub.priority_class, sum(sub.bundles), waited)
+            s.waits.record(sub.team, now, waited)
             self._journal.event(
                 "admitted",
                 start.workload_id,

@@ -7,7 +7,11 @@ from __future__ import annotations
 
 from ray.util.metrics import Counter, Gauge, Histogram
 
-WAIT_BUCKETS_S = [1, 5, 15, 30, 60, 120, 300, 600, 1800, 3600, 4 * 3600, 12 * 3600]
+# Up to a week: the waits that matter for big gangs last days, not minutes.
+HOUR, DAY = 3600, 86400
+WAIT_BUCKETS_S = [1, 5, 15, 30, 60, 120, 300, 600, 1800, HOUR, 4 * HOUR, 12 * HOUR, DAY, 2 * DAY, 4 * DAY, 7 * DAY]
+# One scheduling decision (a pass of the core over the queue), seconds.
+DECISION_BUCKETS_S = [0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0]
 
 
 def gang_bucket(gpus: int) -> str:
@@ -37,6 +41,11 @@ class SchedulerMetrics:
             description="GPU-seconds of work since the victim's last checkpoint.",
             tag_keys=("team",),
         )
+        self.decision_latency = Histogram(
+            "switchyard_scheduler_decision_seconds",
+            description="Time of one scheduling decision over the whole queue.",
+            boundaries=DECISION_BUCKETS_S,
+        )
         self.unleased_gpus = Gauge(
             "switchyard_scheduler_unleased_gpus", description="GPUs held by workloads outside any lease."
         )
@@ -45,6 +54,9 @@ class SchedulerMetrics:
         self.queue_wait.observe(
             waited_s, tags={"team": team, "priority_class": priority_class, "gang_size": gang_bucket(gpus)}
         )
+
+    def decided(self, seconds: float) -> None:
+        self.decision_latency.observe(seconds)
 
     def preempted(self, team: str, reason: str, lost_gpu_s: float) -> None:
         self.preemptions.inc(tags={"team": team, "reason": reason})
