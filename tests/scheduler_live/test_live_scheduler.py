@@ -91,6 +91,9 @@ def test_preemption_notice_requeue_and_resume(scheduler_factory: Callable[..., A
     # The job checkpoints and gives its GPUs back unfinished: it is requeued, inference gets its GPUs.
     ray.get(actor.report_checkpoint.remote(victim))
     assert ray.get(actor.release.remote(leases[victim].lease_id, False)) is True
+    # The same call again (a client retry, or Ray replaying it after an actor restart) gets the
+    # same answer: before, it said False, and a requeued job believed it had finished.
+    assert ray.get(actor.release.remote(leases[victim].lease_id, False)) is True
     prod_lease = granted(actor, serve.workload_id)
     assert len({p.node_id for p in prod_lease.placements}) == 1
     kinds = [e["kind"] for e in ray.get(actor.events.remote(victim))]

@@ -69,6 +69,15 @@ class LiveState:
     # lease id says, when it releases it, whether it will come back for the workload.
     ended: dict[str, str] = field(default_factory=dict)
     waits: WaitLog = field(default_factory=WaitLog)  # admissions of the last day, for `status`
+    # What each recent `release` answered, so a repeated call (a client retry, or Ray replaying
+    # calls after an actor restart) gets the same answer. Lease ids are unique per attempt.
+    released: dict[str, bool] = field(default_factory=dict)
+
+    def remember_release(self, lease_id: str, requeued: bool, keep: int = 10_000) -> bool:
+        self.released[lease_id] = requeued
+        while len(self.released) > keep:
+            del self.released[next(iter(self.released))]  # the oldest (dicts keep insertion order)
+        return requeued
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         # A journal written before a field existed restores with that field's default.
@@ -159,10 +168,15 @@ class SchedulerActor:
         # the node is gone by then: handle the loss first, so the workload is requeued, not ended.
         self._refresh_nodes(now)
         with self._lock:
+            if lease_id in self._state.released:
+                return self._state.released[lease_id]
             workload = self._workload_of(lease_id)
             if workload is None:
-                return self._release_ended(lease_id, finished, now)
+                outcome = self._state.remember_release(lease_id, self._release_ended(lease_id, finished, now))
+                self._save()
+                return outcome
             requeued = self._state.core.release(lease_id, now, finished=finished)
+            self._state.remember_release(lease_id, requeued)
             self._forget_lease(workload, requeued, now)
             self._save()
             # Inside the lock, as for "submitted": a requeued workload may be admitted next tick.
