@@ -143,3 +143,33 @@ def test_gpu_use_outside_any_lease_is_detected_and_stopped(scheduler_factory: Ca
     finally:
         if ray.util.placement_group_table(rogue)["state"] != "REMOVED":
             remove_placement_group(rogue)
+
+
+def test_a_grant_nobody_claims_is_taken_back_requeued_then_ended(scheduler_factory: Callable[..., Any]) -> None:
+    """Regression: a grant whose launch was lost held its GPUs for ever. Now, unclaimed past the
+    claim timeout, its GPUs go back and the workload is requeued (a new attempt); after three
+    such grants in a row it ends. A claimed grant is left alone."""
+    actor = scheduler_factory(claim_timeout_s=1.5)
+    lost = gang("research", (4,), priority_class="exploratory")
+    used = gang("research", (2,), priority_class="exploratory")
+    for sub in (lost, used):
+        ray.get(actor.submit.remote(sub))
+    first = granted(actor, lost.workload_id)
+    assert ray.get(actor.claim.remote(used.workload_id, "job-that-started")) is not None
+
+    def kinds() -> list[str]:
+        return [e["kind"] for e in ray.get(actor.events.remote(lost.workload_id))]
+
+    def regranted() -> Any:
+        g = ray.get(actor.lease.remote(lost.workload_id))
+        return g if g is not None and g.lease_id != first.lease_id else None
+
+    again = wait_for(regranted)
+    assert kinds()[:4] == ["submitted", "admitted", "claim_timeout", "requeued"]
+    assert again.lease_id.endswith("#2")
+    wait_for(lambda: "ended" in kinds(), timeout=30)
+    assert kinds().count("claim_timeout") == 3
+    rows = {w["workload_id"]: w for w in ray.get(actor.list_workloads.remote())}
+    assert rows[lost.workload_id]["state"] == "done"
+    assert ray.get(actor.lease.remote(lost.workload_id)) is None  # nothing held for it
+    assert ray.get(actor.lease.remote(used.workload_id)) is not None  # claimed: never timed out

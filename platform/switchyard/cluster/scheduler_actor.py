@@ -27,7 +27,8 @@ from switchyard.cluster.scheduler_journal import SchedulerJournal
 from switchyard.cluster.scheduler_metrics import SchedulerMetrics
 from switchyard.cluster.serve_pool import ServePool, is_pool_workload
 from switchyard.scheduler.api import LeaseGrant, Notice, Placement, WorkloadSubmission
-from switchyard.scheduler.core import Decisions, LeaseState, Node, Scheduler
+from switchyard.scheduler.claims import CLAIM_TIMEOUT_S, ClaimOutcome, ClaimPolicy, after_timeout, unclaimed
+from switchyard.scheduler.core import Decisions, LeaseState, Node, Scheduler, WorkloadClass
 from switchyard.scheduler.core.config import load_policy_file
 from switchyard.scheduler.queue_view import WaitLog, queue_rows
 
@@ -72,6 +73,7 @@ class LiveState:
     # What each recent `release` answered, so a repeated call (a client retry, or Ray replaying
     # calls after an actor restart) gets the same answer. Lease ids are unique per attempt.
     released: dict[str, bool] = field(default_factory=dict)
+    claim_timeouts: dict[str, int] = field(default_factory=dict)  # workload id -> grants it left unclaimed
 
     def remember_release(self, lease_id: str, requeued: bool, keep: int = 10_000) -> bool:
         self.released[lease_id] = requeued
@@ -103,8 +105,14 @@ class SchedulerActor:
     AUDIT_S = 5.0
 
     def __init__(
-        self, policies_dir: str, state_dir: str, dashboard_url: str | None = None, stop_unleased_gpus: bool = False
+        self,
+        policies_dir: str,
+        state_dir: str,
+        dashboard_url: str | None = None,
+        stop_unleased_gpus: bool = False,
+        claim_timeout_s: float = CLAIM_TIMEOUT_S,
     ) -> None:
+        self._claims = ClaimPolicy(timeout_s=claim_timeout_s)
         self._policy = load_policy_file(Path(policies_dir) / "scheduler.yaml").to_policy()
         self._journal = SchedulerJournal(Path(state_dir) / "scheduler.db")
         self._launcher = JobLauncher(dashboard_url) if dashboard_url else None
@@ -159,6 +167,7 @@ class SchedulerActor:
             grant = self._state.grants.get(workload_id)
             if grant is not None and self._state.claims.get(workload_id) != ray_job_id:
                 self._state.claims[workload_id] = ray_job_id
+                self._state.claim_timeouts.pop(workload_id, None)  # its launch works
                 self._save()
             return grant
 
@@ -293,13 +302,43 @@ class SchedulerActor:
             self._metrics.decided(time.perf_counter() - started)
             self._serve_pool.record(self._state, decisions, now)  # before the notices it causes
             effects = self._apply(decisions, now) if decisions else _Effects()
-            if decisions or pool_changed:
+            timed_out = self._reclaim_unclaimed(effects, now)
+            if decisions or pool_changed or timed_out:
                 self._save()
             self._export_gauges(now)
         self._carry_out(effects, now)
         if now - self._last_capacity >= self.NODE_REFRESH_S:
             self._last_capacity = now
             self._request_capacity()
+
+    def _reclaim_unclaimed(self, effects: _Effects, now: float) -> bool:
+        """Grants left unclaimed past the claim timeout: their GPUs back, the workload requeued
+        (or ended after `max_timeouts`); a slow launch that did start is stopped."""
+        s = self._state
+
+        def needs_claim(workload: str) -> bool:
+            return s.submissions[workload].workload_class is not WorkloadClass.INFERENCE
+
+        late = unclaimed(s.grants, s.claims, needs_claim, now, self._claims)
+        for workload in late:
+            grant, sub = s.grants[workload], s.submissions[workload]
+            self._stop_job_of(workload, effects)
+            s.core.release(grant.lease_id, now, finished=True)
+            self._forget_lease(workload, requeued=False, now=now)
+            outcome = after_timeout(s.claim_timeouts.get(workload, 0), self._claims)
+            self._journal.event(
+                "claim_timeout", workload, sub.team, now, lease_id=grant.lease_id, outcome=outcome.value
+            )
+            if outcome is ClaimOutcome.END:
+                s.claim_timeouts.pop(workload, None)
+                self._drop_workload(workload)
+                self._journal.event("ended", workload, sub.team, now, reason="its grants were never claimed")
+                continue
+            s.claim_timeouts[workload] = s.claim_timeouts.get(workload, 0) + 1
+            s.core.submit(sub.gang(), now)
+            s.queued_since[workload] = now
+            self._journal.event("requeued", workload, sub.team, now, lease_id=grant.lease_id, reason="claim_timeout")
+        return bool(late)
 
     def _apply(self, decisions: Decisions, now: float) -> _Effects:
         effects = _Effects()
