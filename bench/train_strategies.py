@@ -3,7 +3,8 @@
     .venv/bin/python bench/train_strategies.py [--nproc 2] [--preset small] [--steps 8]
 
 Prints one table per section, with ratios to DDP:
-  1. strategies (ddp, fsdp-*, zero*): step time, parameter/gradient/optimizer bytes per rank
+  1. strategies (ddp, fsdp-*, zero*): step time, parameter/gradient/optimizer bytes per rank,
+     collectives per step (all-gather, reduce-scatter, reduce, all-reduce)
   2. FSDP wrapping granularity (block | layer | root): step time, all-gathers per step,
      peak parameter bytes during forward (shards + the unsharded units) and right after it
   3. activation checkpointing (none | every-k | selective | full) under fsdp-full and
@@ -69,6 +70,11 @@ class SavedBytes:
         return t
 
 
+def _kind(name: str) -> str | None:
+    # DeepSpeed's ZeRO-1/2 reduce-scatter is one `reduce` per owning rank (c10d::reduce_).
+    return collective_kind(name) or ("reduce" if name == "c10d::reduce_" else None)
+
+
 def measure(rank: int, world: int, spec: JobSpec, work: Path) -> dict[str, Any]:
     """Train `spec`; the first WARMUP steps run under the profiler and the saved-tensor
     counter (counts per step), the rest unobserved (step times)."""
@@ -112,7 +118,7 @@ def measure(rank: int, world: int, spec: JobSpec, work: Path) -> dict[str, Any]:
     )
     Trainer(spec, ctx).run()
     # One dispatcher op (c10d::...) per collective call; gloo's own events would double count.
-    calls = Counter(collective_kind(e.name) for e in prof.events() if e.name.startswith("c10d::"))
+    calls = Counter(_kind(e.name) for e in prof.events() if e.name.startswith("c10d::"))
     engine = engines[0]
     times = [b - a for a, b in zip(stamps[WARMUP:], stamps[WARMUP + 1 :], strict=False)]
     ckpt_dir = work / "timed"  # shared by the ranks: one DCP / DeepSpeed checkpoint
@@ -137,6 +143,7 @@ def measure(rank: int, world: int, spec: JobSpec, work: Path) -> dict[str, Any]:
         "all_gathers_per_step": calls["all_gather"] / WARMUP,
         "reduce_scatters_per_step": calls["reduce_scatter"] / WARMUP,
         "all_reduces_per_step": calls["all_reduce"] / WARMUP,
+        "reduces_per_step": calls["reduce"] / WARMUP,
         "save_s": t1 - t0,
         "load_s": t2 - t1,
     }
@@ -212,7 +219,7 @@ def main() -> None:
         table(
             "collectives per step",
             rows,
-            ["all_gathers_per_step", "reduce_scatters_per_step", "all_reduces_per_step"],
+            ["all_gathers_per_step", "reduce_scatters_per_step", "reduces_per_step", "all_reduces_per_step"],
             "ddp",
         )
         table("checkpoint save / restore", rows, ["save_s", "load_s"], "ddp")

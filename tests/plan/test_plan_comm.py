@@ -1,7 +1,8 @@
 """Communication per GPU per step with ring costs; ZeRO-3 against ZeRO-1.
 
-Ψ = 70,553,706,496, N = 64, bf16 (2 bytes): a ring all-gather or reduce-scatter of M bytes
-sends (N-1)/N·M per rank, an all-reduce 2·(N-1)/N·M.
+Ψ = 70,553,706,496, N = 64, bf16 parameters (2 bytes), gradients reduced in fp32 (4 bytes)
+by every strategy: a ring all-gather or reduce-scatter of M bytes sends (N-1)/N·M per rank,
+an all-reduce 2·(N-1)/N·M.
 """
 
 from __future__ import annotations
@@ -22,19 +23,23 @@ def _comm(strategy: Strategy, cluster: ClusterSpec = CLUSTER, **job: object) -> 
 
 
 def test_zero1_is_a_reduce_scatter_and_an_all_gather() -> None:
-    # 2·(63/64)·2Ψ = 277,805,219,328 bytes; at 45 GB/s: 6.1734 s
+    # fp32 gradients reduce-scattered + bf16 parameters gathered: (63/64)·(4Ψ + 2Ψ)
+    # = 416,707,828,992 bytes; at 45 GB/s: 9.2602 s
     volume, seconds = _comm(Strategy.ZERO1)
-    assert volume == pytest.approx(277_805_219_328, rel=1e-9)
-    assert seconds == pytest.approx(277_805_219_328 / 45e9, rel=1e-9)
-    assert _comm(Strategy.ZERO2)[0] == volume  # same volume: the paper's 2Ψ
+    assert volume == pytest.approx(416_707_828_992, rel=1e-9)
+    assert seconds == pytest.approx(416_707_828_992 / 45e9, rel=1e-9)
+    assert _comm(Strategy.ZERO2)[0] == volume  # one micro-batch: the same transfers
 
 
 def test_zero3_adds_a_second_parameter_gather() -> None:
-    # all-gather fwd + all-gather bwd + reduce-scatter: 3·(63/64)·2Ψ = 416,707,828,992
+    # all-gather fwd + all-gather bwd (bf16) + reduce-scatter (fp32): (63/64)·(2·2Ψ + 4Ψ)
+    # = 555,610,438,656: 8Ψ against ZeRO-1's 6Ψ, so 4/3
     volume, _ = _comm(Strategy.ZERO3)
-    assert volume == pytest.approx(416_707_828_992, rel=1e-9)
-    assert volume / _comm(Strategy.ZERO1)[0] == pytest.approx(1.5)
-    assert zero3_over_zero1(PSI, CLUSTER, Precision.BF16) == pytest.approx(1.5)
+    assert volume == pytest.approx(555_610_438_656, rel=1e-9)
+    assert volume / _comm(Strategy.ZERO1)[0] == pytest.approx(4 / 3)
+    assert zero3_over_zero1(PSI, CLUSTER, Precision.BF16) == pytest.approx(4 / 3)
+    # fp32 throughout every transfer is 4Ψ: 3 against 2, the ZeRO paper's 1.5
+    assert zero3_over_zero1(PSI, CLUSTER, Precision.FP32) == pytest.approx(1.5)
 
 
 def test_ddp_all_reduces_fp32_gradients() -> None:
@@ -58,9 +63,11 @@ def test_hybrid_splits_intra_and_inter_node_traffic() -> None:
 
 
 def test_gradient_accumulation_repeats_gathers_not_zero1_reduction() -> None:
-    # 4 micro-batches: ZeRO-3 gathers and reduce-scatters each one; ZeRO-1 reduces once.
+    # 4 micro-batches: ZeRO-3 gathers and reduce-scatters each one; ZeRO-1 reduces once;
+    # ZeRO-2 reduce-scatters each one and gathers once: (63/64)·(4·4Ψ + 2Ψ)
     assert _comm(Strategy.ZERO3, grad_accum=4)[0] == pytest.approx(4 * _comm(Strategy.ZERO3)[0])
     assert _comm(Strategy.ZERO1, grad_accum=4)[0] == _comm(Strategy.ZERO1)[0]
+    assert _comm(Strategy.ZERO2, grad_accum=4)[0] == pytest.approx(63 / 64 * 18 * PSI, rel=1e-9)
 
 
 def test_accumulation_traffic_is_what_the_trainer_runs() -> None:
@@ -74,7 +81,7 @@ def test_accumulation_traffic_is_what_the_trainer_runs() -> None:
 
 
 def test_one_node_uses_nvlink_and_one_gpu_sends_nothing() -> None:
-    # 8 GPUs: (7/8)·4Ψ at 360 GB/s
+    # 8 GPUs: (7/8)·6Ψ at 360 GB/s
     _, seconds = _comm(Strategy.ZERO1, ClusterSpec(gpus=8))
-    assert seconds == pytest.approx(7 / 8 * 4 * PSI / 360e9, rel=1e-9)
+    assert seconds == pytest.approx(7 / 8 * 6 * PSI / 360e9, rel=1e-9)
     assert _comm(Strategy.ZERO3, ClusterSpec(gpus=1)) == (0, 0)

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from switchyard.train.storage import Location, download_prefix
 
 
@@ -36,3 +38,17 @@ def test_download_prefix_is_a_folder_not_a_string_prefix(s3_bucket: str, tmp_pat
     for uri in (f"{s3_bucket}/data", f"{s3_bucket}/data/"):
         dest = download_prefix(uri, tmp_path / uri.rstrip("/").replace("/", "_").replace(":", ""))
         assert sorted(p.name for p in dest.rglob("*") if p.is_file()) == ["a.bin"], uri
+    with pytest.raises(FileNotFoundError, match="nothing under s3://ckpt/dat"):
+        download_prefix(f"{s3_bucket}/dat", tmp_path / "dat")  # `data/` and `data2/` are not under `dat/`
+
+
+def test_byte_ranges_and_streams_read_only_what_is_asked(s3_bucket: str, tmp_path: Path) -> None:
+    import boto3
+
+    boto3.client("s3").put_object(Bucket="ckpt", Key="run/step-1/f.bin", Body=bytes(range(100)))
+    (tmp_path / "step-1").mkdir()
+    (tmp_path / "step-1" / "f.bin").write_bytes(bytes(range(100)))
+    for location in (Location(f"{s3_bucket}/run"), Location(str(tmp_path))):
+        assert location.read_range("step-1", "f.bin", 10, 5) == bytes(range(10, 15))
+        assert location.read_range("step-1", "f.bin", 98, 5) == bytes([98, 99])  # short at the end
+        assert b"".join(location.stream("step-1", "f.bin")) == bytes(range(100))

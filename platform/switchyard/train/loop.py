@@ -8,11 +8,19 @@ The host waits for the device only where it must: each step's loss and gradient 
 on the device until a metrics line (every `log_every_steps`), a checkpoint or the end of the
 run, and the preemption check runs about every `preempt_check_s` seconds (`step_sync`,
 `preemption`). A non-finite loss stops the run at the first such sync, before any save.
+
+Checkpoints: rank 0 chooses the one to resume from and broadcasts it; each rank reads only
+its own part (`switchyard.train.checkpoint`). A periodic save of a DCP engine returns once the
+state is staged in host memory; the write, hashing, upload and manifest finish on a commit
+thread, their collectives on a gloo group of their own. One save is in flight at a time: the
+next save, the final or preemption save (both synchronous) and the end of the run, failed or
+not, wait for it first.
 """
 
 from __future__ import annotations
 
 import contextlib
+import io
 import json
 import logging
 import math
@@ -20,24 +28,33 @@ import random
 import shutil
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
+from functools import partial
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar, cast
 
 import torch
 import torch.distributed as dist
-import torch.distributed.checkpoint as dcp
 
 from switchyard.models import GPT
 from switchyard.train.activation import apply_activation_checkpointing
 from switchyard.train.checkpoint import (
+    CheckpointError,
+    CheckpointFiles,
     CheckpointRef,
     CheckpointStore,
     FileTable,
+    ItemRanges,
+    NamedFileLoading,
+    Rejection,
+    ShardedCheckpointing,
+    agreed,
     build_manifest,
     clean_dir,
     file_table,
     gather_file_tables,
+    none_valid,
     open_checkpoint,
     step_folder,
 )
@@ -55,6 +72,7 @@ from switchyard.train.step_sync import NonFiniteLossError, PendingSteps, SyncedS
 from switchyard.train.strategy import Strategy
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 COMPLETED = "completed"
 PREEMPTED = "preempted"
@@ -138,6 +156,24 @@ class RunContext:
     """Called once the engine is built (tests and benchmarks attach probes here)."""
     on_resume: Callable[[int, str], None] | None = None
     """Called with (step, checkpoint uri) once a checkpoint is restored."""
+    async_save: bool = True
+    """Periodic saves return once the state is staged in host memory; the rest of the save
+    runs beside training. Only for engines with `ShardedCheckpointing` (DCP) and without a
+    `publisher` (Ray Train's `report` must run on the training thread); else synchronous."""
+
+
+@dataclass
+class SaveTiming:
+    """One checkpoint save, as the loop saw it (benchmarks and logs)."""
+
+    step: int
+    reason: str
+    background: bool
+    blocked_s: float = 0.0
+    """How long the loop waited: the whole save when synchronous, else the wait for the
+    previous save plus staging."""
+    total_s: float | None = None
+    """Until the manifest was stored (set when the save completes)."""
 
 
 def lr_at(step: int, optim: OptimSpec, total_steps: int) -> float:
@@ -156,7 +192,7 @@ def use_bf16(spec: JobSpec, device: torch.device) -> bool:
     return bool(spec.parallel.precision == "bf16")
 
 
-def build_model(spec: JobSpec, device: torch.device, base: CheckpointRef | None) -> GPT:
+def build_model(spec: JobSpec, device: torch.device, base: CheckpointFiles | None) -> GPT:
     """The model before any wrapping: on the meta device (ZeRO-3: partitioned by
     `zero.Init`), so no rank materialises it whole; the engine gives it storage after
     sharding. Only `init_from` builds it whole, to load another job's weights into it."""
@@ -187,18 +223,17 @@ def build_engine(model: GPT, spec: JobSpec, device: torch.device, world_size: in
     return TorchEngine(model, spec, device=device, world_size=world_size, bf16=bf16)
 
 
-def load_base_weights(model: GPT, ref: CheckpointRef) -> None:
+def load_base_weights(model: GPT, files: CheckpointFiles) -> None:
     """`init_from`: only the model weights of another job's checkpoint, any strategy."""
-    if ref.format == "deepspeed":
+    if files.ref.format == "deepspeed":
         from switchyard.train.deepspeed_engine import load_deepspeed_weights
 
-        load_deepspeed_weights(model, ref.local_dir)
+        # DeepSpeed's fp32 reconstruction opens every partition: the whole folder, verified.
+        load_deepspeed_weights(model, agreed(lambda: files.local_dir(files.names)))
         return
-    state = {"model": model.state_dict()}
-    # A plain model's state dict has the same names as FSDP's / DDP's full state dict, and
-    # DCP reads (and reshards) just the keys asked for: the optimizer state stays on disk.
-    dcp.load(state, checkpoint_id=ref.local_dir)
-    model.load_state_dict(state["model"])
+    from switchyard.train.torch_engine import load_dcp_weights
+
+    load_dcp_weights(model, files)
 
 
 def _rank_state_name(rank: int) -> str:
@@ -238,10 +273,39 @@ class Trainer:
         """Where rank 0 writes `metrics.jsonl` and `tensorboard/`."""
         self.last_line: MetricsLine | None = None
         self._latest: SyncedStep | None = None
+        self.save_timings: list[SaveTiming] = []
+        self._background = False
+        """Periodic saves run in the background (decided once the engine is built)."""
+        self._save_group: Any = None
+        """The background saves' own gloo group: their collectives never meet the loop's."""
+        self._committer: ThreadPoolExecutor | None = None
+        self._in_flight: Future[str] | None = None
 
-    def _barrier(self) -> None:
+    def _barrier(self, group: Any = None) -> None:
         if dist.is_initialized():
-            dist.barrier()
+            dist.barrier(group=group)
+
+    def _on_rank0(self, work: Callable[[], T]) -> T:
+        """`work()` on rank 0 only; every rank gets its result, or raises its failure."""
+        if not dist.is_initialized() or dist.get_world_size() == 1:
+            return work()
+        box: list[Any] = [None]
+        failure: Exception | None = None
+        if self.ctx.rank == 0:
+            try:
+                box = [("ok", work())]
+            except Exception as exc:  # noqa: BLE001  (re-raised below: the other ranks must not hang)
+                failure = exc
+                box = [("checkpoint" if isinstance(exc, CheckpointError) else "error", str(exc))]
+        dist.broadcast_object_list(box, src=0)
+        kind, value = box[0]
+        if failure is not None:
+            raise failure
+        if kind == "checkpoint":
+            raise CheckpointError(value)
+        if kind == "error":
+            raise RuntimeError(f"rank 0 failed: {value}")
+        return cast(T, value)
 
     def _save(
         self,
@@ -251,40 +315,79 @@ class Trainer:
         loss: float | None,
         reason: str,
         outcome: dict[str, Any] | None = None,
+        background: bool = False,
     ) -> str:
         """Checkpoint every rank's state; `outcome` (the run's final status) travels with the
-        checkpoint's metrics, which is what Ray Train hands back to the driver."""
+        checkpoint's metrics, which is what Ray Train hands back to the driver. In the
+        `background`, this returns once the state is staged; the checkpoint is complete
+        (manifest stored) only when `_in_flight` is done."""
         ctx = self.ctx
-        name = step_folder(step)
         started = time.perf_counter()
+        background = background and isinstance(engine, ShardedCheckpointing)
+        timing = SaveTiming(step, reason, background)
+        self.save_timings.append(timing)
+        self._await_save()  # one save at a time
+        name = step_folder(step)
         rank_dir = clean_dir(ctx.work_dir / "staging" / name / f"rank-{ctx.rank:05d}")
-        engine.save(rank_dir)
         rank_state = {"step": step, "data": data_state, "rng": _rng_state()}
         torch.save(rank_state, rank_dir / _rank_state_name(ctx.rank))
-        own = file_table(rank_dir)
-        files = gather_file_tables(own)
+        fields = {
+            "job": self.spec.name,
+            "strategy": self.spec.parallel.strategy.value,
+            "world_size": ctx.world_size,
+            "loss": loss,
+            "reason": reason,
+        }
+        metrics = {"step": step, "loss": loss, "checkpoint_reason": reason, **(outcome or {})}
+        if background and isinstance(engine, ShardedCheckpointing):
+            written = engine.start_save(rank_dir, self._save_group)
+            timing.blocked_s = time.perf_counter() - started
+            log.info("checkpoint step %d staged in %.3fs; writing it in the background", step, timing.blocked_s)
+            if self._committer is None:
+                self._committer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="checkpoint-commit")
+            self._in_flight = self._committer.submit(
+                self._commit, engine, name, rank_dir, written.result, fields, metrics, timing, started, self._save_group
+            )
+            return ctx.store.location.child_uri(name)
+        items: ItemRanges | None = None
+        if isinstance(engine, ShardedCheckpointing):
+            items = engine.save_items(rank_dir)
+        else:
+            engine.save(rank_dir)
+        uri = self._commit(engine, name, rank_dir, lambda: items, fields, metrics, timing, started, None)
+        timing.blocked_s = time.perf_counter() - started
+        return uri
+
+    def _commit(
+        self,
+        engine: TrainEngine,
+        name: str,
+        rank_dir: Path,
+        written: Callable[[], ItemRanges | None],
+        fields: dict[str, Any],
+        metrics: dict[str, Any],
+        timing: SaveTiming,
+        started: float,
+        group: Any,
+    ) -> str:
+        """The rest of a save once the engine's files are written: hash them, publish them,
+        then the manifest. On the training thread for a synchronous save; on the commit thread,
+        with collectives on `group`, for a background one."""
+        ctx = self.ctx
+        own = file_table(rank_dir, written())
+        files = gather_file_tables(own, group)
         manifest = None
         if ctx.rank == 0:
-            manifest = build_manifest(
-                files,
-                step=step,
-                fmt=engine.checkpoint_format,
-                job=self.spec.name,
-                strategy=self.spec.parallel.strategy.value,
-                world_size=ctx.world_size,
-                loss=loss,
-                reason=reason,
-            )
-        metrics = {"step": step, "loss": loss, "checkpoint_reason": reason, **(outcome or {})}
+            manifest = build_manifest(files, step=timing.step, fmt=engine.checkpoint_format, **fields)
         if ctx.publisher is not None:
             uri = ctx.publisher(name, rank_dir, own, manifest, metrics)
-            self._barrier()  # every rank's files are stored before the manifest names them
+            self._barrier(group)  # every rank's files are stored before the manifest names them
             if manifest is not None:
                 ctx.store.put_manifest(name, rank_dir, manifest)
-            self._barrier()
+            self._barrier(group)
             ctx.publisher.published()
         else:
-            ctx.store.publish(name, rank_dir, own, manifest, self._barrier)
+            ctx.store.publish(name, rank_dir, own, manifest, lambda: self._barrier(group))
             uri = ctx.store.location.child_uri(name)
             if ctx.rank == 0 and ctx.prune:
                 ctx.store.prune(self.spec.checkpoint.keep)
@@ -292,37 +395,104 @@ class Trainer:
         # Ranks sharing a work dir share the step folder: the last one out removes it.
         with contextlib.suppress(OSError):
             rank_dir.parent.rmdir()
-        self._barrier()
-        log.info("checkpoint step %d saved to %s in %.2fs (%s)", step, uri, time.perf_counter() - started, reason)
+        self._barrier(group)
+        timing.total_s = time.perf_counter() - started
+        log.info("checkpoint step %d saved to %s in %.2fs (%s)", timing.step, uri, timing.total_s, timing.reason)
         return uri
 
+    def _await_save(self) -> None:
+        """Wait until the background save in flight, if any, is complete (its failure is
+        raised here)."""
+        in_flight, self._in_flight = self._in_flight, None
+        if in_flight is not None:
+            in_flight.result()
+
+    def _close_saves(self, failing: bool) -> None:
+        """End of the run, on every path: the save in flight completes first (its checkpoint
+        was taken before any failure: saves follow a checked sync), then its thread and group go."""
+        try:
+            self._await_save()
+        except Exception:
+            if not failing:
+                raise
+            log.exception("the background checkpoint failed too")
+        finally:
+            if self._committer is not None:
+                self._committer.shutdown()
+                self._committer = None
+            if self._save_group is not None:
+                dist.destroy_process_group(self._save_group)
+                self._save_group = None
+
+    def _start_background_saves(self, engine: TrainEngine) -> None:
+        ctx = self.ctx
+        self._background = (
+            ctx.async_save
+            and ctx.publisher is None
+            and isinstance(engine, ShardedCheckpointing)
+            and self.spec.checkpoint.every_steps > 0  # only periodic saves run in the background
+        )
+        if self._background and dist.is_initialized():
+            # DCP's async save needs a group that handles CPU tensors, and its collectives run
+            # beside the loop's: a group of their own, so the two streams never interleave.
+            self._save_group = dist.new_group(backend="gloo")
+
     def _restore(self, engine: TrainEngine, ref: CheckpointRef) -> tuple[int, dict[str, Any]]:
-        engine.load(ref.local_dir)
-        own = ref.local_dir / _rank_state_name(self.ctx.rank)
-        saved_world = int(ref.manifest.get("world_size", self.ctx.world_size))
-        if saved_world != self.ctx.world_size or not own.is_file():
+        """Load `ref` into the engine reading only this rank's part; a `CheckpointError` is
+        raised on every rank alike."""
+        ctx = self.ctx
+        files = CheckpointFiles(ref, ctx.store.cache_dir)
+        own = _rank_state_name(ctx.rank)
+        saved_world = int(ref.manifest.get("world_size", ctx.world_size))
+        same_ranks = saved_world == ctx.world_size and own in ref.manifest["files"]
+        raw = agreed(lambda: files.read(own if same_ranks else _rank_state_name(0)))
+        if isinstance(engine, ShardedCheckpointing) and ref.format == "dcp":
+            engine.load_items(files)
+        else:
+            wanted = engine.checkpoint_files(files.names) if isinstance(engine, NamedFileLoading) else files.names
+            engine.load(agreed(lambda: files.local_dir(wanted)))
+        state = torch.load(io.BytesIO(raw), weights_only=True)
+        if not same_ranks:
             # Weights and optimizer reshard through DCP, but per-rank RNG streams cannot:
             # keep the data position (it is global) and reseed.
             log.warning(
-                "resuming %s saved by %d ranks on %d: RNG streams are reseeded",
-                ref.uri,
-                saved_world,
-                self.ctx.world_size,
+                "resuming %s saved by %d ranks on %d: RNG streams are reseeded", ref.uri, saved_world, ctx.world_size
             )
-            state = torch.load(ref.local_dir / _rank_state_name(0), weights_only=True)
-            torch.manual_seed(self.spec.seed + 7919 * (self.ctx.rank + 1) + int(state["step"]))
+            torch.manual_seed(self.spec.seed + 7919 * (ctx.rank + 1) + int(state["step"]))
         else:
-            state = torch.load(own, weights_only=True)
             _set_rng_state(state["rng"])
         return int(state["step"]), dict(state["data"])
 
+    def _resume(
+        self, engine: TrainEngine, ref: CheckpointRef, judged: list[Rejection]
+    ) -> tuple[CheckpointRef, int, dict[str, Any]]:
+        """Restore the newest checkpoint every rank can read; one that fails on any rank is
+        skipped, the problem named, and rank 0 chooses again."""
+        current: CheckpointRef | None = ref
+        while current is not None:
+            try:
+                step, data_state = self._restore(engine, current)
+                return current, step, data_state
+            except CheckpointError as exc:  # raised on every rank alike
+                if self.ctx.rank == 0:
+                    log.warning("checkpoint %s skipped: %s", current.uri, exc)
+                judged.append((current.name, str(exc)))
+            current, rejected = self._on_rank0(partial(self.ctx.store.newest_complete, {n for n, _ in judged}))
+            judged += rejected
+        raise none_valid(self.ctx.store.uri, judged)
+
     def run(self) -> TrainResult:
         spec, ctx = self.spec, self.ctx
-        resume = ctx.store.latest_valid() if spec.checkpoint.resume else None
+        # Rank 0 alone reads manifests and listings; every rank gets its choice.
+        choice, judged = self._on_rank0(ctx.store.newest_complete) if spec.checkpoint.resume else (None, [])
+        if choice is None and judged:
+            raise none_valid(ctx.store.uri, judged)
         base = None
-        if spec.init_from and resume is None:
-            base = open_checkpoint(spec.init_from, ctx.work_dir / "init_from")
-            log.info("initialising weights from %s (step %d)", base.uri, base.step)
+        if spec.init_from and choice is None:
+            init_from = spec.init_from
+            ref = self._on_rank0(lambda: open_checkpoint(init_from, ctx.work_dir / "init_from"))
+            base = CheckpointFiles(ref, ctx.work_dir / "init_from")
+            log.info("initialising weights from %s (step %d)", ref.uri, ref.step)
         # Initial weights depend on the seed and each parameter's name only: the same on
         # every rank, strategy and sharding (switchyard.train.materialize).
         engine = build_engine(build_model(spec, ctx.device, base), spec, ctx.device, ctx.world_size)
@@ -339,8 +509,9 @@ class Trainer:
             tokens, spec.data.seq_len, spec.data.micro_batch_size, ctx.rank, ctx.world_size, spec.seed
         )
         step = 0
-        if resume is not None:
-            step, data_state = self._restore(engine, resume)
+        resume = None
+        if choice is not None:
+            resume, step, data_state = self._resume(engine, choice, judged)
             batches.load_state_dict(data_state)
             log.info("resumed from %s at step %d", resume.uri, step)
             if ctx.on_resume is not None:
@@ -359,13 +530,19 @@ class Trainer:
             clock=ctx.clock,
         )
         record = MetricsRecord(self.metrics_dir) if ctx.rank == 0 else None
+        self._start_background_saves(engine)
         try:
             with StepProfiler(ctx.profile_dir, ctx.rank) as profiler:
-                return self._train(engine, batches, step, resume, watcher, profiler, record)
+                result = self._train(engine, batches, step, resume, watcher, profiler, record)
+        except BaseException:
+            self._close_saves(failing=True)
+            raise
         finally:
             sigterm.close()
             if record is not None:
                 record.close()
+        self._close_saves(failing=False)
+        return result
 
     def _result(
         self, status: str, step: int, checkpoint: str | None, resumed_from: str | None, reason: str | None
@@ -450,11 +627,12 @@ class Trainer:
         window: StepWindow,
         checkpoint: str | None,
         outcome: dict[str, Any] | None = None,
+        background: bool = False,
     ) -> str:
         latest = self._sync(pending, checkpoint)  # raises first: nothing is saved from a non-finite state
         started = time.perf_counter()
-        uri = self._save(engine, step, data_state, latest.loss if latest else None, reason, outcome)
-        window.exclude(time.perf_counter() - started)  # a save is not step time
+        uri = self._save(engine, step, data_state, latest.loss if latest else None, reason, outcome, background)
+        window.exclude(time.perf_counter() - started)  # the loop's wait for a save is not step time
         return uri
 
     def _stop_notice(
@@ -508,7 +686,9 @@ class Trainer:
                 checkpoint = self._synced_save(engine, step, data_state, reason, pending, window, checkpoint, outcome)
                 return self._result(PREEMPTED, step, checkpoint, resumed_from, notice.reason)
             if checkpoint_due:
-                checkpoint = self._synced_save(engine, step, data_state, "periodic", pending, window, checkpoint)
+                checkpoint = self._synced_save(
+                    engine, step, data_state, "periodic", pending, window, checkpoint, background=self._background
+                )
         if spec.checkpoint.save_final and steps_this_run > 0:
             outcome = self._outcome(COMPLETED, resumed_from, None)
             checkpoint = self._synced_save(engine, step, data_state, "final", pending, window, checkpoint, outcome)

@@ -1,16 +1,24 @@
 """Files under a local directory or an `s3://bucket/prefix`, behind one small interface.
 
 S3 goes through boto3; the endpoint comes from boto3's own configuration (e.g.
-`AWS_ENDPOINT_URL`), which is how tests point it at a local moto server.
+`AWS_ENDPOINT_URL`), which is how tests point it at a local moto server. Reads can be
+byte ranges (`read_range`: one ranged GET on S3), so a rank fetches only the part of a
+file it needs.
 """
 
 from __future__ import annotations
 
 import shutil
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 S3_SCHEME = "s3://"
+_STREAM_BYTES = 1 << 20
+_CLIENT_LOCK = threading.Lock()
+"""boto3's default session is not thread-safe while it creates clients, and checkpoints
+are committed from a background thread (`switchyard.train.loop`)."""
 
 
 def is_s3_uri(uri: str) -> bool:
@@ -30,7 +38,8 @@ def split_s3_uri(uri: str) -> tuple[str, str]:
 def _client() -> Any:
     import boto3  # imported here: only S3 users pay for boto3's import time
 
-    return boto3.client("s3")
+    with _CLIENT_LOCK:
+        return boto3.client("s3")
 
 
 def _is_directory_marker(key: str) -> bool:
@@ -90,6 +99,41 @@ class Location:
         except client.exceptions.NoSuchKey:
             return None
         return body
+
+    def read_range(self, name: str, relpath: str, offset: int, length: int) -> bytes:
+        """`length` bytes of one file from `offset`; fewer only where the file is shorter."""
+        if length <= 0:
+            return b""
+        if not self.is_s3:
+            with (Path(self.uri) / name / relpath).open("rb") as f:
+                f.seek(offset)
+                return f.read(length)
+        bucket, key = split_s3_uri(self.child_uri(name))
+        response = _client().get_object(
+            Bucket=bucket, Key=_join(key, relpath), Range=f"bytes={offset}-{offset + length - 1}"
+        )
+        body: bytes = response["Body"].read()
+        return body
+
+    def stream(self, name: str, relpath: str) -> Iterator[bytes]:
+        """One file's bytes in blocks, without a local copy."""
+        if not self.is_s3:
+            with (Path(self.uri) / name / relpath).open("rb") as f:
+                yield from iter(lambda: f.read(_STREAM_BYTES), b"")
+            return
+        bucket, key = split_s3_uri(self.child_uri(name))
+        body = _client().get_object(Bucket=bucket, Key=_join(key, relpath))["Body"]
+        yield from body.iter_chunks(_STREAM_BYTES)
+
+    def local_path(self, name: str, relpath: str, cache_dir: Path) -> Path:
+        """A local path of one file: in place when local, else downloaded into `cache_dir`."""
+        if not self.is_s3:
+            return Path(self.uri) / name / relpath
+        bucket, key = split_s3_uri(self.child_uri(name))
+        dest = cache_dir / relpath
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        _client().download_file(bucket, _join(key, relpath), str(dest))
+        return dest
 
     def put_file(self, name: str, relpath: str, local: Path) -> None:
         if not self.is_s3:

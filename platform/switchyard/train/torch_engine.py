@@ -1,20 +1,35 @@
-"""DDP and FSDP2 training with a torch AdamW, checkpointed with torch.distributed.checkpoint."""
+"""DDP and FSDP2 training with a torch AdamW, checkpointed with torch.distributed.checkpoint.
+
+Saves can run in the background (`start_save`: DCP's `async_save`, staged into host memory
+that is reused from save to save, pinned on a GPU). Loads read DCP's items straight from the
+checkpoint store (`ShardReader`): each rank fetches only the items its own shards need, and
+verifies each against its digest in the manifest.
+"""
 
 from __future__ import annotations
 
 import contextlib
+import io
+import pickle
+from collections.abc import Collection
+from concurrent.futures import Future
 from pathlib import Path
-from typing import cast
+from typing import Any, cast
 
 import torch
 import torch.distributed.checkpoint as dcp
 from torch import Tensor, nn
+from torch.distributed.checkpoint import CheckpointException, StorageReader
+from torch.distributed.checkpoint.planner import LoadItemType
+from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.checkpoint.state_dict_saver import AsyncSaveResponse
 from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel
 
 from switchyard.models import GPT, next_token_loss
+from switchyard.train.checkpoint import CheckpointError, CheckpointFiles, ItemRanges, agreed
 from switchyard.train.engine import Batch, StepOutput
 from switchyard.train.materialize import is_meta, materialize
 from switchyard.train.memory import RankMemory, grad_bytes, held_grad_bytes, optimizer_state_bytes, param_bytes
@@ -67,6 +82,7 @@ class TorchEngine:
         self.probe_memory = False
         self.peak_grad_bytes = 0
         """With `probe_memory`: the most gradient bytes held after any micro-batch's backward."""
+        self._stager: DefaultStager | None = None
 
     def _grad_sync(self, last: bool) -> contextlib.AbstractContextManager[None]:
         """Gradient reduction during accumulation. Replicated strategies (DDP, NO_SHARD)
@@ -126,11 +142,50 @@ class TorchEngine:
         return {"model": model_state, "optim": optim_state}
 
     def save(self, directory: Path) -> None:
-        dcp.save(self._state(), checkpoint_id=directory)
+        self.save_items(directory)
+
+    def save_items(self, directory: Path) -> ItemRanges:
+        return item_ranges(dcp.save(self._state(), checkpoint_id=directory))
+
+    def start_save(self, directory: Path, group: Any) -> Future[ItemRanges]:
+        """DCP's `async_save`: returns once the state is copied into host memory (the next
+        optimizer step may then change the live tensors); the write runs in a thread, its
+        collectives on `group`, which must handle CPU tensors (gloo) and be used by nothing
+        else meanwhile. The staging buffers are reused: the previous write must be done."""
+        if self._stager is None:
+            # Synchronous staging (a copy that blocks the loop) into buffers kept from save to
+            # save; on a GPU pinned, copied with non_blocking then one synchronize.
+            cuda = torch.cuda.is_available()
+            self._stager = DefaultStager(
+                StagingOptions(
+                    use_pinned_memory=cuda, use_shared_memory=False, use_async_staging=False, use_non_blocking_copy=cuda
+                )
+            )
+        response = dcp.async_save(
+            self._state(), checkpoint_id=directory, process_group=group, async_stager=self._stager
+        )
+        written = response.upload_completion if isinstance(response, AsyncSaveResponse) else response
+        ranges: Future[ItemRanges] = Future()
+
+        def done(future: Future[Any]) -> None:
+            try:
+                ranges.set_result(item_ranges(future.result()))
+            except (Exception, CheckpointException) as exc:  # noqa: BLE001  (handed on: `ranges.result()` raises it)
+                ranges.set_exception(exc)
+
+        written.add_done_callback(done)
+        return ranges
 
     def load(self, directory: Path) -> None:
+        self._load(dcp.FileSystemReader(directory))
+
+    def load_items(self, files: CheckpointFiles) -> None:
+        """Restore from the store, reading only the items this rank's shards need."""
+        self._load(ShardReader(files))
+
+    def _load(self, reader: StorageReader) -> None:
         state = self._state()
-        dcp.load(state, checkpoint_id=directory)
+        load_state(state, reader)
         set_state_dict(
             self.model,
             self.optimizer,
@@ -145,3 +200,104 @@ class TorchEngine:
             grads=grad_bytes(params),
             optimizer_state=optimizer_state_bytes(self.optimizer),
         )
+
+
+def item_ranges(metadata: Any) -> ItemRanges:
+    """Where DCP stored each item: file -> [(offset, length)] (from a save's `Metadata`)."""
+    ranges: ItemRanges = {}
+    for info in metadata.storage_data.values():
+        ranges.setdefault(info.relative_path, []).append((info.offset, info.length))
+    return ranges
+
+
+def load_state(state: dict[str, Any], reader: StorageReader) -> None:
+    """`dcp.load` whose failures (on any rank, raised on every rank alike) are a
+    `CheckpointError` naming each rank's problem."""
+    try:
+        dcp.load(state, storage_reader=reader)
+    except CheckpointException as exc:
+        problems = "; ".join(f"rank {rank}: {failure[0]}" for rank, failure in sorted(exc.failures.items()))
+        raise CheckpointError(problems) from None
+
+
+def load_dcp_weights(model: nn.Module, files: CheckpointFiles) -> None:
+    """`init_from`: only the model weights of a DCP checkpoint into a plain model. Its state
+    dict has the names of FSDP's / DDP's, and DCP reads (and reshards) only the keys asked
+    for: the optimizer's items are never fetched."""
+    state: dict[str, Any] = {"model": model.state_dict()}
+    load_state(state, ShardReader(files))
+    model.load_state_dict(state["model"])
+
+
+DCP_METADATA = ".metadata"
+
+
+def _narrow(tensor: Tensor, offsets: Collection[int], lengths: Collection[int]) -> Tensor:
+    for dim, (offset, length) in enumerate(zip(offsets, lengths, strict=True)):
+        if offset != 0 or length != tensor.size(dim):
+            tensor = tensor.narrow(dim, offset, length)
+    return tensor
+
+
+class ShardReader(StorageReader):
+    """DCP's reads straight from the checkpoint store: `.metadata` (every rank), then only
+    the items in this rank's load plan, fetched by byte range and each checked against its
+    digest (`CheckpointFiles`). Nothing is copied to local disk."""
+
+    def __init__(self, files: CheckpointFiles) -> None:
+        super().__init__()
+        # Read before `dcp.load`, agreed by every rank: DCP would turn a failed metadata read
+        # into "metadata is None" after a fallback attempt.
+        self.metadata = agreed(lambda: pickle.loads(files.read(DCP_METADATA)))
+        self.files = files
+        self.storage_data: dict[Any, Any] = {}
+
+    def reset(self, checkpoint_id: Any = None) -> None:
+        self.storage_data = {}
+
+    def read_metadata(self) -> Any:
+        return self.metadata
+
+    def set_up_storage_reader(self, metadata: Any, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
+        self.storage_data = metadata.storage_data
+
+    def prepare_local_plan(self, plan: Any) -> Any:
+        return plan
+
+    def prepare_global_plan(self, plans: list[Any]) -> list[Any]:
+        return plans
+
+    def read_data(self, plan: Any, planner: Any) -> torch.futures.Future[None]:
+        # Several requests may read one stored item (resharding): fetch and verify it once.
+        by_item: dict[str, dict[tuple[int, int], list[Any]]] = {}
+        for request in plan.items:
+            info = self.storage_data[request.storage_index]
+            if info.transform_descriptors:
+                raise CheckpointError(f"{info.relative_path}: stream transforms are not supported")
+            by_item.setdefault(info.relative_path, {}).setdefault((info.offset, info.length), []).append(request)
+        for relpath, items in by_item.items():
+            for offset, length, raw in self.files.read_items(relpath, items):
+                stored: Tensor | None = None
+                for request in items[(offset, length)]:
+                    if request.type == LoadItemType.BYTE_IO:
+                        planner.load_bytes(request, io.BytesIO(raw))
+                        continue
+                    if stored is None:
+                        stored = torch.load(io.BytesIO(raw), map_location="cpu", weights_only=True)
+                    self._copy(request, stored, planner)
+        done: torch.futures.Future[None] = torch.futures.Future()  # what DCP waits on
+        done.set_result(None)
+        return done
+
+    def _copy(self, request: Any, stored: Tensor, planner: Any) -> None:
+        tensor = _narrow(stored, request.storage_offsets, request.lengths)
+        target = planner.resolve_tensor(request).detach()
+        if target.size() != tensor.size():
+            fqn = request.storage_index.fqn
+            raise CheckpointError(f"{fqn}: stored {tuple(tensor.size())}, wants {tuple(target.size())}")
+        target.copy_(tensor)
+        planner.commit_tensor(request, target)
+
+    @classmethod
+    def validate_checkpoint_id(cls, checkpoint_id: Any) -> bool:
+        return False

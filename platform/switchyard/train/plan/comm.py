@@ -5,21 +5,26 @@ all-gather (n-1)/n·M, reduce-scatter (n-1)/n·M (Patarasuk and Yuan 2009; NCCL'
 bandwidth is defined so that time = these bytes / bus bandwidth). Latency terms are ignored:
 at these sizes bandwidth dominates.
 
-Which collectives run, per step of m micro-batches:
+Which collectives run, per step of m micro-batches, as the trainer configures them:
 - ddp, fsdp-no-shard: one all-reduce of the fp32 gradients per step: the trainer skips
   the reduction on all but the last micro-batch (DDP `no_sync`, FSDP
   `set_requires_gradient_sync(False)`); their gradients are whole anyway.
-- zero1: reduce-scatter the gradients and all-gather the updated parameters, once a step.
+- zero1: reduce-scatter the fp32 gradients and all-gather the updated 16-bit parameters, once
+  a step. DeepSpeed issues the reduce-scatter as one `reduce` per owning rank
+  (`use_multi_rank_bucket_allreduce: false`): the same bytes per rank. Its default, a bucket
+  all-reduce, would send twice the gradient bytes.
 - zero2: as zero1, but gradients are reduce-scattered every micro-batch.
-- zero3, fsdp-full: all-gather the parameters in forward and again in backward, and
-  reduce-scatter the gradients, every micro-batch: 3 transfers of Ψ against zero1's 2, so
-  ZeRO-3 costs 1.5x ZeRO-1 (Rajbhandari et al. 2020, section 7).
+- zero3, fsdp-full: all-gather the 16-bit parameters in forward and again in backward, and
+  reduce-scatter the fp32 gradients, every micro-batch: (2·2 + 4)Ψ against zero1's
+  (4 + 2)Ψ, so ZeRO-3 costs 4/3 of ZeRO-1. With 16-bit gradient reduction, the ZeRO paper's
+  setting, it is 3Ψ against 2Ψ: 1.5x (Rajbhandari et al. 2020, section 7).
 - fsdp-grad-op: one all-gather (parameters stay gathered into backward) + reduce-scatter.
 - fsdp-hybrid: fsdp-full inside a shard group of G ranks, plus an all-reduce of each
   rank's 1/G gradient shard across the N/G groups once per step: the trainer reduce-scatters
   every micro-batch (gradients stay sharded) and skips only the cross-replica all-reduce
   until the last one (`set_requires_all_reduce(False)`).
-DeepSpeed communicates in the compute dtype; the trainer's FSDP and DDP reduce in fp32.
+Every strategy reduces gradients in fp32 (FSDP `reduce_dtype`, DDP's fp32 gradients,
+DeepSpeed `communication_data_type: fp32`) and gathers parameters in the compute dtype.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ from enum import StrEnum
 
 from switchyard.train.plan.hardware import GB, ClusterSpec
 from switchyard.train.plan.job import Precision, TrainingJob
+from switchyard.train.plan.states import gradient_bytes
 from switchyard.train.plan.terms import Term, count
 from switchyard.train.strategy import Offload, Strategy
 
@@ -76,8 +82,8 @@ class Transfer:
 def transfers(params: int, cluster: ClusterSpec, job: TrainingJob, group: int) -> list[Transfer]:
     n, m, strategy = cluster.gpus, job.grad_accum, job.strategy
     e = job.precision.compute_bytes
-    fp32_grads = params * 4.0
-    ds = params * float(e)  # DeepSpeed's buffers are in the compute dtype
+    fp32_grads = params * 4.0  # every strategy reduces gradients in fp32
+    weights = params * float(e)  # parameters are gathered in the compute dtype
     bw = cluster.ring_gbps(n)
     if n == 1:
         return []
@@ -88,22 +94,21 @@ def transfers(params: int, cluster: ClusterSpec, job: TrainingJob, group: int) -
     if strategy in (Strategy.ZERO1, Strategy.ZERO2):
         reduce_steps = 1 if strategy is Strategy.ZERO1 else m
         return [
-            Transfer("gradients", Collective.REDUCE_SCATTER, ds, n, reduce_steps, bw),
-            Transfer("updated parameters", Collective.ALL_GATHER, ds, n, 1, bw),
+            Transfer("gradients", Collective.REDUCE_SCATTER, fp32_grads, n, reduce_steps, bw),
+            Transfer("updated parameters", Collective.ALL_GATHER, weights, n, 1, bw),
         ]
-    grads = ds if strategy is Strategy.ZERO3 else fp32_grads
     gathers = 1 if strategy is Strategy.FSDP_GRAD_OP else 2
     shard_bw = cluster.ring_gbps(group)
     out = [
         Transfer(
             "parameters (fwd+bwd)" if gathers == 2 else "parameters (fwd)",
             Collective.ALL_GATHER,
-            params * float(e),
+            weights,
             group,
             gathers * m,
             shard_bw,
         ),
-        Transfer("gradients", Collective.REDUCE_SCATTER, grads, group, m, shard_bw),
+        Transfer("gradients", Collective.REDUCE_SCATTER, fp32_grads, group, m, shard_bw),
     ]
     if strategy is Strategy.FSDP_HYBRID and n > group:
         replicas = n // group
@@ -120,14 +125,15 @@ def offload_traffic(params: int, cluster: ClusterSpec, job: TrainingJob, group: 
         return Term(0.0, "no offload")
     e, m = job.precision.compute_bytes, job.grad_accum
     shard = params / group
+    g_b = gradient_bytes(job.strategy, job.precision)
     if job.strategy in (Strategy.ZERO1, Strategy.ZERO2):
-        value = 2 * e * shard
+        value = (g_b + e) * shard
         return Term(
-            value, f"gradient partition down + parameter partition up 2·{e}·Ψ/N = 2·{e}·{count(params)}/{group}"
+            value,
+            f"gradient partition down + parameter partition up ({g_b} + {e})·Ψ/N = {g_b + e}·{count(params)}/{group}",
         )
     gathers = 1 if job.strategy is Strategy.FSDP_GRAD_OP else 2
     p_b = e if job.strategy.is_deepspeed else 4
-    g_b = e if job.strategy.is_deepspeed else 4
     value = m * (gathers * p_b + g_b) * shard
     return Term(
         value,
@@ -167,7 +173,8 @@ def communication(params: int, cluster: ClusterSpec, job: TrainingJob, group: in
 
 
 def zero3_over_zero1(params: int, cluster: ClusterSpec, precision: Precision) -> float:
-    """ZeRO-3's communication volume as a multiple of ZeRO-1's for the same job (1.5)."""
+    """ZeRO-3's communication volume as a multiple of ZeRO-1's for the same job: 4/3 in mixed
+    precision (16-bit gathers, fp32 reductions), 1.5 in fp32 (every transfer the same size)."""
     vols = []
     for strategy in (Strategy.ZERO3, Strategy.ZERO1):
         job = TrainingJob(strategy=strategy, precision=precision)

@@ -1,13 +1,15 @@
 """Model states per GPU: parameters, gradients and optimizer state, sharded per strategy.
 
-DeepSpeed (zero1/2/3) keeps the ZeRO paper's layout for mixed precision (Rajbhandari et al.
-2020, section 3.1): 16-bit parameters (2Ψ) and gradients (2Ψ), and K=12 bytes of optimizer
-state per parameter (fp32 master weights, Adam's momentum and variance); stage 1 shards the
-optimizer state, stage 2 also the gradients, stage 3 also the parameters.
+DeepSpeed (zero1/2/3) in mixed precision keeps 16-bit parameters (2Ψ) and K=12 bytes of
+optimizer state per parameter (fp32 master weights, Adam's momentum and variance), as in the
+ZeRO paper (Rajbhandari et al. 2020, section 3.1). Its gradients are what the trainer's
+config makes them: at stage 1 16-bit (2Ψ), at stages 2 and 3 fp32 partitions (4Ψ/N), since
+the trainer accumulates and reduces them in fp32 where the paper has 16-bit ones (2Ψ/N).
+Stage 1 shards the optimizer state, stage 2 also the gradients, stage 3 also the parameters.
 
 PyTorch (ddp, fsdp-*) keeps fp32 parameters, which double as the master weights, and fp32
 gradients (the trainer reduces in fp32); its 16-bit copies are transient (see transient.py).
-Both add up to 16 bytes per parameter with Adam; they differ in where the bytes sit.
+With Adam that is 16 bytes per parameter for PyTorch and ZeRO-1, 18 for ZeRO-2 and ZeRO-3.
 """
 
 from __future__ import annotations
@@ -57,22 +59,39 @@ class BytesPerParam:
 
     @classmethod
     def of(cls, strategy: Strategy, precision: Precision, optimizer: OptimizerKind) -> BytesPerParam:
-        mixed = precision is not Precision.FP32
-        if strategy.is_deepspeed and mixed:
-            # ZeRO paper: 16-bit params and grads; fp32 master copy (4) inside the optimizer.
-            return cls(2, 2, 4 + optimizer.state_bytes)
+        if strategy.is_deepspeed and precision is not Precision.FP32:
+            # 16-bit params; fp32 master copy (4) inside the optimizer.
+            return cls(2, gradient_bytes(strategy, precision), 4 + optimizer.state_bytes)
         return cls(4, 4, optimizer.state_bytes)
 
 
-def offloaded(strategy: Strategy, offload: Offload) -> ShardDegrees:
+def gradient_bytes(strategy: Strategy, precision: Precision) -> int:
+    """Bytes per gradient element as the trainer keeps them between micro-batches: fp32,
+    except DeepSpeed ZeRO-1 in mixed precision, which accumulates its whole 16-bit gradients
+    (DeepSpeed runs bf16 ZeRO-1 with fp32 accumulation through its BF16_Optimizer instead,
+    which all-reduces whole fp32 gradients)."""
+    if strategy is Strategy.ZERO1 and precision is not Precision.FP32:
+        return precision.compute_bytes
+    return 4
+
+
+def offloaded(strategy: Strategy, offload: Offload, precision: Precision) -> ShardDegrees:
     """1 where a state lives on the host instead of the GPU (a ShardDegrees used as flags)."""
     if offload is Offload.NONE:
         return ShardDegrees(0, 0, 0)
     if strategy is Strategy.ZERO1:
         return ShardDegrees(0, 0, 1)  # offload_optimizer: state and fp32 master on the host
     if strategy is Strategy.ZERO2:
-        return ShardDegrees(0, 1, 1)  # reduced gradient partitions are copied to the host too
+        # Reduced gradient partitions go to the host for the step. In mixed precision DeepSpeed
+        # accumulates them in fp32 on the GPU first and copies them once a step (gpu_and_host).
+        return ShardDegrees(0, int(precision is Precision.FP32), 1)
     return ShardDegrees(1, 1, 1)  # zero3 offload_param + offload_optimizer; FSDP CPUOffloadPolicy
+
+
+def gpu_and_host(strategy: Strategy, offload: Offload, precision: Precision) -> bool:
+    """ZeRO-2 offload in mixed precision holds its fp32 gradient partition on the GPU and a
+    copy of it on the host."""
+    return strategy is Strategy.ZERO2 and offload is not Offload.NONE and precision is not Precision.FP32
 
 
 @dataclass(frozen=True)
@@ -99,7 +118,7 @@ def model_states(
 ) -> ModelStates:
     per = BytesPerParam.of(strategy, precision, optimizer)
     shards = shard_degrees(strategy, group)
-    host = offloaded(strategy, offload)
+    host = offloaded(strategy, offload, precision)
     terms: list[Term] = []
     host_bytes = 0.0
     for name, k, d, off in (
@@ -117,4 +136,6 @@ def model_states(
         else:
             terms.append(Term(value, f"{symbolic} = {numbers}"))
     parameters, gradients, optimizer_state = terms
+    if gpu_and_host(strategy, offload, precision):
+        host_bytes += gradients.value
     return ModelStates(parameters, gradients, optimizer_state, Term(host_bytes, "offloaded states"))

@@ -12,7 +12,9 @@ from switchyard.train.plan.terms import Term, count
 from switchyard.train.strategy import Offload, Strategy
 
 DEEPSPEED_REDUCE_BUCKET = 500_000_000
-"""DeepSpeed's default `reduce_bucket_size` (elements) for ZeRO-1/2 gradient reduction."""
+"""DeepSpeed's default `reduce_bucket_size` (elements); the trainer caps it at Ψ."""
+DEEPSPEED_REDUCE_BUCKETS = 2
+"""ZeRO-1/2 buckets in 16-bit gradients: `overlap_comm` reduces one while backward fills the other."""
 
 
 def transient(
@@ -30,13 +32,13 @@ def transient(
     if strategy is Strategy.DDP:
         return _ddp(params, e, mixed)
     if strategy in (Strategy.ZERO1, Strategy.ZERO2):
-        return _zero12(params, e, mixed, offload, group)
+        return _zero12(strategy, params, e, mixed, offload, group)
     if units is None:
         return None
     unit = units.largest
-    # FSDP reduces in fp32 (the trainer's MixedPrecisionPolicy), so a 16-bit unsharded
-    # gradient is upcast before its reduce-scatter; DeepSpeed reduces in the compute dtype.
-    grad_b = (e + 4 if mixed else 4) if strategy.is_fsdp else e
+    # Gradients are reduced in fp32 (FSDP's reduce_dtype, DeepSpeed's communication_data_type),
+    # so a 16-bit unsharded gradient is upcast before its reduce-scatter.
+    grad_b = e + 4 if mixed else 4
     grads = Term(unit * grad_b, f"U·{grad_b} = {count(unit)}·{grad_b}")
     if strategy is Strategy.FSDP_GRAD_OP:
         held = Term(params * e, f"Ψ·{e} = {count(params)}·{e} (all units kept from forward)")
@@ -65,11 +67,14 @@ def _ddp(params: int, e: int, mixed: bool) -> Term:
     )
 
 
-def _zero12(params: int, e: int, mixed: bool, offload: Offload, group: int) -> Term:
+def _zero12(strategy: Strategy, params: int, e: int, mixed: bool, offload: Offload, group: int) -> Term:
     bucket = min(params, DEEPSPEED_REDUCE_BUCKET)
-    bucket_b = bucket * e
-    # At the optimizer step DeepSpeed upcasts this rank's gradient partition to fp32.
-    step_b = 4 * params / group if mixed and offload is Offload.NONE else 0.0
-    if step_b > bucket_b:
+    k = DEEPSPEED_REDUCE_BUCKETS
+    buckets_b = k * bucket * e
+    # At the optimizer step ZeRO-1 upcasts this rank's 16-bit gradient partition to fp32;
+    # ZeRO-2 accumulates it in fp32 (a model state), so there is nothing to upcast.
+    upcast = strategy is Strategy.ZERO1 and mixed and offload is Offload.NONE
+    step_b = 4 * params / group if upcast else 0.0
+    if step_b > buckets_b:
         return Term(step_b, f"fp32 gradient partition at step 4·Ψ/N = 4·{count(params)}/{group}")
-    return Term(bucket_b, f"reduce bucket min(Ψ, 5e8)·{e} = {count(bucket)}·{e}")
+    return Term(buckets_b, f"reduce buckets {k}·min(Ψ, 5e8)·{e} = {k}·{count(bucket)}·{e}")
