@@ -173,3 +173,28 @@ def test_a_grant_nobody_claims_is_taken_back_requeued_then_ended(scheduler_facto
     assert rows[lost.workload_id]["state"] == "done"
     assert ray.get(actor.lease.remote(lost.workload_id)) is None  # nothing held for it
     assert ray.get(actor.lease.remote(used.workload_id)) is not None  # claimed: never timed out
+
+
+def test_a_leased_job_holding_more_gpus_than_its_lease_is_reported(scheduler_factory: Callable[..., Any]) -> None:
+    """Regression: enforcement only checked that a job claimed some lease, not how many GPUs it
+    holds; a job with a 2-GPU lease could hold 4."""
+    from ray.util.placement_group import placement_group, remove_placement_group
+
+    actor = scheduler_factory()
+    small = gang("research", (2,), priority_class="exploratory")
+    ray.get(actor.submit.remote(small))
+    granted(actor, small.workload_id)
+    job = ray.get_runtime_context().get_job_id()
+    assert ray.get(actor.claim.remote(small.workload_id, job)) is not None
+    greedy = placement_group([{"GPU": 1, "CPU": 0}] * 4, strategy="PACK")
+    ray.get(greedy.ready(), timeout=30)
+    try:
+        report = wait_for(
+            lambda: (s := ray.get(actor.status.remote())["outside_leases"]) and s["over_lease"] and s, timeout=30
+        )
+        [over] = report["over_lease"]
+        assert (over["job_id"], over["leased_gpus"], over["excess"]) == (job, 2, over["gpus"] - 2)
+        assert over["gpus"] >= 4 and report["over_lease_gpus"] == over["excess"]
+        assert not report["unleased"]  # it has a lease: over it, not outside one
+    finally:
+        remove_placement_group(greedy)

@@ -5,7 +5,9 @@ GPU actor. So the scheduler audits instead. It reads Ray's state API (placement 
 actors and tasks holding GPUs), groups holdings by Ray job, and compares them with its
 leases (a leased job claims its lease with its Ray job id at start) and with Serve's
 replicas (the inference pool). What is left is use outside any lease: reported in `status`
-and metrics and, when the policy says so, stopped.
+and metrics and, when the policy says so, stopped. A leased job holding more GPUs than its
+leases grant is reported too (`over_lease`, and the `switchyard_scheduler_over_lease_gpus`
+gauge): it is not stopped, since which of its placement groups is the extra one is not known.
 """
 
 from __future__ import annotations
@@ -31,14 +33,43 @@ class JobHoldings:
 
 
 @dataclass(frozen=True)
+class OverLease:
+    """A leased job holding more GPUs than its leases grant it."""
+
+    holding: JobHoldings
+    leased_gpus: int
+
+    @property
+    def excess_gpus(self) -> float:
+        return self.holding.gpus - self.leased_gpus
+
+
+@dataclass(frozen=True)
 class GpuAccounting:
     serve_gpus: float
     by_job: dict[str, JobHoldings]  # non-Serve holders, by Ray job id
     unleased: tuple[JobHoldings, ...]
+    over_lease: tuple[OverLease, ...] = ()
 
     @property
     def unleased_gpus(self) -> float:
         return sum(h.gpus for h in self.unleased)
+
+    @property
+    def over_lease_gpus(self) -> float:
+        return sum(o.excess_gpus for o in self.over_lease)
+
+
+def compare_with_leases(
+    by_job: dict[str, JobHoldings], leased: dict[str, int]
+) -> tuple[tuple[JobHoldings, ...], tuple[OverLease, ...]]:
+    """Jobs holding GPUs with no lease, and leased jobs holding more than their leases' GPUs
+    (`leased`: Ray job id -> GPUs of the leases it claimed; a sweep's trials share one job)."""
+    unleased = tuple(h for job, h in sorted(by_job.items()) if job not in leased and h.gpus > 0)
+    over = tuple(
+        OverLease(h, leased[job]) for job, h in sorted(by_job.items()) if job in leased and h.gpus > leased[job]
+    )
+    return unleased, over
 
 
 def _gpus(resources: dict[str, Any] | None) -> float:
@@ -49,8 +80,9 @@ def _is_serve(name: str | None) -> bool:
     return bool(name) and str(name).startswith(SERVE_PREFIXES)
 
 
-def account(address: str, leased_jobs: set[str], limit: int = 10_000) -> GpuAccounting:
-    """Group every GPU holding on the cluster by Ray job; flag jobs that hold GPUs without a lease."""
+def account(address: str, leased: dict[str, int], limit: int = 10_000) -> GpuAccounting:
+    """Group every GPU holding on the cluster by Ray job; flag jobs that hold GPUs without a
+    lease, and leased jobs that hold more than their leases (`leased`: job id -> GPUs)."""
     by_job: dict[str, JobHoldings] = {}
     serve_gpus = 0.0
 
@@ -86,8 +118,8 @@ def account(address: str, leased_jobs: set[str], limit: int = 10_000) -> GpuAcco
         h = holder(task.job_id)
         h.gpus += gpus
         h.tasks.append(f"{task.func_or_class_name}({task.task_id})")
-    unleased = tuple(h for job, h in sorted(by_job.items()) if job not in leased_jobs and h.gpus > 0)
-    return GpuAccounting(serve_gpus, by_job, unleased)
+    unleased, over = compare_with_leases(by_job, leased)
+    return GpuAccounting(serve_gpus, by_job, unleased, over)
 
 
 def stop_unleased(holding: JobHoldings) -> list[str]:
@@ -123,5 +155,10 @@ def summarize(accounting: GpuAccounting) -> dict[str, Any]:
                 "tasks": h.tasks,
             }
             for h in accounting.unleased
+        ],
+        "over_lease_gpus": accounting.over_lease_gpus,
+        "over_lease": [
+            {"job_id": o.holding.job_id, "gpus": o.holding.gpus, "leased_gpus": o.leased_gpus, "excess": o.excess_gpus}
+            for o in accounting.over_lease
         ],
     }

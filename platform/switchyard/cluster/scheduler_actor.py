@@ -456,11 +456,23 @@ class SchedulerActor:
 
     def _audit_gpu_use(self) -> None:
         with self._lock:
-            leased_jobs = set(self._state.claims.values())
+            leased: dict[str, int] = {}
+            for workload, job in self._state.claims.items():
+                grant = self._state.grants.get(workload)
+                gpus = sum(p.gpus for p in grant.placements) if grant is not None else 0
+                leased[job] = leased.get(job, 0) + gpus
             address = ray.get_runtime_context().gcs_address
-        accounting = account(address, leased_jobs)
+        accounting = account(address, leased)
         self._accounting = accounting
         self._metrics.unleased_gpus.set(accounting.unleased_gpus)
+        self._metrics.over_lease_gpus.set(accounting.over_lease_gpus)
+        for over in accounting.over_lease:
+            log.warning(
+                "Ray job %s holds %.0f GPUs, %.0f more than its leases grant",
+                over.holding.job_id,
+                over.holding.gpus,
+                over.excess_gpus,
+            )
         for holding in accounting.unleased:
             log.warning("GPU use outside any lease: Ray job %s holds %.0f GPUs", holding.job_id, holding.gpus)
             if self._stop_unleased:

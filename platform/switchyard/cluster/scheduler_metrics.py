@@ -49,6 +49,9 @@ class SchedulerMetrics:
         self.unleased_gpus = Gauge(
             "switchyard_scheduler_unleased_gpus", description="GPUs held by workloads outside any lease."
         )
+        self.over_lease_gpus = Gauge(
+            "switchyard_scheduler_over_lease_gpus", description="GPUs leased jobs hold beyond their leases."
+        )
 
     def admitted(self, team: str, priority_class: str, gpus: int, waited_s: float) -> None:
         self.queue_wait.observe(
