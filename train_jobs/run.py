@@ -59,9 +59,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     if args.storage:
         spec = spec.with_changes(**{"checkpoint.uri": args.storage})
+    from switchyard.train.step_sync import NonFiniteLossError
+
     if args.local is not None:
         from switchyard.train.launch import run_local
-        from switchyard.train.step_sync import NonFiniteLossError
 
         try:
             result = run_local(spec, nproc=args.local, job_id=args.job_id, profile_dir=args.profile)
@@ -79,6 +80,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         ray.init(address=os.environ.get("RAY_ADDRESS") or "local")
         try:
             result = run_admitted(spec, args)
+        except NonFiniteLossError as exc:  # the lease was released (finished) on the way out
+            print(f"train_jobs.run: {exc}", file=sys.stderr)
+            return 1
         except (ValueError, TimeoutError) as exc:
             print(f"train_jobs.run: {exc}", file=sys.stderr)
             return 2

@@ -63,3 +63,51 @@ def test_state_dict_resumes_the_exact_sequence_across_epochs() -> None:
 def test_corpus_too_small_for_one_batch() -> None:
     with pytest.raises(ValueError, match="needs 6"):
         TokenBatches(torch.arange(50), 10, 3, 0, 2, 0)
+
+
+def _epoch_order_batch(n_windows: int, seed: int, epoch: int, start: int, size: int) -> list[int]:
+    """The window ids the documented order puts at `start`: randperm over (seed, epoch)."""
+    g = torch.Generator().manual_seed(seed * 1_000_003 + epoch)
+    return torch.randperm(n_windows, generator=g)[start : start + size].tolist()
+
+
+@pytest.mark.parametrize("corpus_tokens", [1_001, 200_001])
+def test_the_corpus_is_permuted_once_per_epoch_not_per_batch(
+    corpus_tokens: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One permutation per epoch, however large the corpus: 20 micro-batches of a 100-window
+    corpus cross one epoch boundary (two permutations); of a 20,000-window one, none (one).
+    Drawing one per micro-batch, as before, made each batch cost O(corpus)."""
+    drawn: list[int] = []
+    randperm = torch.randperm
+
+    def counting(n: int, **kwargs: object) -> torch.Tensor:
+        drawn.append(n)
+        return randperm(n, **kwargs)  # type: ignore[call-overload,no-any-return]
+
+    monkeypatch.setattr(torch, "randperm", counting)
+    n_windows = (corpus_tokens - 1) // 10
+    batches = TokenBatches(torch.arange(corpus_tokens), 10, 3, 0, 2, 0)
+    for _ in range(20):
+        batches.next_batch()
+    assert drawn == [n_windows] * (2 if corpus_tokens == 1_001 else 1)
+
+
+def test_batches_follow_the_seeded_epoch_order_and_resume_mid_epoch() -> None:
+    """The order is unchanged by drawing it once: window ids at each step are randperm's over
+    (seed, epoch), sliced by cursor and rank. A run restored at step 19 (epoch 1) from a
+    sampler that had drawn epoch 0's order reads the same next batch as the uninterrupted one."""
+    a = _batches(1)
+    cursor, epoch = 0, 0
+    for _ in range(19):  # 99 windows, 6 per step: epoch 0 is steps 0-15
+        if cursor + 6 > 99:
+            cursor, epoch = 0, epoch + 1
+        x, _ = a.next_batch()
+        assert [v // 10 for v in x[:, 0].tolist()] == _epoch_order_batch(99, 0, epoch, cursor + 3, 3)
+        cursor += 6
+    b = _batches(1)
+    b.next_batch()  # holds epoch 0's order when the state is loaded
+    b.load_state_dict(a.state_dict())
+    assert a.epoch == b.epoch == 1
+    for _ in range(3):
+        assert torch.equal(a.next_batch()[0], b.next_batch()[0])

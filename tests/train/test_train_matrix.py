@@ -23,6 +23,7 @@ MATRIX_2 = [
     ("fsdp-full", "none", "block", 1),
     ("fsdp-full", "full", "block", 1),
     ("fsdp-full", "selective", "layer", 1),
+    ("fsdp-full", "op", "block", 1),
     ("fsdp-full", "every-k", "root", 1),
     ("fsdp-grad-op", "every-k", "block", 1),
     ("fsdp-no-shard", "selective", "block", 1),

@@ -8,9 +8,13 @@
 from __future__ import annotations
 
 import argparse
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from switchyard.cli._output import fail
+
+if TYPE_CHECKING:  # the CLI imports torch and Ray only for the command that needs them
+    from switchyard.train.loop import TrainResult
+    from switchyard.train.spec import JobSpec
 
 EXIT_PREEMPTED = 75  # EX_TEMPFAIL: the job stopped on a notice and can be resumed
 
@@ -48,6 +52,7 @@ def register(subparsers: Any) -> None:
 
 def run_command(args: argparse.Namespace) -> int:
     from switchyard.train.spec import JobSpecError, load_job_spec
+    from switchyard.train.step_sync import NonFiniteLossError
 
     try:
         spec = load_job_spec(args.config)
@@ -57,28 +62,32 @@ def run_command(args: argparse.Namespace) -> int:
         return fail(f"--nproc must be at least 1, got {args.nproc}")
     if args.storage:
         spec = spec.with_changes(**{"checkpoint.uri": args.storage})
-    if args.ray:
-        if args.profile:
-            return fail("--profile is supported for local runs only (drop --ray)")
-        import ray
-
-        from switchyard.train.ray_trainer import run_on_ray
-
-        ray.init(address="local", include_dashboard=False)
-        try:
-            result = run_on_ray(spec, job_id=args.job_id)
-        finally:
-            ray.shutdown()
-    else:
-        from switchyard.train.launch import run_local
-        from switchyard.train.step_sync import NonFiniteLossError
-
-        try:
-            result = run_local(spec, nproc=args.nproc, job_id=args.job_id, profile_dir=args.profile)
-        except NonFiniteLossError as exc:
-            return fail(str(exc), 1)
+    if args.ray and args.profile:
+        return fail("--profile is supported for local runs only (drop --ray)")
+    try:
+        result = _run_on_ray(spec, args) if args.ray else _run_local(spec, args)
+    except NonFiniteLossError as exc:
+        return fail(str(exc), 1)
     print(result.to_json(), flush=True)
     return EXIT_PREEMPTED if result.resumable else 0
+
+
+def _run_on_ray(spec: JobSpec, args: argparse.Namespace) -> TrainResult:
+    import ray
+
+    from switchyard.train.ray_trainer import run_on_ray
+
+    ray.init(address="local", include_dashboard=False)
+    try:
+        return run_on_ray(spec, job_id=args.job_id)
+    finally:
+        ray.shutdown()
+
+
+def _run_local(spec: JobSpec, args: argparse.Namespace) -> TrainResult:
+    from switchyard.train.launch import run_local
+
+    return run_local(spec, nproc=args.nproc, job_id=args.job_id, profile_dir=args.profile)
 
 
 def plot_command(args: argparse.Namespace) -> int:

@@ -9,7 +9,7 @@ batches an uninterrupted one would.
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -130,7 +130,8 @@ class TokenBatches:
     """Windows of `seq_len + 1` tokens, shuffled per epoch, split over ranks and micro-steps.
 
     Every rank computes the same permutation from (seed, epoch) and takes its own slice, so
-    no rank needs to talk to another to agree on the data.
+    no rank needs to talk to another to agree on the data. The permutation is drawn once per
+    epoch and kept: a micro-batch costs O(micro_batch x seq_len), whatever the corpus size.
     """
 
     tokens: Tensor
@@ -141,6 +142,8 @@ class TokenBatches:
     seed: int
     epoch: int = 0
     cursor: int = 0  # windows of the global order already consumed
+    _order_of: tuple[tuple[int, int], Tensor] | None = field(default=None, init=False, repr=False, compare=False)
+    """The last permutation drawn and the (seed, epoch) it was drawn for."""
 
     def __post_init__(self) -> None:
         self.n_windows = (self.tokens.numel() - 1) // self.seq_len
@@ -152,8 +155,11 @@ class TokenBatches:
             )
 
     def _order(self) -> Tensor:
-        g = torch.Generator().manual_seed(self.seed * 1_000_003 + self.epoch)
-        return torch.randperm(self.n_windows, generator=g)
+        key = (self.seed, self.epoch)
+        if self._order_of is None or self._order_of[0] != key:
+            g = torch.Generator().manual_seed(self.seed * 1_000_003 + self.epoch)
+            self._order_of = (key, torch.randperm(self.n_windows, generator=g))
+        return self._order_of[1]
 
     def next_batch(self) -> tuple[Tensor, Tensor]:
         """This rank's (inputs, targets) for the next micro-batch, each (micro_batch, seq_len)."""

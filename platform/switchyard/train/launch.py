@@ -107,8 +107,7 @@ def run_on_rank(
     except NonFiniteLossError as exc:
         # Every rank stops at the same step; the launcher re-raises it, without the ranks' tracebacks.
         if rank == 0:
-            failure = {"step": exc.step, "loss": exc.loss, "last_checkpoint": exc.last_checkpoint}
-            Path(result_path).write_text(json.dumps({"non_finite_loss": failure}))
+            Path(result_path).write_text(json.dumps({"non_finite_loss": exc.to_dict()}))
         return
     if rank == 0:
         payload = {**json.loads(result.to_json()), "losses": result.losses}

@@ -27,6 +27,7 @@ from switchyard.train.checkpoint import CheckpointStore, FileTable
 from switchyard.train.loop import LINE_FIELDS, RunContext, Trainer, TrainResult
 from switchyard.train.ray_preemption import GcsPreemptionChannel
 from switchyard.train.spec import JobSpec
+from switchyard.train.step_sync import NonFiniteLossError
 
 log = logging.getLogger(__name__)
 
@@ -65,8 +66,9 @@ class RayReportPublisher:
             self.on_published()
 
 
-def train_fn(config: dict[str, Any]) -> None:
-    """The per-worker function `TorchTrainer` runs."""
+def train_fn(config: dict[str, Any]) -> dict[str, Any] | None:
+    """The per-worker function `TorchTrainer` runs; returns `{"non_finite_loss": ...}` when
+    the loss became non-finite (rank 0's return value is `fit()`'s `return_value`)."""
     spec = JobSpec.model_validate(config["spec"])
     context = ray.train.get_context()
     rank, world_size = context.get_world_rank(), context.get_world_size()
@@ -89,8 +91,21 @@ def train_fn(config: dict[str, Any]) -> None:
         stop_after_steps=config.get("stop_after_steps"),
         on_resume=_resume_reporter(workload_id) if workload_id and rank == 0 else None,
     )
-    result = Trainer(spec, ctx).run()
+    try:
+        result = Trainer(spec, ctx).run()
+    except NonFiniteLossError as exc:
+        # Every rank stops at the same step (the loss is all-reduced before the check). Return
+        # it rather than raise: a raised error reaches the driver as every rank's traceback.
+        return {"non_finite_loss": exc.to_dict()}
     log.info("rank %d finished: %s", rank, result.to_json())
+    return None
+
+
+def raise_non_finite_loss(return_value: Any) -> None:
+    """Raise on the driver the `NonFiniteLossError` rank 0's `train_fn` returned, as
+    `run_local` does for local ranks: the CLI prints its one line and exits 1."""
+    if isinstance(return_value, dict) and "non_finite_loss" in return_value:
+        raise NonFiniteLossError(**return_value["non_finite_loss"])
 
 
 def _resume_reporter(workload_id: str) -> Callable[[int, str], None]:
@@ -147,7 +162,8 @@ def run_on_ray(
 
     With `worker_label_selectors` (from the scheduler's lease: one per worker, naming its
     node) every worker holds `spec.gpus_per_worker` granted GPUs on the node the scheduler
-    chose; `workload_id` names the scheduler workload whose checkpoints are reported."""
+    chose; `workload_id` names the scheduler workload whose checkpoints are reported.
+    Raises `NonFiniteLossError` when the loss became non-finite."""
     storage = storage_path or spec.checkpoint.uri or str(state_dir() / "train" / "checkpoints")
     storage = storage.rstrip("/")
     job_id = job_id or spec.name
@@ -181,6 +197,7 @@ def run_on_ray(
     )
     with _DriverSigterm(job_id):
         result = trainer.fit()
+    raise_non_finite_loss(result.return_value)
     metrics = dict(result.metrics or {})
     fields = ("job", "status", "step", "loss", "checkpoint", "resumable", "resumed_from", "reason")
     missing = [f for f in fields if f not in metrics]

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -37,6 +38,15 @@ class NonFiniteLossError(RuntimeError):
         self.last_checkpoint = last_checkpoint
         where = f"last good checkpoint: {last_checkpoint}" if last_checkpoint else "no checkpoint was saved before it"
         super().__init__(f"loss is {loss} at step {step}; training stopped without saving ({where})")
+
+    def to_dict(self) -> dict[str, Any]:
+        """What a rank hands its launcher (`NonFiniteLossError(**d)` raises it there), so a
+        launcher shows this one line instead of every rank's traceback."""
+        return {"step": self.step, "loss": self.loss, "last_checkpoint": self.last_checkpoint}
+
+    def __reduce__(self) -> tuple[type[NonFiniteLossError], tuple[int, float, str | None]]:
+        # The default (cls, (message,)) cannot be unpickled: __init__ takes the fields.
+        return (NonFiniteLossError, (self.step, self.loss, self.last_checkpoint))
 
 
 class PendingSteps:

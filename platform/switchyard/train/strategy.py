@@ -45,6 +45,7 @@ class CheckpointMode(StrEnum):
     FULL = "full"  # every transformer block
     EVERY_K = "every-k"  # every k-th block
     SELECTIVE = "selective"  # Megatron-style: only the attention core
+    OP = "op"  # torchtitan's op-level SAC: every block, matmul outputs kept, element-wise ops recomputed
 
 
 class WrapGranularity(StrEnum):
