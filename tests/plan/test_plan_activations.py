@@ -68,3 +68,17 @@ def test_activations_scale_with_micro_batch() -> None:
     four = plan(shape, cluster, TrainingJob(micro_batch=4)).activation_total
     assert one is not None and four is not None
     assert four.value == pytest.approx(4 * one.value)
+
+
+def test_op_level_recompute_keeps_the_matmul_outputs_by_hand() -> None:
+    # GPT-3 (MHA, kv = h, f = 4h, no gate), 16-bit, flash: per token 2·(5h + 2h + 4h) = 22h,
+    # and 4·a·b·s log-sum-exp rows: the block input, Q/K/V, attention output, output
+    # projection, MLP up and down; norms, GELU and dropout are recomputed.
+    layer = layer_activations(GPT3, S, B, e=2, flash=True)
+    assert layer.matmul_outputs == 22 * SBH + 4 * A * S * B  # 553,648,128 + 786,432
+    L = 96
+    op = activations(GPT3, S, B, 2, True, CheckpointMode.OP, 1).blocks.value
+    assert op == L * layer.matmul_outputs + layer.full  # one block recomputing in backward
+    none = activations(GPT3, S, B, 2, True, CheckpointMode.NONE, 1).blocks.value
+    full = activations(GPT3, S, B, 2, True, CheckpointMode.FULL, 1).blocks.value
+    assert full < op < none

@@ -33,6 +33,10 @@ class LayerActivations:
     """Softmax (and dropout) over axsxs, or flash attention's log-sum-exp rows."""
     dense_formula: str
     scores_formula: str
+    matmul_outputs: float = 0.0
+    """What op-level recompute keeps: the block input and every matmul's (and the attention
+    kernel's) output; the norms, activation functions and products are recomputed."""
+    matmul_formula: str = ""
 
     @property
     def full(self) -> float:
@@ -57,7 +61,13 @@ def layer_activations(shape: ModelShape, seq_len: int, micro_batch: int, e: int,
         per = e + (1 + e if drop else 0)
         scores = per * a * s * sb
         scores_formula = f"scores {per}·as²b"
-    return LayerActivations(dense, scores, dense_formula, scores_formula)
+    # Block input, Q/K/V, attention output, output projection, MLP up (and gate), MLP down;
+    # the attention kernel's own saved rows (log-sum-exp, or the scores of the math kernel).
+    up = 2 if shape.gated_ffn else 1
+    op_scores = 4 * a * sb if flash else e * a * s * sb
+    matmul = sb * e * (h + (h + 2 * shape.kv_width) + h + h + up * f + h) + op_scores
+    matmul_formula = f"{e}·sb(5h+2kv+{up}f) + {'4·asb' if flash else f'{e}·as²b'}"
+    return LayerActivations(dense, scores, dense_formula, scores_formula, matmul, matmul_formula)
 
 
 def checkpointed_blocks(layers: int, mode: CheckpointMode, every_k: int) -> int:
@@ -82,6 +92,13 @@ def blocks_activations(
         return Term(L * layer.full, f"L·({layer.dense_formula} + {layer.scores_formula})")
     if mode is CheckpointMode.SELECTIVE:
         return Term(L * layer.dense, f"L·({layer.dense_formula}); attention core recomputed")
+    if mode is CheckpointMode.OP:
+        # Every block is checkpointed with a save-the-matmuls policy; in backward one block's
+        # full activations exist at a time while its element-wise ops are recomputed.
+        return Term(
+            L * layer.matmul_outputs + layer.full,
+            f"L·({layer.matmul_formula}) matmul outputs kept + 1 layer recomputing (layer = {gib(layer.full)})",
+        )
     n = checkpointed_blocks(L, mode, every_k)
     stored_input = e * sb * shape.hidden
     # In backward one recomputed block's full activations exist at a time.
