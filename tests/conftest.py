@@ -17,6 +17,8 @@ from typing import Any
 
 import pytest
 
+from switchyard.db.engine import Database
+
 REPO = Path(__file__).resolve().parents[1]
 
 pytest_plugins = ["tests.shared_db"]  # the `backend` fixture: every store test on SQLite and Postgres
@@ -60,6 +62,22 @@ def policies_copy(tmp_path: Path) -> Path:
     dst = tmp_path / "policies"
     shutil.copytree(REPO / "policies", dst)
     return dst
+
+
+@pytest.fixture
+def ledger_db(backend: str, tmp_path: Path) -> Iterator[Database]:
+    """The budget ledger's database on `backend`: `ledger.db` in the test's temp dir, or a fresh
+    Postgres with the ledger's schema. The budget and gateway tests build their ledgers on it."""
+    # Imported here: the ledger only by the tests that use it, and a module imported before
+    # `pytest_plugins` names it would not be assert-rewritten.
+    from switchyard.budgets.ledger import SCHEMA
+    from tests.shared_db import store_database
+
+    db = store_database(backend, tmp_path / "ledger.db", SCHEMA)
+    try:
+        yield db
+    finally:
+        db.close()
 
 
 GPU_NODE_GROUPS = ("a", "b")  # two 8-GPU nodes: enough for gang, group and preemption tests

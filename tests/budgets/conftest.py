@@ -1,6 +1,7 @@
 """Fixtures for the budget tests: ledgers on SQLite and on a real Postgres, and Ray.
 
-The backends are `tests.shared_db`'s: every ledger test runs on both.
+The backends are `tests.shared_db`'s: every ledger test runs on both. The ledger's database is
+the suite's `ledger_db` (tests/conftest.py), which the gateway's money tests share.
 """
 
 from __future__ import annotations
@@ -13,17 +14,31 @@ from pathlib import Path
 
 import pytest
 
-from switchyard.budgets.ledger import SCHEMA, BudgetLedger
-from tests.shared_db import store_database
+from switchyard.budgets.ledger import BudgetLedger
+from switchyard.db.engine import Database
+from switchyard.db.location import DATABASE_URL_ENV, LEDGER_URL_ENV
+from tests.shared_db import shared_state_env
 
 
 @pytest.fixture
-def ledger(backend: str, tmp_path: Path) -> Iterator[BudgetLedger]:
-    db = store_database(backend, tmp_path / "ledger.db", SCHEMA)
-    try:
-        yield BudgetLedger(db)
-    finally:
-        db.close()
+def ledger(ledger_db: Database) -> BudgetLedger:
+    return BudgetLedger(ledger_db)
+
+
+@pytest.fixture
+def budget_state(backend: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A state directory whose stores are on `backend`: SQLite files in it, or a fresh Postgres
+    named by `SWITCHYARD_DATABASE_URL`. For what opens the ledger by state directory (the CLI);
+    the test opens it the same way, `open_store(state, Store.LEDGER)`."""
+    from switchyard.db.schemas import store_schemas  # here: it imports every store (audit's takes ~2 s)
+
+    state = tmp_path / "state"
+    monkeypatch.delenv(DATABASE_URL_ENV, raising=False)
+    monkeypatch.delenv(LEDGER_URL_ENV, raising=False)
+    # Every store's schema: the CLI opens the API keys (and `audit drain` the audit store) too.
+    for name, value in shared_state_env(backend, *store_schemas().values()).items():
+        monkeypatch.setenv(name, value)
+    return state
 
 
 @pytest.fixture(scope="session")

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from pathlib import Path
 
 import pytest
 from _budget_helpers import NOON, context, shipped, with_limits
@@ -17,7 +16,6 @@ from switchyard.budgets.leased_gate import LeaseConfig, LeasedBudgetGate
 from switchyard.budgets.ledger import BudgetLedger
 from switchyard.budgets.money import nanos_to_usd, usd_to_nanos
 from switchyard.budgets.service import InProcessLedgerClient, LedgerService
-from switchyard.db.engine import SqliteDatabase
 from switchyard.gateway.seams import Bill, BudgetGate, OverBudget, Usage
 from switchyard.policy.models import BudgetLimits, RateLimit
 from switchyard.policy.policy_set import PolicySet
@@ -56,9 +54,9 @@ async def close(gates: list[BudgetGate]) -> None:
 
 
 @pytest.mark.parametrize("kind", ["direct", "leased"])
-async def test_500_concurrent_requests_never_overspend(kind: str, tmp_path: Path) -> None:
+async def test_500_concurrent_requests_never_overspend(kind: str, ledger: BudgetLedger) -> None:
     ps, limit = budget_for(100)
-    service = LedgerService(BudgetLedger(SqliteDatabase(tmp_path / "ledger.db")))
+    service = LedgerService(ledger)
     gates = make_gates(kind, ps, service, 4)
     contexts = [context(ps) for _ in range(500)]
     out = await run_load(gates, contexts, ps.providers)
@@ -80,9 +78,9 @@ async def test_500_concurrent_requests_never_overspend(kind: str, tmp_path: Path
 
 
 @pytest.mark.parametrize("kind", ["direct", "leased"])
-async def test_usage_above_and_below_the_estimate_and_failures(kind: str, tmp_path: Path) -> None:
+async def test_usage_above_and_below_the_estimate_and_failures(kind: str, ledger: BudgetLedger) -> None:
     ps, limit = budget_for(100)
-    service = LedgerService(BudgetLedger(SqliteDatabase(tmp_path / "ledger.db")))
+    service = LedgerService(ledger)
     gates = make_gates(kind, ps, service, 3)
     waves = [
         await run_load(gates, [context(ps) for _ in range(50)], ps.providers, seed=i, usage_factor=0.5, fail_ratio=0.2)
@@ -105,9 +103,9 @@ async def test_usage_above_and_below_the_estimate_and_failures(kind: str, tmp_pa
     assert dear.over_budget, "the budget must refuse once exhausted"
 
 
-async def test_the_next_day_has_a_fresh_budget(tmp_path: Path) -> None:
+async def test_the_next_day_has_a_fresh_budget(ledger: BudgetLedger) -> None:
     ps, _ = budget_for(10)
-    service = LedgerService(BudgetLedger(SqliteDatabase(tmp_path / "ledger.db")))
+    service = LedgerService(ledger)
     gates = make_gates("leased", ps, service, 2)
     today = await run_load(gates, [context(ps) for _ in range(20)], ps.providers)
     tomorrow = await run_load(gates, [context(ps, at=NOON + 86_400) for _ in range(20)], ps.providers)
@@ -116,9 +114,9 @@ async def test_the_next_day_has_a_fresh_budget(tmp_path: Path) -> None:
     assert tomorrow.over_budget[0].budget == "team:support:day:2026-12-01"
 
 
-async def test_rate_limit_is_429_with_retry_after_and_shared_by_replicas(tmp_path: Path) -> None:
+async def test_rate_limit_is_429_with_retry_after_and_shared_by_replicas(ledger: BudgetLedger) -> None:
     ps = with_limits(BASE, team_rate=RateLimit(requests_per_minute=30))
-    service = LedgerService(BudgetLedger(SqliteDatabase(tmp_path / "ledger.db")))
+    service = LedgerService(ledger)
     for kind in ("direct", "leased"):
         service.buckets = type(service.buckets)()
         gates = make_gates(kind, ps, service, 3)
@@ -130,11 +128,11 @@ async def test_rate_limit_is_429_with_retry_after_and_shared_by_replicas(tmp_pat
         assert 0 < out.rate_limited[0].retry_after_s <= 60
 
 
-async def test_a_replica_hands_money_between_its_own_leases(tmp_path: Path) -> None:
+async def test_a_replica_hands_money_between_its_own_leases(ledger: BudgetLedger) -> None:
     """Per-user budgets give each user a lease on the shared team line; money idle in one
     user's lease must not refuse another user while the team line still has it."""
     ps, limit = budget_for(4)
-    service = LedgerService(BudgetLedger(SqliteDatabase(tmp_path / "ledger.db")))
+    service = LedgerService(ledger)
     admissions = Admissions(lambda: ps, per_user=BudgetLimits(day_usd=1.0))
     gate = LeasedBudgetGate(admissions, InProcessLedgerClient(service), "r", LeaseConfig(max_share=1.0))
     ok = 0
@@ -153,9 +151,9 @@ async def test_a_replica_hands_money_between_its_own_leases(tmp_path: Path) -> N
     assert team.spent_nanos == limit and team.reserved_nanos == 0
 
 
-async def test_upkeep_sends_charges_and_returns_idle_and_prefetched_leases(tmp_path: Path) -> None:
+async def test_upkeep_sends_charges_and_returns_idle_and_prefetched_leases(ledger: BudgetLedger) -> None:
     ps, _ = budget_for(100)
-    service = LedgerService(BudgetLedger(SqliteDatabase(tmp_path / "ledger.db")))
+    service = LedgerService(ledger)
     # Leases of 3 estimates; the second request leaves 1/3 and starts fetching the next lease.
     config = LeaseConfig(lease_requests=3, idle_close_s=0.0, flush_every_s=3600)
     gate = LeasedBudgetGate(Admissions(lambda: ps), InProcessLedgerClient(service), "r", config)

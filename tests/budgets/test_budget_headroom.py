@@ -4,8 +4,6 @@ headroom and the shared buckets' level, plus what this replica still holds local
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 from _budget_helpers import NOON, FixedClock, context, shipped, with_limits
 
@@ -15,7 +13,7 @@ from switchyard.budgets.leased_gate import LeaseConfig, LeasedBudgetGate
 from switchyard.budgets.ledger import BudgetLedger
 from switchyard.budgets.money import nanos_to_usd
 from switchyard.budgets.service import InProcessLedgerClient, LedgerService
-from switchyard.db.engine import SqliteDatabase
+from switchyard.db.engine import Database
 from switchyard.gateway.results import budget_left
 from switchyard.gateway.seams import Bill, Usage
 from switchyard.policy.models import BudgetLimits, RateLimit
@@ -25,12 +23,12 @@ CHARGE_NANOS = 100_000  # $0.0001 per request
 
 
 @pytest.mark.parametrize("design", ["leased", "direct"])
-async def test_budget_and_rate_limits_left_fall_as_requests_are_charged(tmp_path: Path, design: str) -> None:
+async def test_budget_and_rate_limits_left_fall_as_requests_are_charged(ledger_db: Database, design: str) -> None:
     limits = BudgetLimits(day_usd=0.01)
     rate = RateLimit(requests_per_minute=50, tokens_per_minute=100_000)
     ps = with_limits(shipped(), team="support", team_rate=rate, flow_budget=("reply", limits))
     clock = FixedClock(NOON)
-    service = LedgerService(BudgetLedger(SqliteDatabase(tmp_path / "ledger.db"), clock))
+    service = LedgerService(BudgetLedger(ledger_db, clock), clock)
     client = InProcessLedgerClient(service)
     admissions = Admissions(lambda: ps, clock=clock)
     gate = (

@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 from collections.abc import Awaitable, Callable, Sequence
+from contextlib import closing
 from pathlib import Path
 
 import pytest
@@ -21,7 +22,7 @@ from switchyard.budgets.leased_gate import LeaseConfig, LeasedBudgetGate
 from switchyard.budgets.ledger import BudgetLedger, Charge, SoftAlert
 from switchyard.budgets.service import InProcessLedgerClient, LedgerService
 from switchyard.cli import main
-from switchyard.db.engine import SqliteDatabase
+from switchyard.db.location import Store, open_store
 from switchyard.gateway.seams import Bill, Reservation, Usage
 from switchyard.policy.keys import PLATFORM_TEAM, KeyStore
 from switchyard.policy.models import Role
@@ -60,8 +61,7 @@ def _die(journal: ChargeJournal | None) -> ChargeJournal:
     return journal
 
 
-async def test_a_dead_replicas_journaled_charges_reach_the_ledger_once(tmp_path: Path) -> None:
-    ledger = BudgetLedger(SqliteDatabase(tmp_path / "ledger.db"))
+async def test_a_dead_replicas_journaled_charges_reach_the_ledger_once(tmp_path: Path, ledger: BudgetLedger) -> None:
     dead = _gate(tmp_path, "dead", ledger)
     ids = await _spend(dead, 5)
     assert ledger.charged_nanos() < 5 * 123_000, "the test needs charges that never left the replica"
@@ -77,8 +77,7 @@ async def test_a_dead_replicas_journaled_charges_reach_the_ledger_once(tmp_path:
     assert len(ids) == 5
 
 
-async def test_a_live_replicas_journal_is_left_alone(tmp_path: Path) -> None:
-    ledger = BudgetLedger(SqliteDatabase(tmp_path / "ledger.db"))
+async def test_a_live_replicas_journal_is_left_alone(tmp_path: Path, ledger: BudgetLedger) -> None:
     live = _gate(tmp_path, "live", ledger)
     await _spend(live, 3)
     sent_before = ledger.charged_nanos()
@@ -89,8 +88,7 @@ async def test_a_live_replicas_journal_is_left_alone(tmp_path: Path) -> None:
     assert live.journal is not None and not live.journal.path.exists()
 
 
-async def test_the_journal_is_emptied_once_its_charges_are_in_the_ledger(tmp_path: Path) -> None:
-    ledger = BudgetLedger(SqliteDatabase(tmp_path / "ledger.db"))
+async def test_the_journal_is_emptied_once_its_charges_are_in_the_ledger(tmp_path: Path, ledger: BudgetLedger) -> None:
     gate = _gate(tmp_path, "replica", ledger)
     await _spend(gate, 4)
     assert gate.journal is not None
@@ -103,9 +101,8 @@ async def test_the_journal_is_emptied_once_its_charges_are_in_the_ledger(tmp_pat
     assert ledger.charged_nanos() == 4 * 123_000
 
 
-def test_a_journal_written_by_a_killed_process_is_recovered(tmp_path: Path) -> None:
+def test_a_journal_written_by_a_killed_process_is_recovered(tmp_path: Path, ledger: BudgetLedger) -> None:
     """A real SIGKILL: a child process journals two charges (one line torn) and dies."""
-    ledger = BudgetLedger(SqliteDatabase(tmp_path / "ledger.db"))
     ps = shipped()
     gate = _gate(tmp_path, "probe", ledger)
     # A hold in the ledger for the child's charges to land on.
@@ -142,12 +139,11 @@ os.kill(os.getpid(), signal.SIGKILL)
 
 
 async def test_charges_on_an_unknown_hold_are_kept_not_dropped(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
+    tmp_path: Path, ledger: BudgetLedger, caplog: pytest.LogCaptureFixture
 ) -> None:
     journal = ChargeJournal(tmp_path / "journal", "ghost")
     journal.append("no-such-hold", Charge("c1", "support", "reply", "m", None, "2026-11-30", 1, 1, 1))
     _die(journal)
-    ledger = BudgetLedger(SqliteDatabase(tmp_path / "ledger.db"))
     client = InProcessLedgerClient(LedgerService(ledger))
 
     async def send(hold_id: str, charges: list[Charge]) -> None:
@@ -160,26 +156,29 @@ async def test_charges_on_an_unknown_hold_are_kept_not_dropped(
 
 
 async def test_switchyard_audit_drain_sends_dead_replicas_charges(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    budget_state: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """The operator's command after a node's replica died and none restarted there."""
-    state = tmp_path / "state"
-    ledger = BudgetLedger(SqliteDatabase(state / "ledger.db"))
-    dead = LeasedBudgetGate(
-        Admissions(shipped),
-        InProcessLedgerClient(LedgerService(ledger)),
-        "dead",
-        NEVER_FLUSH,
-        journal=ChargeJournal(state / "budgets" / "journal", "dead"),
-    )
-    await _spend(dead, 3)
-    before = ledger.charged_nanos()
-    _die(dead.journal)
-    key = KeyStore.in_state_dir(state).create(PLATFORM_TEAM, Role.PLATFORM_ADMIN)[0]
-    code = await asyncio.to_thread(main, ["audit", "drain", "--json", "--state-dir", str(state), "--api-key", key])
-    out = json.loads(capsys.readouterr().out)
-    assert code == 0 and (out["charge_journals"], out["charges"], out["charge_journals_kept"]) == (1, 3, 0)
-    assert before < ledger.charged_nanos() == 3 * 123_000
+    state = budget_state
+    with closing(open_store(state, Store.LEDGER)) as db:  # where the command will look for it
+        ledger = BudgetLedger(db)
+        dead = LeasedBudgetGate(
+            Admissions(shipped),
+            InProcessLedgerClient(LedgerService(ledger)),
+            "dead",
+            NEVER_FLUSH,
+            journal=ChargeJournal(state / "budgets" / "journal", "dead"),
+        )
+        await _spend(dead, 3)
+        before = ledger.charged_nanos()
+        _die(dead.journal)
+        with KeyStore.in_state_dir(state) as keys:
+            key = keys.create(PLATFORM_TEAM, Role.PLATFORM_ADMIN)[0]
+        drain = ["audit", "drain", "--json", "--state-dir", str(state), "--api-key", key]
+        code = await asyncio.to_thread(main, drain)
+        out = json.loads(capsys.readouterr().out)
+        assert code == 0 and (out["charge_journals"], out["charges"], out["charge_journals_kept"]) == (1, 3, 0)
+        assert before < ledger.charged_nanos() == 3 * 123_000
 
 
 async def _reserve(gate: LeasedBudgetGate) -> tuple[Reservation, int]:
@@ -190,12 +189,13 @@ async def _reserve(gate: LeasedBudgetGate) -> tuple[Reservation, int]:
     return reservation, gate._open[reservation.reservation_id][0].amount_nanos
 
 
-async def test_a_request_in_flight_when_its_replica_dies_is_charged_its_reservation(tmp_path: Path) -> None:
+async def test_a_request_in_flight_when_its_replica_dies_is_charged_its_reservation(
+    tmp_path: Path, ledger: BudgetLedger
+) -> None:
     """Found in CI: a stream whose client was reading it when its replica was killed was
     charged nothing (its provider had billed it). A request in flight at the death is charged
     its whole reservation, once; one that settled is charged what it settled; one released
     (nothing billed) nothing; and an open reservation survives the journal being emptied."""
-    ledger = BudgetLedger(SqliteDatabase(tmp_path / "ledger.db"))
     dead = _gate(tmp_path, "dead", ledger)
     in_flight, reserved_nanos = await _reserve(dead)
     await _spend(dead, 2)
@@ -236,12 +236,13 @@ class _SpendingWhileSettling(InProcessLedgerClient):
         return await super().settle(hold_id, charges, close, keep_nanos)
 
 
-async def test_a_journal_under_steady_load_is_compacted_and_still_loses_nothing(tmp_path: Path) -> None:
+async def test_a_journal_under_steady_load_is_compacted_and_still_loses_nothing(
+    tmp_path: Path, ledger: BudgetLedger
+) -> None:
     """Under steady load a charge always arrives between a flush and the upkeep's "all sent"
     check, so the journal was never truncated: two lines a request, for ever. Past
     `journal_compact_bytes` it is rewritten with only the unacknowledged charges and the open
     reservations; a replica killed after that still loses nothing and counts nothing twice."""
-    ledger = BudgetLedger(SqliteDatabase(tmp_path / "ledger.db"))
     client = _SpendingWhileSettling(LedgerService(ledger))
     ps = shipped()
     gate = LeasedBudgetGate(

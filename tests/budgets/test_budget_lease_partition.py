@@ -19,7 +19,7 @@ from switchyard.budgets.leased_gate import LeaseConfig, LeasedBudgetGate, check_
 from switchyard.budgets.ledger import BudgetLedger, Charge, HoldRequest, SoftAlert
 from switchyard.budgets.ratelimit import PermitDemand
 from switchyard.budgets.service import Admission, InProcessLedgerClient, LedgerService
-from switchyard.db.engine import SqliteDatabase
+from switchyard.db.engine import Database
 from switchyard.gateway.seams import Bill, OverBudget, RateLimited, Usage
 from switchyard.policy.layering import longest_deadline_s
 from switchyard.policy.models import BudgetLimits, RateLimit
@@ -77,13 +77,13 @@ async def _spend(gate: LeasedBudgetGate, ps: object, clock: FixedClock, n: int) 
     return done
 
 
-async def test_a_partitioned_replica_stops_spending_before_its_hold_can_expire(tmp_path: object) -> None:
+async def test_a_partitioned_replica_stops_spending_before_its_hold_can_expire(ledger_db: Database) -> None:
     # No rate limit: its permits would need the ledger too, and money is the point here.
     ps = with_limits(
         shipped(), team="support", team_rate=RateLimit(), flow_budget=("reply", BudgetLimits(day_usd=LIMIT_USD))
     )
     clock = FixedClock(NOON)
-    service = LedgerService(BudgetLedger(SqliteDatabase(tmp_path / "ledger.db"), clock))  # type: ignore[operator]
+    service = LedgerService(BudgetLedger(ledger_db, clock), clock)
     config = LeaseConfig()
     a_client, b_client = PartitionableClient(service), PartitionableClient(service)
     a = LeasedBudgetGate(Admissions(lambda: ps, clock=clock), a_client, "replica-a", config)

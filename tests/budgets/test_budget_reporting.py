@@ -14,13 +14,14 @@ from switchyard.budgets.http import spend_router
 from switchyard.budgets.ledger import BudgetLedger, Charge, HoldRequest
 from switchyard.budgets.resolve import BudgetLine
 from switchyard.cli import main
-from switchyard.db.engine import SqliteDatabase
+from switchyard.db.engine import Database
+from switchyard.db.location import Store, open_store
 from switchyard.policy.keys import PLATFORM_TEAM, KeyStore, Principal
 from switchyard.policy.models import Role
 
 
-def seed(state: Path) -> BudgetLedger:
-    ledger = BudgetLedger(SqliteDatabase(state / "ledger.db"))
+def seed(db: Database) -> BudgetLedger:
+    ledger = BudgetLedger(db)
     lines = {
         "support": (
             BudgetLine("org:acme:day:2026-11-30", 10**12, "2026-12-01T00:00:00+00:00"),
@@ -43,15 +44,15 @@ def seed(state: Path) -> BudgetLedger:
 
 
 @pytest.fixture
-def state(tmp_path: Path) -> tuple[Path, dict[str, str]]:
-    store = KeyStore.in_state_dir(tmp_path)
-    keys = {
-        "admin": store.create(PLATFORM_TEAM, Role.PLATFORM_ADMIN)[0],
-        "support-admin": store.create("support", Role.TEAM_ADMIN)[0],
-        "support-member": store.create("support", Role.MEMBER)[0],
-    }
-    seed(tmp_path).db.close()
-    return tmp_path, keys
+def state(budget_state: Path) -> tuple[Path, dict[str, str]]:
+    with KeyStore.in_state_dir(budget_state) as store:
+        keys = {
+            "admin": store.create(PLATFORM_TEAM, Role.PLATFORM_ADMIN)[0],
+            "support-admin": store.create("support", Role.TEAM_ADMIN)[0],
+            "support-member": store.create("support", Role.MEMBER)[0],
+        }
+    seed(open_store(budget_state, Store.LEDGER)).db.close()  # where the CLI will look for it
+    return budget_state, keys
 
 
 def cli(state: Path, key: str, *args: str) -> tuple[int, str]:
@@ -97,8 +98,8 @@ def test_cli_member_may_not_read_spend_and_table_output(state: tuple[Path, dict[
     assert "team:support:day:2026-11-30" in out and "total: $0.0030" in out
 
 
-def test_http_spend_endpoint_scopes_by_role(tmp_path: Path) -> None:
-    ledger = seed(tmp_path)
+def test_http_spend_endpoint_scopes_by_role(ledger_db: Database) -> None:
+    ledger = seed(ledger_db)
     principals = {
         "admin": Principal("k0", PLATFORM_TEAM, Role.PLATFORM_ADMIN),
         "support-admin": Principal("k1", "support", Role.TEAM_ADMIN),

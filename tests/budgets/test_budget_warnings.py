@@ -4,8 +4,6 @@ team's own code and its admins see it before the 402s start."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 from _budget_helpers import NOON, FixedClock, context, shipped, with_limits
 
@@ -13,18 +11,18 @@ from switchyard.budgets.admission import Admissions
 from switchyard.budgets.leased_gate import LeaseConfig, LeasedBudgetGate
 from switchyard.budgets.ledger import BudgetLedger
 from switchyard.budgets.service import InProcessLedgerClient, LedgerService
-from switchyard.db.engine import SqliteDatabase
+from switchyard.db.engine import Database
 from switchyard.gateway.seams import Bill, Usage
 from switchyard.policy.models import BudgetLimits, RateLimit
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
 
-async def test_passing_a_soft_threshold_warns_on_later_answers(tmp_path: Path) -> None:
+async def test_passing_a_soft_threshold_warns_on_later_answers(ledger_db: Database) -> None:
     limits = BudgetLimits(day_usd=0.001, soft_alerts=(0.5, 0.8))
     ps = with_limits(shipped(), team="support", team_rate=RateLimit(), flow_budget=("reply", limits))
     clock = FixedClock(NOON)
-    service = LedgerService(BudgetLedger(SqliteDatabase(tmp_path / "ledger.db"), clock))
+    service = LedgerService(BudgetLedger(ledger_db, clock))
     gate = LeasedBudgetGate(Admissions(lambda: ps, clock=clock), InProcessLedgerClient(service), "r", LeaseConfig())
     warned: list[list[str]] = []
     for _ in range(9):  # each charge is a tenth of the day's limit

@@ -1,16 +1,17 @@
 """Infrastructure faults before the first attempt (issue "money and audit", finding 7): the
 ledger down or hung answers 503 with Retry-After within the deadline, charges nothing and
-calls no provider; the refusal is audited. The real leased gate on a real SQLite ledger."""
+calls no provider; the refusal is audited. The real leased gate on a real ledger, SQLite or
+Postgres."""
 
 from __future__ import annotations
 
 import asyncio
 import sqlite3
 import time
-from pathlib import Path
 from typing import Any
 
 import httpx
+import psycopg
 import pytest
 from gw_fakes import FakeUpstreams
 from gw_harness import Harness
@@ -19,7 +20,7 @@ from switchyard.budgets.admission import Admissions
 from switchyard.budgets.leased_gate import LeasedBudgetGate
 from switchyard.budgets.ledger import BudgetLedger
 from switchyard.budgets.service import InProcessLedgerClient, LedgerService
-from switchyard.db.engine import SqliteDatabase
+from switchyard.db.engine import Database
 from switchyard.gateway.http import create_app
 from switchyard.gateway.idempotency import (
     Claim,
@@ -33,8 +34,8 @@ pytestmark = pytest.mark.asyncio(loop_scope="session")
 CHAT = {"model": "auto", "messages": [{"role": "user", "content": "hello"}]}
 
 
-def _leased_gate(gw: Harness, tmp_path: Path) -> tuple[LeasedBudgetGate, LedgerService]:
-    service = LedgerService(BudgetLedger(SqliteDatabase(tmp_path / "ledger.db")))
+def _leased_gate(gw: Harness, db: Database) -> tuple[LeasedBudgetGate, LedgerService]:
+    service = LedgerService(BudgetLedger(db))
     gate = LeasedBudgetGate(Admissions(lambda: gw.store.current), InProcessLedgerClient(service), "test-holder")
     gw.parts.budget = gate
     return gate, service
@@ -48,15 +49,22 @@ async def _post(gw: Harness, headers: dict[str, str] | None = None) -> httpx.Res
         )
 
 
+def _database_down(db: Database) -> Exception:
+    """What the ledger's own backend raises when it cannot answer."""
+    if db.dialect == "sqlite":
+        return sqlite3.OperationalError("database is locked")
+    return psycopg.OperationalError("connection failed: Connection refused")
+
+
 async def test_ledger_database_down_is_503_and_charges_nothing(
-    gw: Harness, upstreams: FakeUpstreams, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    gw: Harness, upstreams: FakeUpstreams, ledger_db: Database, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    gate, service = _leased_gate(gw, tmp_path)
+    gate, service = _leased_gate(gw, ledger_db)
 
-    def locked(*args: Any) -> Any:
-        raise sqlite3.OperationalError("database is locked")
+    def down(*args: Any) -> Any:
+        raise _database_down(ledger_db)
 
-    monkeypatch.setattr(service, "admit", locked)
+    monkeypatch.setattr(service, "admit", down)
     before = len(gw.audit.exchanges)
     resp = await _post(gw)
     assert resp.status_code == 503, resp.text
@@ -68,9 +76,9 @@ async def test_ledger_database_down_is_503_and_charges_nothing(
 
 
 async def test_hung_ledger_answers_within_the_deadline(
-    gw: Harness, upstreams: FakeUpstreams, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    gw: Harness, upstreams: FakeUpstreams, ledger_db: Database, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    gate, _ = _leased_gate(gw, tmp_path)
+    gate, _ = _leased_gate(gw, ledger_db)
     client = gate.client
 
     async def hangs(*args: Any) -> Any:

@@ -20,7 +20,7 @@ from switchyard.budgets.leased_gate import LeasedBudgetGate
 from switchyard.budgets.ledger import BudgetLedger
 from switchyard.budgets.pricing import price_on
 from switchyard.budgets.service import InProcessLedgerClient, LedgerService
-from switchyard.db.engine import SqliteDatabase
+from switchyard.db.engine import Database
 from switchyard.gateway.http import create_app
 from switchyard.gateway.seams import Usage
 
@@ -40,17 +40,17 @@ def _nanos(model: str, usage: Usage, gw: Harness) -> int:
 
 
 async def test_fallback_to_a_pricier_model_never_overspends_the_flow_budget(
-    gw_dirs: tuple[Path, Path, dict[str, str]], upstreams: FakeUpstreams, tmp_path: Path
+    gw_dirs: tuple[Path, Path, dict[str, str]], upstreams: FakeUpstreams, tmp_path: Path, ledger_db: Database
 ) -> None:
     """Finding 1: gpt-4o-mini fails, claude-haiku (about 5x the price) answers, request after
-    request, on a flow limited to $0.0005 a day. The real leased gate on a SQLite ledger."""
+    request, on a flow limited to $0.0005 a day. The real leased gate on a real ledger."""
     policies = tmp_path / "policies"
     shutil.copytree(gw_dirs[0], policies)
     qa = yaml.safe_load((policies / "teams" / "qa.yaml").read_text())
     qa["flows"]["plain"]["budget"] = {"day_usd": LIMIT_USD}
     (policies / "teams" / "qa.yaml").write_text(yaml.safe_dump(qa))
     gw = build_harness(policies, gw_dirs[1], gw_dirs[2])
-    service = LedgerService(BudgetLedger(SqliteDatabase(tmp_path / "ledger.db")))
+    service = LedgerService(BudgetLedger(ledger_db))
     gate = LeasedBudgetGate(Admissions(lambda: gw.store.current), InProcessLedgerClient(service), "test")
     gw.parts.budget = gate
     upstreams.reset()

@@ -1,12 +1,12 @@
 """The gateway's money and audit promises under generated faults (issue "money and audit").
 
-Seeded scenarios drive the real pipeline with the leased budget gate on a real SQLite
-ledger, the durable audit store and a scripted upstream over 127.0.0.1 (`gw_scripted`,
-which keeps the provider's own books). They mix streaming and not, fallbacks to pricier and
-cheaper models, per-attempt faults (timeout, 5xx, 429, an answer that breaks the contract,
-one without usage, a body that does not parse, a stream cut half-way), clients that hang up
-at random points, idempotent replays and ledger outages. After each batch drains, per
-request:
+Seeded scenarios drive the real pipeline with the leased budget gate on a real ledger
+(SQLite, then Postgres), the durable audit store and a scripted upstream over 127.0.0.1
+(`gw_scripted`, which keeps the provider's own books). They mix streaming and not,
+fallbacks to pricier and cheaper models, per-attempt faults (timeout, 5xx, 429, an answer
+that breaks the contract, one without usage, a body that does not parse, a stream cut
+half-way), clients that hang up at random points, idempotent replays and ledger outages.
+After each batch drains, per request:
 
 - the ledger's charge is what the provider billed, at the billing model's price, to the
   nano-dollar where usage was reported; between that and the reservation where it was not;
@@ -14,10 +14,12 @@ request:
   ledger's charge as its cost; a replay adds neither a bill nor a record;
 - no reservation is left open, and no budget line is over its limit.
 
-`make test` runs 2,000 scenarios with a fixed seed; `SWITCHYARD_MONEY_SCENARIOS` and
-`SWITCHYARD_MONEY_SEED` run more or others (a bench run). A failure names its seed and the
-scenario. Not generated here: replica process kills (tests/audit/test_audit_gateway.py and
-the Serve kill test cover them) and hold expiry (tests/budgets/test_budget_lease_partition.py).
+`make test` runs 2,000 scenarios with a fixed seed on SQLite and the first 1,800 of them on
+Postgres (budgets run out, and refusals begin, at about 1,600); `SWITCHYARD_MONEY_SCENARIOS`
+and `SWITCHYARD_MONEY_SEED` run more or others on both (a bench run). A failure names its
+seed and the scenario. Not generated here: replica process kills (tests/audit/
+test_audit_gateway.py and the Serve kill test cover them) and hold expiry
+(tests/budgets/test_budget_lease_partition.py).
 """
 
 from __future__ import annotations
@@ -27,7 +29,6 @@ import json
 import os
 import random
 import shutil
-import sqlite3
 from collections import Counter, defaultdict
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -49,7 +50,7 @@ from switchyard.budgets.ledger import BudgetLedger, HoldRequest
 from switchyard.budgets.pricing import estimate_call, price_on
 from switchyard.budgets.ratelimit import PermitDemand
 from switchyard.budgets.service import Admission, InProcessLedgerClient, LedgerService
-from switchyard.db.engine import SqliteDatabase
+from switchyard.db.engine import Database, open_database
 from switchyard.gateway.circuit import BreakerSettings
 from switchyard.gateway.results import JSONResult, StreamResult
 from switchyard.gateway.seams import BudgetUnavailable, CostEstimate, Exchange, RequestContext, Reservation
@@ -57,6 +58,8 @@ from switchyard.gateway.seams import BudgetUnavailable, CostEstimate, Exchange, 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
 SCENARIOS = int(os.environ.get("SWITCHYARD_MONEY_SCENARIOS", "2000"))
+# Postgres answers each ledger call over a socket: fewer by default keeps `make test` bounded.
+POSTGRES_SCENARIOS = int(os.environ.get("SWITCHYARD_MONEY_SCENARIOS", "1800"))
 SEED = int(os.environ.get("SWITCHYARD_MONEY_SEED", "20261201"))
 BATCH = 40
 ALL_ERRORS = ["timeout", "rate_limited", "server_error", "connection", "invalid_output"]
@@ -218,7 +221,7 @@ async def play(h: Harness, s: Scenario, seen: dict[int, Seen]) -> None:
 
 
 @pytest.fixture
-async def books(gw_dirs: tuple[Path, Path, dict[str, str]], tmp_path: Path) -> Any:
+async def books(gw_dirs: tuple[Path, Path, dict[str, str]], tmp_path: Path, ledger_db: Database) -> Any:
     upstream = ScriptedUpstream(timeout_sleep_s=0.45)
     with ThreadedServer(upstream) as server:
         policies = tmp_path / "policies"
@@ -236,21 +239,24 @@ async def books(gw_dirs: tuple[Path, Path, dict[str, str]], tmp_path: Path) -> A
         never_open = BreakerSettings(failure_rate=1.01)
         h = build_harness(policies, gw_dirs[1], gw_dirs[2], breaker=never_open)
         rng = random.Random(SEED)
-        service = LedgerService(BudgetLedger(SqliteDatabase(tmp_path / "ledger.db")))
+        service = LedgerService(BudgetLedger(ledger_db))
         gate = RecordingGate(Admissions(lambda: h.store.current), FlakyLedger(service, rng, 0.03), "fuzz")
         gate.reserved = {}
         h.parts.budget = gate
         sink = RecordingSink(await open_sink(tmp_path / "audit-state", lambda: h.store.current.data, spooled=False))
         h.parts.audit = sink
-        yield h, gate, service, sink, upstream, tmp_path / "ledger.db", rng
+        reader = open_database(ledger_db.url)  # the checks read the ledger over a connection of their own
+        yield h, gate, service, sink, upstream, reader, rng
+        reader.close()
         await gate.aclose()
         await sink.inner.close()
         await h.aclose()
 
 
-async def test_money_and_audit_hold_under_generated_faults(books: Any) -> None:
-    h, gate, service, sink, upstream, ledger_db, _ = books
-    scenarios = list(generate(random.Random(SEED + 1), SCENARIOS))
+async def test_money_and_audit_hold_under_generated_faults(books: Any, backend: str) -> None:
+    h, gate, service, sink, upstream, reader, _ = books
+    count = SCENARIOS if backend == "sqlite" else POSTGRES_SCENARIOS
+    scenarios = list(generate(random.Random(SEED + 1), count))
     for s in scenarios:
         upstream.scripts[s.n] = list(s.script)
     seen: dict[int, Seen] = {}
@@ -259,12 +265,12 @@ async def test_money_and_audit_hold_under_generated_faults(books: Any) -> None:
         await asyncio.gather(*(play(h, s, seen) for s in batch))
         await h.pipeline.drain()
         await gate.maintain()  # the batch's charges reach the ledger
-        _check_batch(h, gate, service, sink, upstream, ledger_db, batch, seen)
+        _check_batch(h, gate, service, sink, upstream, reader, batch, seen)
     statuses = Counter(seen[s.n].status for s in scenarios)
     # Refusing everything would keep every promise: most requests must be answered.
     codes = Counter(r.error_code for rs in sink.records.values() for r in rs)
     assert statuses[200] > 0.5 * len(scenarios), f"seed {SEED}: {dict(statuses)}, audited errors {dict(codes)}"
-    print(f"\nseed {SEED}: {len(scenarios)} scenarios, statuses {dict(statuses)}")
+    print(f"\nseed {SEED} on {backend}: {len(scenarios)} scenarios, statuses {dict(statuses)}")
 
 
 def _check_batch(
@@ -273,15 +279,15 @@ def _check_batch(
     service: LedgerService,
     sink: RecordingSink,
     upstream: ScriptedUpstream,
-    ledger_db: Path,
+    reader: Database,
     batch: Sequence[Scenario],
     seen: dict[int, Seen],
 ) -> None:
     catalog = h.store.current.providers
     day = datetime.now(UTC).date()
     by_version = {(e.provider, e.model_version): name for name, e in catalog.models.items()}
-    with sqlite3.connect(ledger_db) as db:
-        rows = db.execute("SELECT charge_id, model, nanos FROM charges").fetchall()
+    with reader.read() as tx:
+        rows = tx.execute("SELECT charge_id, model, nanos FROM charges").rows
     charged: defaultdict[str, int] = defaultdict(int)
     for charge_id, _model, nanos in rows:
         charged[charge_id.split(".")[0]] += nanos
