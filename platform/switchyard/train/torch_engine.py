@@ -33,6 +33,7 @@ from switchyard.train.checkpoint import CheckpointError, CheckpointFiles, ItemRa
 from switchyard.train.engine import Batch, StepOutput
 from switchyard.train.materialize import is_meta, materialize
 from switchyard.train.memory import RankMemory, grad_bytes, held_grad_bytes, optimizer_state_bytes, param_bytes
+from switchyard.train.optimizer import adamw
 from switchyard.train.parallelize import apply_ddp, apply_fsdp
 from switchyard.train.spec import JobSpec
 from switchyard.train.strategy import Offload, Strategy
@@ -69,13 +70,8 @@ class TorchEngine:
             if on_meta:
                 # With CPU offload the shards live on the host; FSDP moves them per unit.
                 materialize(model, torch.device("cpu") if par.offload is Offload.CPU else device, spec.seed)
-        self.optimizer = torch.optim.AdamW(
-            self.model.parameters(),
-            lr=spec.optim.lr,
-            betas=spec.optim.betas,
-            weight_decay=spec.optim.weight_decay,
-            foreach=False,  # same kernel for plain tensors and DTensors: identical numerics
-        )
+        # Fused on a GPU, the per-tensor loop on the host (`switchyard.train.optimizer`).
+        self.optimizer = adamw(self.model.parameters(), spec.optim, device, offloaded=par.offload is Offload.CPU)
         self.probes: dict[str, RankMemory] = {}
         """Bytes held at points inside the first step, filled when `probe_memory` is set:
         SHARD_GRAD_OP only differs from FULL_SHARD between forward and backward."""
