@@ -121,7 +121,7 @@ class InProcessLedgerClient:
     async def admit(self, permits: tuple[PermitDemand, ...], hold: HoldRequest | None) -> Admission:
         try:
             return self.service.admit(permits, hold)
-        except (OSError, *database_errors()) as exc:  # type: ignore[misc]  # the ledger's database: locked, gone, full
+        except database_errors(OSError) as exc:  # the ledger's database: locked, gone, full
             raise BudgetUnavailable(f"the ledger's database is unavailable ({type(exc).__name__})") from exc
 
     async def settle(

@@ -8,10 +8,13 @@ code). `db status` shows which database each store uses and its schema version.
 from __future__ import annotations
 
 import argparse
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from switchyard.cli._output import fail, print_json, print_table
 from switchyard.state import state_dir
+
+T = TypeVar("T")
 
 
 def register(subparsers: Any) -> None:
@@ -28,13 +31,11 @@ def register(subparsers: Any) -> None:
 
 
 def run_migrate(args: argparse.Namespace) -> int:
-    from switchyard.db.engine import database_errors
     from switchyard.db.schemas import migrate_stores
 
-    try:
-        applied = migrate_stores(state_dir(args.state_dir))
-    except (ValueError, *database_errors()) as exc:  # type: ignore[misc]  # mypy cannot read a starred tuple here
-        return fail(f"cannot migrate: {exc}", 1)
+    applied = _on_the_database(lambda: migrate_stores(state_dir(args.state_dir)), "cannot migrate")
+    if isinstance(applied, int):
+        return applied
     if args.json:
         print_json({"applied": applied})
     else:
@@ -44,16 +45,24 @@ def run_migrate(args: argparse.Namespace) -> int:
 
 
 def run_status(args: argparse.Namespace) -> int:
-    from switchyard.db.engine import database_errors
     from switchyard.db.schemas import store_versions
 
-    try:
-        rows = store_versions(state_dir(args.state_dir))
-    except (ValueError, *database_errors()) as exc:  # type: ignore[misc]  # mypy cannot read a starred tuple here
-        return fail(f"cannot read the schema versions: {exc}", 1)
+    rows = _on_the_database(lambda: store_versions(state_dir(args.state_dir)), "cannot read the schema versions")
+    if isinstance(rows, int):
+        return rows
     if args.json:
         print_json(rows)
     else:
         columns = ["store", "database", "version", "code_version", "state"]
         print_table(columns, [[r[c] for c in columns] for r in rows])
     return 0 if all(r["state"] == "ok" for r in rows) else 1
+
+
+def _on_the_database(work: Callable[[], T], doing: str) -> T | int:
+    """`work`'s result, or the exit code after one clear line when the database cannot answer."""
+    from switchyard.db.engine import database_errors
+
+    try:
+        return work()
+    except database_errors(ValueError) as exc:
+        return fail(f"{doing}: {exc}", 1)

@@ -98,7 +98,7 @@ def _prepare_shared_state(state: Path) -> str | None:
         migrate_stores(state)
     except UnsafeLayout as exc:
         return f"refusing to start: {exc}"
-    except (ValueError, SchemaError, *database_errors()) as exc:  # type: ignore[misc]  # a starred tuple
+    except database_errors(ValueError, SchemaError) as exc:
         return f"cannot prepare the shared state: {exc}"
     return None
 

@@ -68,12 +68,13 @@ class Database(Protocol):
     def close(self) -> None: ...
 
 
-def database_errors() -> tuple[type[Exception], ...]:
+def database_errors(*also: type[Exception]) -> tuple[type[Exception], ...]:
     """What a store's database raises when it cannot answer (locked, unreachable, refused):
-    sqlite3's and psycopg's base errors (psycopg imported only when asked)."""
+    sqlite3's and psycopg's base errors (psycopg imported only when asked), plus `also`, for an
+    `except` that catches them together."""
     import psycopg
 
-    return (sqlite3.Error, psycopg.Error)
+    return (sqlite3.Error, psycopg.Error, *also)
 
 
 def ddl(db: Database, text: str) -> str:

@@ -71,7 +71,7 @@ class Refresher:
                 log.info("key snapshot refreshed (%d keys)", len(self.snapshot.verifier.entries))
         except Exception as exc:
             # The snapshot in force stays; revocations wait for the next successful read.
-            expected = isinstance(exc, (OSError, *database_errors()))  # not a bug: no traceback
+            expected = isinstance(exc, database_errors(OSError))  # not a bug: no traceback
             log.error("key refresh failed, keeping the key snapshot in force: %s", exc, exc_info=not expected)
             self.keys_error = f"{type(exc).__name__}: {exc}"
             self.observe("keys", False)
