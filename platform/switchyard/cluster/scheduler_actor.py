@@ -1,12 +1,14 @@
 """The live scheduler: the policy core as a named, detached Ray actor, the one authority over GPUs.
 
-It keeps the core's view of the cluster in step with Ray's (GPU nodes and their
-`switchyard/node-group` labels), feeds it events from jobs and the CLI, and ticks it. Each
-tick's decisions are carried out with Ray's own primitives: a grant is picked up by the
-waiting job (or the scheduler launches the job through the Jobs API), a preemption notice goes
-through the training preemption channel, a stop order stops the Ray job. Every change is
-persisted before anyone can observe it, so a restarted actor resumes its queues and leases.
-The core never reads a clock; this adapter passes `time.time()`.
+The rules live in the pure driver (`switchyard.scheduler.driver`): it keeps the core's view of
+the cluster and the grants, notices, claims and launched jobs around it, takes events, and
+returns effects. This actor is the shell around it: a lock around every driver call, a tick
+thread and an audit thread, and the Ray I/O. It feeds the driver Ray's GPU nodes (and their
+`switchyard/node-group` labels), calls from jobs and the CLI, and `time.time()`; it carries out
+the effects with Ray's own primitives (a grant is picked up by the waiting job or launched
+through the Jobs API, a notice goes through the training preemption channel, a stop stops the
+Ray job). The state is persisted inside the lock, before anyone can observe a change, so a
+restarted actor resumes its queues and leases.
 """
 
 from __future__ import annotations
@@ -14,7 +16,6 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -26,11 +27,29 @@ from switchyard.cluster.job_launcher import JobLauncher, LaunchedJob
 from switchyard.cluster.scheduler_journal import SchedulerJournal
 from switchyard.cluster.scheduler_metrics import SchedulerMetrics
 from switchyard.cluster.serve_pool import ServePool, is_pool_workload
-from switchyard.scheduler.api import LeaseGrant, Notice, Placement, WorkloadSubmission
-from switchyard.scheduler.claims import CLAIM_TIMEOUT_S, ClaimOutcome, ClaimPolicy, after_timeout, unclaimed
-from switchyard.scheduler.core import Decisions, LeaseState, Node, Scheduler, WorkloadClass
+from switchyard.scheduler.api import LeaseGrant, Notice, ReleaseOutcome, StopReason, WorkloadSubmission
+from switchyard.scheduler.claims import CLAIM_TIMEOUT_S, ClaimPolicy
+from switchyard.scheduler.core import Decisions, Node
 from switchyard.scheduler.core.config import load_policy_file
-from switchyard.scheduler.queue_view import WaitLog, queue_rows
+from switchyard.scheduler.driver import Driver, LiveState, views
+from switchyard.scheduler.driver.effects import (
+    ClearNotice,
+    ClusterAction,
+    Diagnostic,
+    Effect,
+    JournalEvent,
+    LaunchJob,
+    RecordAdmission,
+    RecordPreemption,
+    SaveState,
+    SendNotice,
+    StopClaimedJob,
+    StopLaunchedJob,
+    split,
+)
+
+# LiveState is re-exported: journals written before the driver existed pickled it by this name.
+__all__ = ["LiveState", "SchedulerActor", "cluster_gpu_nodes"]
 
 log = logging.getLogger(__name__)
 
@@ -52,52 +71,6 @@ def cluster_gpu_nodes() -> list[Node]:
     return nodes
 
 
-@dataclass
-class LiveState:
-    """Everything the actor must get back after a restart (pickled by the journal)."""
-
-    core: Scheduler
-    nodes: dict[str, Node] = field(default_factory=dict)
-    submissions: dict[str, WorkloadSubmission] = field(default_factory=dict)
-    grants: dict[str, LeaseGrant] = field(default_factory=dict)  # workload id -> current lease
-    notices: dict[str, Notice] = field(default_factory=dict)
-    claims: dict[str, str] = field(default_factory=dict)  # workload id -> Ray job id using the lease
-    launched: dict[str, LaunchedJob] = field(default_factory=dict)
-    attempts: dict[str, int] = field(default_factory=dict)
-    queued_since: dict[str, float] = field(default_factory=dict)
-    # Leases the scheduler ended itself (grace period over, node lost) whose workload stayed
-    # queued and is not one it launches: lease id -> workload. The job still holding that
-    # lease id says, when it releases it, whether it will come back for the workload.
-    ended: dict[str, str] = field(default_factory=dict)
-    waits: WaitLog = field(default_factory=WaitLog)  # admissions of the last day, for `status`
-    # What each recent `release` answered, so a repeated call (a client retry, or Ray replaying
-    # calls after an actor restart) gets the same answer. Lease ids are unique per attempt.
-    released: dict[str, bool] = field(default_factory=dict)
-    claim_timeouts: dict[str, int] = field(default_factory=dict)  # workload id -> grants it left unclaimed
-
-    def remember_release(self, lease_id: str, requeued: bool, keep: int = 10_000) -> bool:
-        self.released[lease_id] = requeued
-        while len(self.released) > keep:
-            del self.released[next(iter(self.released))]  # the oldest (dicts keep insertion order)
-        return requeued
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        # A journal written before a field existed restores with that field's default.
-        defaults = {f.name: f.default_factory() for f in fields(self) if f.default_factory is not MISSING}
-        self.__dict__.update({**defaults, **state})
-
-
-@dataclass
-class _Effects:
-    """Side effects of one tick, carried out after the lock is released (they do I/O)."""
-
-    launch: list[tuple[str, str, int]] = field(default_factory=list)  # workload, lease, attempt
-    admitted: list[str] = field(default_factory=list)  # workloads whose old notices must go
-    notify: list[Notice] = field(default_factory=list)
-    stop: list[LaunchedJob] = field(default_factory=list)
-    stop_claimed: list[tuple[str, str]] = field(default_factory=list)  # workload, Ray job that claimed it
-
-
 @ray.remote(max_concurrency=16)
 class SchedulerActor:
     TICK_S = 0.25
@@ -112,7 +85,7 @@ class SchedulerActor:
         stop_unleased_gpus: bool = False,
         claim_timeout_s: float = CLAIM_TIMEOUT_S,
     ) -> None:
-        self._claims = ClaimPolicy(timeout_s=claim_timeout_s)
+        claims = ClaimPolicy(timeout_s=claim_timeout_s)
         self._policy = load_policy_file(Path(policies_dir) / "scheduler.yaml").to_policy()
         self._journal = SchedulerJournal(Path(state_dir) / "scheduler.db")
         self._launcher = JobLauncher(dashboard_url) if dashboard_url else None
@@ -122,11 +95,11 @@ class SchedulerActor:
         self._lock = threading.Lock()
         self._nodes_lock = threading.Lock()  # one node refresh at a time: a stale list must not undo a newer one
         self._started_at = time.time()
-        restored = self._journal.load()
-        self._state: LiveState = (
-            restored if restored is not None else LiveState(Scheduler(self._policy, (), time.time()))
-        )
-        if restored is not None:
+        restored: LiveState | None = self._journal.load()
+        if restored is None:
+            self._driver = Driver.empty(self._policy, time.time(), claims)
+        else:
+            self._driver = Driver(restored, claims)
             log.warning("scheduler restored: %d leases, %d queued", len(restored.grants), restored.core.pending_count())
         self._accounting: GpuAccounting | None = None
         self._last_nodes = 0.0
@@ -140,36 +113,21 @@ class SchedulerActor:
 
     # ------------------------------------------------------------------ interface
     def submit(self, submission: WorkloadSubmission) -> str:
-        now = time.time()
         with self._lock:
-            self._state.core.submit(submission.gang(), now)
-            self._state.submissions[submission.workload_id] = submission
-            self._state.queued_since[submission.workload_id] = now
-            self._save()
-            # Inside the lock: the next tick may admit it, and "admitted" must follow "submitted".
-            self._journal.event(
-                "submitted",
-                submission.workload_id,
-                submission.team,
-                now,
-                gpus=sum(submission.bundles),
-                priority_class=submission.priority_class,
-            )
+            # Journaled inside the lock: the next tick may admit it, and "admitted" must follow.
+            self._commit(self._driver.submit(submission, time.time()))
         return submission.workload_id
 
     def lease(self, workload_id: str) -> LeaseGrant | None:
         with self._lock:
-            return self._state.grants.get(workload_id)
+            return self._driver.lease(workload_id)
 
     def claim(self, workload_id: str, ray_job_id: str) -> LeaseGrant | None:
         """A job says it is using its lease (so its GPU use is accounted to the lease)."""
         with self._lock:
-            grant = self._state.grants.get(workload_id)
-            if grant is not None and self._state.claims.get(workload_id) != ray_job_id:
-                self._state.claims[workload_id] = ray_job_id
-                self._state.claim_timeouts.pop(workload_id, None)  # its launch works
-                self._save()
-            return grant
+            grant, effects = self._driver.claim(workload_id, ray_job_id)
+            self._commit(effects)
+        return grant
 
     def release(self, lease_id: str, finished: bool = True) -> bool:
         now = time.time()
@@ -177,75 +135,31 @@ class SchedulerActor:
         # the node is gone by then: handle the loss first, so the workload is requeued, not ended.
         self._refresh_nodes(now)
         with self._lock:
-            if lease_id in self._state.released:
-                return self._state.released[lease_id]
-            workload = self._workload_of(lease_id)
-            if workload is None:
-                outcome = self._state.remember_release(lease_id, self._release_ended(lease_id, finished, now))
-                self._save()
-                return outcome
-            requeued = self._state.core.release(lease_id, now, finished=finished)
-            self._state.remember_release(lease_id, requeued)
-            self._forget_lease(workload, requeued, now)
-            self._save()
-            # Inside the lock, as for "submitted": a requeued workload may be admitted next tick.
-            self._journal.event(
-                "requeued" if requeued else "released", workload, self._team_of(workload), now, lease_id=lease_id
-            )
-        return requeued
+            outcome, effects = self._driver.release(lease_id, finished, now)
+            self._commit(effects)  # inside the lock, as for "submitted"
+        return outcome is ReleaseOutcome.REQUEUED
 
     def preemption_notice(self, workload_id: str) -> Notice | None:
         with self._lock:
-            return self._state.notices.get(workload_id)
+            return self._driver.notice(workload_id)
 
     def report_resume(self, workload_id: str, step: int, checkpoint: str) -> None:
         """The job restored `checkpoint` at `step`: the event log shows where a preempted or
         requeued job picked up (operators, and the demo's cause chain)."""
-        self._journal.event(
-            "resumed", workload_id, self._team_of(workload_id), time.time(), step=step, checkpoint=checkpoint
-        )
+        with self._lock:
+            self._commit(self._driver.resume_reported(workload_id, step, checkpoint, time.time()))
 
     def report_checkpoint(self, workload_id: str) -> None:
         with self._lock:
-            if self._state.core.lease_of(workload_id) is not None:
-                self._state.core.report_checkpoint(workload_id, time.time())
-                self._save()
+            self._commit(self._driver.checkpoint_reported(workload_id, time.time()))
 
     def cancel(self, workload_id: str) -> None:
-        now = time.time()
         with self._lock:
-            self._state.core.cancel(workload_id, now)
-            if workload_id not in self._state.grants:
-                self._drop_workload(workload_id)
-            self._save()
-            self._journal.event("cancelled", workload_id, self._team_of(workload_id), now)
+            self._commit(self._driver.cancel(workload_id, time.time()))
 
     def list_workloads(self) -> list[dict[str, Any]]:
-        now = time.time()
         with self._lock:
-            core = self._state.core
-            queue = queue_rows(core.pending(), core.explain_pending, now)
-            out = []
-            for wid, sub in self._state.submissions.items():
-                lease = core.lease_of(wid)
-                waiting = queue.get(wid)
-                state = "queued" if waiting is not None else (lease.state.value if lease else "done")
-                out.append(
-                    {
-                        "workload_id": wid,
-                        "team": sub.team,
-                        "priority_class": sub.priority_class,
-                        "gpus": sum(sub.bundles),
-                        "state": state,
-                        "description": sub.description,
-                        "ray_job": self._state.launched[wid].submission_id if wid in self._state.launched else None,
-                        "attempt": waiting.attempt if waiting else self._state.attempts.get(wid, 0),
-                        "waited_s": round(waiting.waited_s, 1) if waiting else None,
-                        "queue_position": waiting.position if waiting else None,
-                        "waiting_for": f"{waiting.reason}: {waiting.detail}" if waiting else None,
-                    }
-                )
-            return out
+            return views.workload_rows(self._driver.state, time.time())
 
     def events(self, workload_id: str | None = None) -> list[dict[str, Any]]:
         return self._journal.events(workload_id)
@@ -253,19 +167,13 @@ class SchedulerActor:
     def status(self) -> dict[str, Any]:
         now = time.time()
         with self._lock:
-            snap = self._state.core.snapshot(now)
-            queued = self._state.core.pending()
-            pending = [p.request.workload_id for p in queued]
-            waits = self._state.waits.summary(now, [(p.request.team, now - p.queued_at) for p in queued])
-            serve_pool = self._serve_pool.report(self._state, now)
+            state = self._driver.state
+            cluster = views.cluster_view(state, now)
+            waits = views.wait_summary(state, now)
+            serve_pool = self._serve_pool.report(state, now)
         accounting = self._accounting
         return {
-            "total_gpus": snap.total_gpus,
-            "free_gpus": snap.free_gpus,
-            "teams": [asdict(t) for t in snap.teams],
-            "pools": [asdict(p) for p in snap.pools],
-            "leases": [asdict(lease) for lease in snap.leases],
-            "pending": pending,
+            **cluster,
             "outside_leases": summarize(accounting) if accounting is not None else None,
             "serve_pool": serve_pool,
             "waits": waits,
@@ -275,7 +183,7 @@ class SchedulerActor:
         """When this incarnation of the actor started (changes when Ray restarts it)."""
         return self._started_at
 
-    # ------------------------------------------------------------------ the loop
+    # ------------------------------------------------------------------ the loops
     def _run(self) -> None:
         while not self._stopping.wait(self.TICK_S):
             try:
@@ -296,147 +204,107 @@ class SchedulerActor:
             self._last_nodes = now
         replicas = self._serve_pool.observe(now)  # Ray's view of Serve's replicas, when due (I/O: unlocked)
         with self._lock:
-            pool_changed = replicas is not None and self._serve_pool.reconcile(self._state, replicas, now)
+            state = self._driver.state
+            pool_changed = replicas is not None and self._serve_pool.reconcile(state, replicas, now)
             started = time.perf_counter()
-            decisions = self._state.core.schedule(now)
-            self._metrics.decided(time.perf_counter() - started)
-            self._serve_pool.record(self._state, decisions, now)  # before the notices it causes
-            effects = self._apply(decisions, now) if decisions else _Effects()
-            timed_out = self._reclaim_unclaimed(effects, now)
-            if decisions or pool_changed or timed_out:
-                self._save()
-            self._export_gauges(now)
-        self._carry_out(effects, now)
+
+            def decided(decisions: Decisions) -> None:
+                self._metrics.decided(time.perf_counter() - started)
+                self._serve_pool.record(state, decisions, now)  # before the notices it causes
+
+            effects = self._driver.tick(now, decided)
+            actions = self._commit([SaveState(), *effects] if pool_changed else effects)
+            self._metrics.show(views.gauge_readings(state, now))
+        self._carry_out(actions)
         if now - self._last_capacity >= self.NODE_REFRESH_S:
             self._last_capacity = now
             self._request_capacity()
 
-    def _reclaim_unclaimed(self, effects: _Effects, now: float) -> bool:
-        """Grants left unclaimed past the claim timeout: their GPUs back, the workload requeued
-        (or ended after `max_timeouts`); a slow launch that did start is stopped."""
-        s = self._state
+    def _refresh_nodes(self, now: float) -> None:
+        with self._nodes_lock:
+            nodes = cluster_gpu_nodes()
+            with self._lock:
+                actions = self._commit(self._driver.nodes_seen(nodes, now))
+            self._carry_out(actions)  # stops of launched jobs that lost a node
 
-        def needs_claim(workload: str) -> bool:
-            return s.submissions[workload].workload_class is not WorkloadClass.INFERENCE
+    # ------------------------------------------------------------------ effects
+    def _commit(self, effects: list[Effect]) -> list[ClusterAction]:
+        """Lock held: persist the state if it changed, then journal, count and log in order.
+        Returns the cluster actions, to carry out once the lock is released."""
+        books, actions = split(effects)
+        if any(isinstance(b, SaveState) for b in books):
+            self._journal.save(self._driver.state)
+        for b in books:
+            if isinstance(b, JournalEvent):
+                self._journal.event(b.kind.value, b.workload_id, b.team, b.at, **b.details)
+            elif isinstance(b, RecordAdmission):
+                self._metrics.admitted(b.team, b.priority_class, b.gpus, b.waited_s)
+            elif isinstance(b, RecordPreemption):
+                self._metrics.preempted(b.team, b.reason, b.lost_gpu_s)
+            elif isinstance(b, Diagnostic):
+                log.log(logging.WARNING if b.warning else logging.INFO, "%s", b.message)
+        return actions
 
-        late = unclaimed(s.grants, s.claims, needs_claim, now, self._claims)
-        for workload in late:
-            grant, sub = s.grants[workload], s.submissions[workload]
-            self._stop_job_of(workload, effects)
-            s.core.release(grant.lease_id, now, finished=True)
-            self._forget_lease(workload, requeued=False, now=now)
-            outcome = after_timeout(s.claim_timeouts.get(workload, 0), self._claims)
-            self._journal.event(
-                "claim_timeout", workload, sub.team, now, lease_id=grant.lease_id, outcome=outcome.value
-            )
-            if outcome is ClaimOutcome.END:
-                s.claim_timeouts.pop(workload, None)
-                self._drop_workload(workload)
-                self._journal.event("ended", workload, sub.team, now, reason="its grants were never claimed")
-                continue
-            s.claim_timeouts[workload] = s.claim_timeouts.get(workload, 0) + 1
-            s.core.submit(sub.gang(), now)
-            s.queued_since[workload] = now
-            self._journal.event("requeued", workload, sub.team, now, lease_id=grant.lease_id, reason="claim_timeout")
-        return bool(late)
+    def _carry_out(self, actions: list[ClusterAction]) -> None:
+        for action in actions:
+            try:
+                self._carry_out_one(action)
+            except Exception:  # Ray's APIs raise many types: logged, and one failure must not drop the rest
+                log.exception("scheduler: %s failed", type(action).__name__)  # not its repr: runtime envs hold secrets
 
-    def _apply(self, decisions: Decisions, now: float) -> _Effects:
-        effects = _Effects()
-        s = self._state
-        for start in decisions.starts:
-            sub = s.submissions[start.workload_id]
-            s.grants[start.workload_id] = self._grant(start.lease_id, sub, start.placement, start.borrowing, now)
-            s.notices.pop(start.workload_id, None)
-            effects.admitted.append(start.workload_id)
-            s.attempts[start.workload_id] = s.attempts.get(start.workload_id, 0) + 1
-            waited = now - s.queued_since.pop(start.workload_id, now)
-            self._metrics.admitted(sub.team, sub.priority_class, sum(sub.bundles), waited)
-            s.waits.record(sub.team, now, waited)
-            self._journal.event(
-                "admitted",
-                start.workload_id,
-                sub.team,
-                now,
-                lease_id=start.lease_id,
-                waited_s=round(waited, 3),
-                nodes=list(start.placement),
-            )
-            if sub.entrypoint is not None:
-                effects.launch.append((start.workload_id, start.lease_id, s.attempts[start.workload_id]))
-        for notice in decisions.notices:
-            sub = s.submissions[notice.workload_id]
-            n = Notice(
-                workload_id=notice.workload_id,
-                lease_id=notice.lease_id,
-                reason=f"{notice.reason.value} for {notice.preemptor}",
-                stop_deadline=notice.stop_deadline,
-            )
-            s.notices[notice.workload_id] = n
-            effects.notify.append(n)
-            self._metrics.preempted(sub.team, notice.reason.value, notice.lost_gpu_seconds)
-            self._journal.event(
-                "preemption_notice",
-                notice.workload_id,
-                sub.team,
-                now,
-                reason=n.reason,
-                preemptor=notice.preemptor,
-                lost_gpu_s=round(notice.lost_gpu_seconds, 1),
-            )
-        for stop in decisions.stops:
-            # Stop orders come when the grace period ran out or on cancel: stop the Ray job.
-            job_gone = self._stop_job_of(stop.workload_id, effects)
-            team = s.submissions[stop.workload_id].team
-            self._journal.event("stop_order", stop.workload_id, team, now, reason=stop.reason)
-            lease = s.core.leases().get(stop.lease_id)
-            if lease is not None:
-                # Its GPUs go back now, requeueing it unless it was cancelled or its job, which
-                # the scheduler did not launch and cannot relaunch, is being stopped.
-                finished = stop.reason == "cancelled" or lease.state is not LeaseState.PREEMPTING or job_gone
-                requeued = s.core.release(stop.lease_id, now, finished=finished)
-                self._forget_lease(stop.workload_id, requeued, now)
-                if requeued and stop.workload_id not in s.launched:
-                    s.ended[stop.lease_id] = stop.workload_id
-                self._journal.event(
-                    "requeued" if requeued else "released", stop.workload_id, team, now, lease_id=stop.lease_id
-                )
-        return effects
-
-    def _carry_out(self, effects: _Effects, now: float) -> None:
+    def _carry_out_one(self, action: ClusterAction) -> None:
         from switchyard.train.ray_preemption import GcsPreemptionChannel
 
-        channel = GcsPreemptionChannel()
-        for workload in effects.admitted:
-            # A requeued job's last notice must not stop its next run at the first step. Serve
-            # replicas have no channel (and ids a channel key cannot hold): an exception here
-            # used to abort the whole tick's effects, notices to victims included.
-            if not is_pool_workload(workload):
-                channel.clear(workload)
-        for notice in effects.notify:
-            channel.send_notice(notice.workload_id, notice.reason, notice.stop_deadline)
-        for job in effects.stop:
+        if isinstance(action, ClearNotice):
+            # Serve replicas have no channel (and ids a channel key cannot hold).
+            if not is_pool_workload(action.workload_id):
+                GcsPreemptionChannel().clear(action.workload_id)
+        elif isinstance(action, SendNotice):
+            n = action.notice
+            GcsPreemptionChannel().send_notice(n.workload_id, n.reason, n.stop_deadline)
+        elif isinstance(action, StopLaunchedJob):
+            job = LaunchedJob(action.job.workload_id, action.job.submission_id)
             if self._launcher is not None and self._launcher.stop(job):
-                self._journal.event(
-                    "job_stopped", job.workload_id, self._team_of(job.workload_id), now, ray_job=job.submission_id
-                )
-        for workload, ray_job in effects.stop_claimed:
+                self._job_stopped(job.workload_id, action.team, job.submission_id, action.reason)
+        elif isinstance(action, StopClaimedJob):
+            ray_job = action.ray_job_id
             stopped = self._launcher.stop_ray_job(ray_job) if self._launcher is not None else None
             if stopped is None:
                 # A driver started by hand: Ray offers no way to stop it from here. Its GPUs now
                 # count as use outside any lease (the audit reports and, if configured, frees them).
-                log.warning("workload %s: cannot stop Ray job %s (not a submitted job)", workload, ray_job)
+                why = f"{action.reason}; not a submitted job"
+                log.warning("workload %s: cannot stop Ray job %s (%s)", action.workload_id, ray_job, why)
             else:
-                self._journal.event("job_stopped", workload, self._team_of(workload), now, ray_job=stopped)
-        for workload, lease_id, attempt in effects.launch:
-            sub = self._state.submissions[workload]
-            if self._launcher is None or sub.entrypoint is None:
-                log.error("workload %s wants launching but the scheduler has no dashboard address", workload)
-                continue
-            job = self._launcher.launch(workload, lease_id, attempt, sub.entrypoint, sub.runtime_env)
-            with self._lock:
-                self._state.launched[workload] = job
-                self._save()
+                self._job_stopped(action.workload_id, action.team, stopped, action.reason)
+        else:
+            self._launch(action)
 
+    def _job_stopped(self, workload_id: str, team: str, submission_id: str, reason: StopReason) -> None:
+        log.info("workload %s: stopped Ray job %s (%s)", workload_id, submission_id, reason)
+        self._journal.event("job_stopped", workload_id, team, time.time(), ray_job=submission_id)
+
+    def _launch(self, action: LaunchJob) -> None:
+        """Submit the job; its outcome goes back to the driver (a failed one is journaled, and its
+        grant is the claim timeout's to take back)."""
+        if self._launcher is None:
+            error = "the scheduler has no dashboard address"
+            log.error("workload %s wants launching but %s", action.workload_id, error)
+        else:
+            try:
+                job = self._launcher.launch(
+                    action.workload_id, action.lease_id, action.attempt, action.entrypoint, action.runtime_env
+                )
+            except Exception as exc:  # the Jobs API raises several types: logged and journaled
+                log.exception("launch of workload %s failed", action.workload_id)
+                error = f"{type(exc).__name__}: {exc}"
+            else:
+                with self._lock:
+                    self._commit(self._driver.job_launched(action.workload_id, job.submission_id))
+                return
+        with self._lock:
+            self._commit(self._driver.launch_failed(action.workload_id, action.lease_id, error, time.time()))
+
+    # ------------------------------------------------------------------ autoscaler and audit
     def _request_capacity(self) -> None:
         """Ask Ray's autoscaler for room for the gangs that wait for capacity, or clear the request
         when none does (see `switchyard.cluster.autoscale`). Only when it changes: each call
@@ -444,10 +312,8 @@ class SchedulerActor:
         from ray.autoscaler.sdk import request_resources
 
         with self._lock:
-            core = self._state.core
-            request = capacity_request(
-                (lease.request.bundles for lease in core.leases().values()), core.waiting_for_capacity()
-            )
+            state = self._driver.state
+            request = capacity_request(views.leased_bundles(state), views.waiting_for_capacity(state))
         if request == self._capacity_requested:
             return
         request_resources(bundles=list(request.bundles), bundle_label_selectors=list(request.label_selectors))
@@ -456,11 +322,7 @@ class SchedulerActor:
 
     def _audit_gpu_use(self) -> None:
         with self._lock:
-            leased: dict[str, int] = {}
-            for workload, job in self._state.claims.items():
-                grant = self._state.grants.get(workload)
-                gpus = sum(p.gpus for p in grant.placements) if grant is not None else 0
-                leased[job] = leased.get(job, 0) + gpus
+            leased = views.leased_gpus_by_job(self._driver.state)
             address = ray.get_runtime_context().gcs_address
         accounting = account(address, leased)
         self._accounting = accounting
@@ -484,143 +346,3 @@ class SchedulerActor:
                     stopped = self._launcher.stop_ray_job(holding.job_id)
                     if stopped is not None:
                         log.warning("enforcement: stopped Ray job %s (%s)", stopped, holding.job_id)
-
-    # ------------------------------------------------------------------ helpers (lock held)
-    def _refresh_nodes(self, now: float) -> None:
-        with self._nodes_lock:
-            self._sync_nodes(cluster_gpu_nodes(), now)
-
-    def _sync_nodes(self, nodes: list[Node], now: float) -> None:
-        seen = {n.name: n for n in nodes}
-        orphaned: list[LaunchedJob] = []  # launched jobs that lost a node: relaunched when readmitted
-        with self._lock:
-            s = self._state
-            changed = False
-            for name in set(s.nodes) - set(seen):
-                lost = s.core.remove_node(name, now)
-                log.warning("node %s left the cluster; leases %s requeued", name, lost)
-                for lease_id in lost:
-                    workload = self._workload_of(lease_id)
-                    if workload is not None:
-                        if workload in s.launched:
-                            orphaned.append(s.launched[workload])
-                        else:
-                            s.ended[lease_id] = workload
-                        self._forget_lease(workload, True, now)
-                        self._journal.event("node_lost", workload, self._team_of(workload), now, node=name)
-                changed = True
-            for name, node in seen.items():
-                if name not in s.nodes:
-                    s.core.add_node(node, now)
-                    changed = True
-            s.nodes = seen
-            if changed:
-                self._save()
-        for job in orphaned:
-            # Its workers on other nodes would keep their GPUs, and its driver would run on:
-            # stopped before the requeued workload is launched again.
-            if self._launcher is not None and self._launcher.stop(job):
-                self._journal.event(
-                    "job_stopped", job.workload_id, self._team_of(job.workload_id), now, ray_job=job.submission_id
-                )
-
-    def _team_of(self, workload_id: str) -> str:
-        sub = self._state.submissions.get(workload_id)
-        return sub.team if sub is not None else ""
-
-    def _stop_job_of(self, workload_id: str, effects: _Effects) -> bool:
-        """Queue the stop of the Ray job running on `workload_id`'s lease: the job the scheduler
-        launched, else the job that claimed the lease, unless that Ray job also claimed other
-        leases (a Tune sweep's trials share their driver's job: one trial must not end the
-        sweep). Returns True when the job stopped is one the scheduler cannot relaunch."""
-        s = self._state
-        if workload_id in s.launched:
-            effects.stop.append(s.launched[workload_id])
-            return False
-        job = s.claims.get(workload_id)
-        if job is None or any(j == job for w, j in s.claims.items() if w != workload_id):
-            return False
-        effects.stop_claimed.append((workload_id, job))
-        return True
-
-    def _release_ended(self, lease_id: str, finished: bool, now: float) -> bool:
-        """A job releases a lease the scheduler already ended (grace period over, node lost). If it
-        has finished, nothing will come back for its requeued workload: withdraw it, wherever it
-        is now (queued, or admitted again and unclaimed). Returns True when the workload stays
-        queued for the job to come back for (what `release` says of a requeued workload)."""
-        workload = self._state.ended.pop(lease_id, None)
-        if workload is None:
-            return False
-        if finished:
-            try:
-                self._state.core.cancel(workload, now)
-            except KeyError:
-                log.info("workload %s of ended lease %s is gone already", workload, lease_id)
-            else:
-                if workload not in self._state.grants:
-                    self._drop_workload(workload)
-                self._journal.event(
-                    "cancelled",
-                    workload,
-                    self._team_of(workload),
-                    now,
-                    reason="its job finished after the scheduler ended its lease",
-                )
-        self._save()
-        return not finished
-
-    def _workload_of(self, lease_id: str) -> str | None:
-        return next((w for w, g in self._state.grants.items() if g.lease_id == lease_id), None)
-
-    def _forget_lease(self, workload_id: str, requeued: bool, now: float) -> None:
-        s = self._state
-        s.grants.pop(workload_id, None)
-        s.notices.pop(workload_id, None)
-        s.claims.pop(workload_id, None)
-        if requeued:
-            s.queued_since[workload_id] = now
-        else:
-            s.launched.pop(workload_id, None)
-            self._forget_ended(workload_id)
-
-    def _drop_workload(self, workload_id: str) -> None:
-        for table in (self._state.grants, self._state.notices, self._state.claims, self._state.queued_since):
-            table.pop(workload_id, None)
-        self._forget_ended(workload_id)
-
-    def _forget_ended(self, workload_id: str) -> None:
-        """The workload is done: no job will come back for it through an ended lease."""
-        ended = self._state.ended
-        for lease_id in [lid for lid, w in ended.items() if w == workload_id]:
-            del ended[lease_id]
-
-    def _grant(
-        self, lease_id: str, sub: WorkloadSubmission, placement: tuple[str, ...], borrowing: bool, now: float
-    ) -> LeaseGrant:
-        nodes = self._state.nodes
-        return LeaseGrant(
-            lease_id=lease_id,
-            workload_id=sub.workload_id,
-            team=sub.team,
-            granted_at=now,
-            borrowing=borrowing,
-            placements=tuple(
-                Placement(node_id=node, node_group=nodes[node].node_group, gpus=gpus)
-                for node, gpus in zip(placement, sub.bundles, strict=True)
-            ),
-        )
-
-    def _save(self) -> None:
-        self._journal.save(self._state)
-
-    def _export_gauges(self, now: float) -> None:
-        snap = self._state.core.snapshot(now, explain_pending=False)  # every tick: counts only
-        self._metrics.gpus.set(snap.free_gpus, tags={"pool": "free"})
-        self._metrics.gpus.set(snap.total_gpus - snap.free_gpus, tags={"pool": "leased"})
-        states: dict[str, int] = {}
-        for lease in snap.leases:
-            states[lease.state] = states.get(lease.state, 0) + 1
-        for state in ("running", "preempting"):
-            self._metrics.leases.set(states.get(state, 0), tags={"state": state})
-        for team in snap.teams:
-            self._metrics.queued.set(team.queued, tags={"team": team.team})

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from ray.util.metrics import Counter, Gauge, Histogram
 
+from switchyard.scheduler.driver.views import GaugeReadings
+
 # Up to a week: the waits that matter for big gangs last days, not minutes.
 HOUR, DAY = 3600, 86400
 WAIT_BUCKETS_S = [1, 5, 15, 30, 60, 120, 300, 600, 1800, HOUR, 4 * HOUR, 12 * HOUR, DAY, 2 * DAY, 4 * DAY, 7 * DAY]
@@ -65,3 +67,12 @@ class SchedulerMetrics:
         self.preemptions.inc(tags={"team": team, "reason": reason})
         if lost_gpu_s > 0:
             self.lost_gpu_seconds.inc(lost_gpu_s, tags={"team": team})
+
+    def show(self, readings: GaugeReadings) -> None:
+        """The gauges, every tick."""
+        self.gpus.set(readings.free_gpus, tags={"pool": "free"})
+        self.gpus.set(readings.leased_gpus, tags={"pool": "leased"})
+        for state, count in readings.leases.items():
+            self.leases.set(count, tags={"state": state})
+        for team, queued in readings.queued.items():
+            self.queued.set(queued, tags={"team": team})

@@ -8,6 +8,7 @@ the way in so a malformed request fails at the caller with a message naming the 
 from __future__ import annotations
 
 import uuid
+from enum import StrEnum
 from typing import Any, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -73,6 +74,27 @@ class Notice(BaseModel):
     lease_id: str
     reason: str
     stop_deadline: float
+
+
+class StopReason(StrEnum):
+    """Why the scheduler stops the job running on a lease. The first two are the core's
+    `StopOrder.reason`s; the others are the live scheduler's own."""
+
+    CANCELLED = "cancelled"
+    GRACE_PERIOD_OVER = "grace period over"
+    CLAIM_TIMEOUT = "claim_timeout"  # a launch that started after its grant was taken back
+    NODE_LOST = "node_lost"  # its workers on other nodes would keep their GPUs
+
+
+class ReleaseOutcome(StrEnum):
+    """What `release` tells the job: whether its workload waits in the queue again."""
+
+    REQUEUED = "requeued"  # a later admission of the same workload follows (`release` -> True)
+    RELEASED = "released"  # the workload is over (`release` -> False)
+
+    @classmethod
+    def of(cls, requeued: bool) -> ReleaseOutcome:
+        return cls.REQUEUED if requeued else cls.RELEASED
 
 
 class SchedulerService(Protocol):

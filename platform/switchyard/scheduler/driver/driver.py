@@ -1,0 +1,307 @@
+"""The live scheduler's rules around the policy core: events in, effects out.
+
+The core (`switchyard.scheduler.core`) decides admissions, notices and stops over abstract
+leases. Around it the live scheduler keeps grants with placements, notices, which Ray job
+claimed which lease, the jobs it launched, and leases it ended itself (`LiveState`). `Driver`
+owns that state and is the one place its rules live: one method per event (a submission, a
+claim, a release, the node set Ray reports, a checkpoint, a tick of the clock, the outcome of a
+launch), each returning the effects the Ray adapter must carry out (`effects`). No Ray, no
+clock (every event carries `now`), no I/O; the adapter holds the lock around each call.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+
+from switchyard.scheduler.api import LeaseGrant, Notice, ReleaseOutcome, StopReason, WorkloadSubmission
+from switchyard.scheduler.claims import ClaimOutcome, ClaimPolicy, after_timeout, unclaimed
+from switchyard.scheduler.core import Decisions, LeaseState, Node, Scheduler, SchedulerPolicy, WorkloadClass
+from switchyard.scheduler.driver.effects import (
+    ClearNotice,
+    Diagnostic,
+    Effect,
+    EventKind,
+    JournalEvent,
+    LaunchJob,
+    RecordAdmission,
+    RecordPreemption,
+    SaveState,
+    SendNotice,
+    StopClaimedJob,
+    StopLaunchedJob,
+)
+from switchyard.scheduler.driver.state import LaunchedJob, LiveState
+
+
+class Driver:
+    """The live scheduler's state machine; not thread-safe (the adapter's lock serializes calls)."""
+
+    def __init__(self, state: LiveState, claims: ClaimPolicy | None = None) -> None:
+        self._state = state
+        self._claims = claims or ClaimPolicy()
+
+    @classmethod
+    def empty(cls, policy: SchedulerPolicy, now: float, claims: ClaimPolicy | None = None) -> Driver:
+        """A scheduler with no nodes yet (the first `nodes_seen` adds them)."""
+        return cls(LiveState(Scheduler(policy, (), now)), claims)
+
+    @property
+    def state(self) -> LiveState:
+        """The state, for the journal to persist and for readers (`views`, the Serve pool)."""
+        return self._state
+
+    # ------------------------------------------------------------------ what callers see
+    def lease(self, workload_id: str) -> LeaseGrant | None:
+        return self._state.grants.get(workload_id)
+
+    def notice(self, workload_id: str) -> Notice | None:
+        return self._state.notices.get(workload_id)
+
+    # ------------------------------------------------------------------ events from callers
+    def submit(self, submission: WorkloadSubmission, now: float) -> list[Effect]:
+        """Raises ValueError (from the core) for a workload already submitted or a bad request."""
+        s = self._state
+        s.core.submit(submission.gang(), now)
+        s.submissions[submission.workload_id] = submission
+        s.queued_since[submission.workload_id] = now
+        details = {"gpus": sum(submission.bundles), "priority_class": submission.priority_class}
+        return [SaveState(), JournalEvent(EventKind.SUBMITTED, submission.workload_id, submission.team, now, details)]
+
+    def cancel(self, workload_id: str, now: float) -> list[Effect]:
+        """A queued workload is withdrawn now; a running one gets a stop order on the next tick.
+        Raises KeyError for a workload the core does not know."""
+        s = self._state
+        s.core.cancel(workload_id, now)
+        if workload_id not in s.grants:
+            s.drop_workload(workload_id)
+        return [SaveState(), JournalEvent(EventKind.CANCELLED, workload_id, s.team_of(workload_id), now)]
+
+    def claim(self, workload_id: str, ray_job_id: str) -> tuple[LeaseGrant | None, list[Effect]]:
+        """A job says it is using its lease (so its GPU use is accounted to the lease)."""
+        s = self._state
+        grant = s.grants.get(workload_id)
+        if grant is None or s.claims.get(workload_id) == ray_job_id:
+            return grant, []
+        s.claims[workload_id] = ray_job_id
+        s.claim_timeouts.pop(workload_id, None)  # its launch works
+        return grant, [SaveState()]
+
+    def release(self, lease_id: str, finished: bool, now: float) -> tuple[ReleaseOutcome, list[Effect]]:
+        """A job gives its lease back (it exited). A repeated call gets the first answer."""
+        s = self._state
+        if lease_id in s.released:
+            return ReleaseOutcome.of(s.released[lease_id]), []
+        workload = s.workload_of(lease_id)
+        if workload is None:
+            requeued, effects = self._release_ended(lease_id, finished, now)
+            s.remember_release(lease_id, requeued)
+            return ReleaseOutcome.of(requeued), [SaveState(), *effects]
+        requeued = s.core.release(lease_id, now, finished=finished)
+        s.remember_release(lease_id, requeued)
+        s.forget_lease(workload, requeued, now)
+        outcome = ReleaseOutcome.of(requeued)
+        return outcome, [SaveState(), self._lease_event(outcome, workload, lease_id, now)]
+
+    def checkpoint_reported(self, workload_id: str, now: float) -> list[Effect]:
+        s = self._state
+        if s.core.lease_of(workload_id) is None:
+            return []
+        s.core.report_checkpoint(workload_id, now)
+        return [SaveState()]
+
+    def resume_reported(self, workload_id: str, step: int, checkpoint: str, now: float) -> list[Effect]:
+        """Where a preempted or requeued job picked up, for the event log (no state changes)."""
+        details = {"step": step, "checkpoint": checkpoint}
+        return [JournalEvent(EventKind.RESUMED, workload_id, self._state.team_of(workload_id), now, details)]
+
+    # ------------------------------------------------------------------ events from Ray
+    def nodes_seen(self, nodes: Iterable[Node], now: float) -> list[Effect]:
+        """The GPU nodes Ray reports alive now. A lost node's leases are requeued; a job the
+        scheduler launched on one is stopped (its workers on other nodes would keep their GPUs,
+        its driver would run on) and launched again when the workload is readmitted."""
+        s = self._state
+        seen = {n.name: n for n in nodes}
+        effects: list[Effect] = []
+        changed = False
+        for name in sorted(set(s.nodes) - set(seen)):
+            lost = s.core.remove_node(name, now)
+            effects.append(Diagnostic(f"node {name} left the cluster; leases {lost} requeued"))
+            for lease_id in lost:
+                workload = s.workload_of(lease_id)
+                if workload is None:
+                    continue
+                team = s.team_of(workload)
+                if workload in s.launched:
+                    effects.append(StopLaunchedJob(s.launched[workload], team, StopReason.NODE_LOST))
+                else:
+                    s.ended[lease_id] = workload
+                s.forget_lease(workload, True, now)
+                effects.append(JournalEvent(EventKind.NODE_LOST, workload, team, now, {"node": name}))
+            changed = True
+        for name, node in seen.items():
+            if name not in s.nodes:
+                s.core.add_node(node, now)
+                changed = True
+        s.nodes = seen
+        return [SaveState(), *effects] if changed else effects
+
+    def job_launched(self, workload_id: str, submission_id: str) -> list[Effect]:
+        """The adapter's `LaunchJob` went through: stopped as this Ray job from now on."""
+        self._state.launched[workload_id] = LaunchedJob(workload_id, submission_id)
+        return [SaveState()]
+
+    def launch_failed(self, workload_id: str, lease_id: str, error: str, now: float) -> list[Effect]:
+        """The adapter's `LaunchJob` raised. The grant stays: a failed launch is a lost launch,
+        which the claim timeout takes back (requeued, ended after `max_timeouts` in a row).
+        Taking it back at once would spend those strikes within a second of ticks, so a Jobs API
+        that is down for a few seconds would end the workload."""
+        s = self._state
+        grant = s.grants.get(workload_id)
+        if grant is None or grant.lease_id != lease_id:
+            return [Diagnostic(f"launch of workload {workload_id} on lease {lease_id} failed ({error}); ended since")]
+        details = {"lease_id": lease_id, "error": error}
+        return [JournalEvent(EventKind.LAUNCH_FAILED, workload_id, s.team_of(workload_id), now, details)]
+
+    # ------------------------------------------------------------------ the clock
+    def tick(self, now: float, on_decisions: Callable[[Decisions], None] | None = None) -> list[Effect]:
+        """One scheduling pass: the core's decisions applied, then grants left unclaimed past
+        the claim timeout taken back. `on_decisions` sees the decisions before they are applied
+        (the Serve pool journals each reclaim before the notices it causes)."""
+        decisions = self._state.core.schedule(now)
+        if on_decisions is not None:
+            on_decisions(decisions)
+        effects = self._apply(decisions, now) if decisions else []
+        timed_out = self._reclaim_unclaimed(effects, now)
+        return [SaveState(), *effects] if decisions or timed_out else effects
+
+    # ------------------------------------------------------------------ the rules
+    def _apply(self, decisions: Decisions, now: float) -> list[Effect]:
+        s = self._state
+        effects: list[Effect] = []
+        for start in decisions.starts:
+            wid = start.workload_id
+            sub = s.submissions[wid]
+            s.grants[wid] = s.grant(start.lease_id, sub, start.placement, start.borrowing, now)
+            s.notices.pop(wid, None)
+            effects.append(ClearNotice(wid))
+            s.attempts[wid] = s.attempts.get(wid, 0) + 1
+            waited = now - s.queued_since.pop(wid, now)
+            effects.append(RecordAdmission(sub.team, sub.priority_class, sum(sub.bundles), waited))
+            s.waits.record(sub.team, now, waited)
+            details = {"lease_id": start.lease_id, "waited_s": round(waited, 3), "nodes": list(start.placement)}
+            effects.append(JournalEvent(EventKind.ADMITTED, wid, sub.team, now, details))
+            if sub.entrypoint is not None:
+                effects.append(LaunchJob(wid, start.lease_id, s.attempts[wid], sub.entrypoint, sub.runtime_env))
+        for notice in decisions.notices:
+            sub = s.submissions[notice.workload_id]
+            sent = Notice(
+                workload_id=notice.workload_id,
+                lease_id=notice.lease_id,
+                reason=f"{notice.reason.value} for {notice.preemptor}",
+                stop_deadline=notice.stop_deadline,
+            )
+            s.notices[notice.workload_id] = sent
+            effects.append(SendNotice(sent))
+            effects.append(RecordPreemption(sub.team, notice.reason.value, notice.lost_gpu_seconds))
+            details = {
+                "reason": sent.reason,
+                "preemptor": notice.preemptor,
+                "lost_gpu_s": round(notice.lost_gpu_seconds, 1),
+            }
+            effects.append(JournalEvent(EventKind.PREEMPTION_NOTICE, notice.workload_id, sub.team, now, details))
+        for stop in decisions.stops:
+            self._stop(stop.workload_id, stop.lease_id, StopReason(stop.reason), now, effects)
+        return effects
+
+    def _stop(self, workload_id: str, lease_id: str, reason: StopReason, now: float, effects: list[Effect]) -> None:
+        """A stop order (grace period over, or cancelled): stop the Ray job, and give the GPUs
+        back now, requeueing the workload unless it was cancelled or its job, which the
+        scheduler did not launch and cannot relaunch, is being stopped."""
+        s = self._state
+        job_gone = self._stop_job_of(workload_id, reason, effects)
+        team = s.submissions[workload_id].team
+        effects.append(JournalEvent(EventKind.STOP_ORDER, workload_id, team, now, {"reason": reason.value}))
+        lease = s.core.leases().get(lease_id)
+        if lease is None:
+            return
+        finished = reason is StopReason.CANCELLED or lease.state is not LeaseState.PREEMPTING or job_gone
+        requeued = s.core.release(lease_id, now, finished=finished)
+        s.forget_lease(workload_id, requeued, now)
+        if requeued and workload_id not in s.launched:
+            s.ended[lease_id] = workload_id
+        effects.append(self._lease_event(ReleaseOutcome.of(requeued), workload_id, lease_id, now))
+
+    def _stop_job_of(self, workload_id: str, reason: StopReason, effects: list[Effect]) -> bool:
+        """Stop the Ray job running on `workload_id`'s lease: the job the scheduler launched, else
+        the job that claimed the lease, unless that Ray job also claimed other leases (a Tune
+        sweep's trials share their driver's job: one trial must not end the sweep). Returns True
+        when the job stopped is one the scheduler cannot relaunch."""
+        s = self._state
+        team = s.team_of(workload_id)
+        if workload_id in s.launched:
+            effects.append(StopLaunchedJob(s.launched[workload_id], team, reason))
+            return False
+        job = s.claims.get(workload_id)
+        if job is None or any(j == job for w, j in s.claims.items() if w != workload_id):
+            return False
+        effects.append(StopClaimedJob(workload_id, job, team, reason))
+        return True
+
+    def _release_ended(self, lease_id: str, finished: bool, now: float) -> tuple[bool, list[Effect]]:
+        """A job releases a lease the scheduler already ended (grace period over, node lost). If it
+        has finished, nothing will come back for its requeued workload: withdraw it, wherever it
+        is now (queued, or admitted again and unclaimed). Returns True when the workload stays
+        queued for the job to come back for (what `release` says of a requeued workload)."""
+        s = self._state
+        workload = s.ended.pop(lease_id, None)
+        if workload is None or not finished:
+            return workload is not None, []
+        try:
+            s.core.cancel(workload, now)
+        except KeyError:
+            return False, [Diagnostic(f"workload {workload} of ended lease {lease_id} is gone already", warning=False)]
+        if workload not in s.grants:
+            s.drop_workload(workload)
+        why = {"reason": "its job finished after the scheduler ended its lease"}
+        return False, [JournalEvent(EventKind.CANCELLED, workload, s.team_of(workload), now, why)]
+
+    def _reclaim_unclaimed(self, effects: list[Effect], now: float) -> bool:
+        """Grants left unclaimed past the claim timeout go back (see `_take_back`). Serve's
+        replicas are placed, not claimed: exempt."""
+        s = self._state
+
+        def needs_claim(workload: str) -> bool:
+            return s.submissions[workload].workload_class is not WorkloadClass.INFERENCE
+
+        late = unclaimed(s.grants, s.claims, needs_claim, now, self._claims)
+        for workload in late:
+            self._take_back(workload, now, effects)
+        return bool(late)
+
+    def _take_back(self, workload: str, now: float, effects: list[Effect]) -> None:
+        """A grant nobody used in time: its GPUs back, a launch that did start late stopped, and
+        the workload requeued as a new attempt, or ended after `max_timeouts` such grants in a
+        row (so a launch that can never work does not loop)."""
+        s = self._state
+        grant, sub = s.grants[workload], s.submissions[workload]
+        self._stop_job_of(workload, StopReason.CLAIM_TIMEOUT, effects)
+        s.core.release(grant.lease_id, now, finished=True)
+        s.forget_lease(workload, requeued=False, now=now)
+        outcome = after_timeout(s.claim_timeouts.get(workload, 0), self._claims)
+        details = {"lease_id": grant.lease_id, "outcome": outcome.value}
+        effects.append(JournalEvent(EventKind.CLAIM_TIMEOUT, workload, sub.team, now, details))
+        if outcome is ClaimOutcome.END:
+            s.claim_timeouts.pop(workload, None)
+            s.drop_workload(workload)
+            ended = {"reason": "its grants were never claimed"}
+            effects.append(JournalEvent(EventKind.ENDED, workload, sub.team, now, ended))
+            return
+        s.claim_timeouts[workload] = s.claim_timeouts.get(workload, 0) + 1
+        s.core.submit(sub.gang(), now)
+        s.queued_since[workload] = now
+        requeued = {"lease_id": grant.lease_id, "reason": "claim_timeout"}
+        effects.append(JournalEvent(EventKind.REQUEUED, workload, sub.team, now, requeued))
+
+    def _lease_event(self, outcome: ReleaseOutcome, workload: str, lease_id: str, now: float) -> JournalEvent:
+        kind = EventKind.REQUEUED if outcome is ReleaseOutcome.REQUEUED else EventKind.RELEASED
+        return JournalEvent(kind, workload, self._state.team_of(workload), now, {"lease_id": lease_id})

@@ -1,0 +1,64 @@
+"""A driver on a small cluster, and ways to read its effects, for the driver tests."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any, TypeVar
+
+from sched_support import nodes, policy
+
+from switchyard.scheduler.api import LeaseGrant, WorkloadSubmission
+from switchyard.scheduler.claims import ClaimPolicy
+from switchyard.scheduler.core import PolicyKnobs, WorkloadClass
+from switchyard.scheduler.driver import Driver
+from switchyard.scheduler.driver.effects import Effect, JournalEvent
+
+T = TypeVar("T")
+GRACE_S = PolicyKnobs().preemption_grace_s
+CLASSES = {
+    "production-inference": WorkloadClass.INFERENCE,
+    "training": WorkloadClass.TRAINING,
+    "exploratory": WorkloadClass.EXPLORATORY,
+}
+
+
+def driver(guarantees: dict[str, int], node_count: int = 1, claim_timeout_s: float = 1e9) -> Driver:
+    """A driver whose nodes n0.. (8 GPUs each, groups g0.., two nodes a group) Ray has reported."""
+    d = Driver.empty(policy(guarantees), 0.0, ClaimPolicy(timeout_s=claim_timeout_s))
+    d.nodes_seen(nodes(node_count), 0.0)
+    return d
+
+
+def submission(
+    wid: str, team: str, gpus: int = 8, priority: str = "training", entrypoint: str | None = None
+) -> WorkloadSubmission:
+    return WorkloadSubmission(
+        workload_id=wid,
+        team=team,
+        workload_class=CLASSES[priority],
+        priority_class=priority,
+        bundles=(gpus,),
+        entrypoint=entrypoint,
+    )
+
+
+def admit(d: Driver, sub: WorkloadSubmission, now: float) -> LeaseGrant:
+    d.submit(sub, now)
+    d.tick(now)
+    grant = d.lease(sub.workload_id)
+    assert grant is not None, f"{sub.workload_id} was not admitted"
+    return grant
+
+
+def of(effects: Iterable[Effect], kind: type[T]) -> list[T]:
+    return [e for e in effects if isinstance(e, kind)]
+
+
+def journal(effects: Iterable[Effect], workload_id: str | None = None) -> list[str]:
+    """The kinds of event journaled, in order (of one workload, if given)."""
+    return [e.kind.value for e in of(effects, JournalEvent) if workload_id in (None, e.workload_id)]
+
+
+def details(effects: Iterable[Effect], kind: str, workload_id: str) -> dict[str, Any]:
+    [event] = [e for e in of(effects, JournalEvent) if e.kind == kind and e.workload_id == workload_id]
+    return dict(event.details)
