@@ -74,6 +74,18 @@ class NodePool:
     def max_free(self) -> int:
         return max((c for c, names in self._buckets.items() if names), default=0)
 
+    def most_available(self, held: Mapping[str, int]) -> int:
+        """The most GPUs free on one node once `held` GPUs are set aside (0 if none)."""
+        best = 0
+        for count in sorted(self._buckets, reverse=True):
+            if count <= best:
+                break
+            for name in self._buckets[count]:
+                best = max(best, count - held.get(name, 0))
+                if best == count:
+                    break
+        return best
+
     def allocate(self, name: str, gpus: int) -> None:
         free = self._free[name]
         if gpus > free:

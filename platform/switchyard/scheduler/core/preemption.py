@@ -24,10 +24,14 @@ Placement-aware: each node is costed separately (its victims taken in that order
 bundle fits) and the cheapest node wins; a multi-bundle gang takes, bundle by bundle, the
 cheapest node in each allowed node group, and the cheapest group wins. Cost is the summed
 lost GPU-seconds (CHECKPOINT_AWARE) or the position of the worst victim in the order.
+Candidates come from a `VictimIndex` kept across decisions; a one-node CHECKPOINT_AWARE
+search of an asker that may take many leases visits nodes cheapest-first and stops early,
+with the same result as costing every node.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
@@ -40,8 +44,8 @@ from switchyard.scheduler.core.model import (
 )
 from switchyard.scheduler.core.placement import NodePool
 from switchyard.scheduler.core.policy import PreemptionMode, SchedulerPolicy
-from switchyard.scheduler.core.protection import may_preempt
 from switchyard.scheduler.core.quota import QuotaBook, QuotaKey
+from switchyard.scheduler.core.victim_index import VictimEntry, VictimIndex
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,6 +61,10 @@ class VictimPlan:
     placement: tuple[str, ...]
 
 
+_STREAM_SHARE = 8  # cheapest-first when the asker may take at least 1/8 of the leases
+_FLOAT_MARGIN = 1.0 + 1e-9  # the bound is in real numbers; the totals are float sums
+
+
 @dataclass(slots=True)
 class _Candidate:
     lease: Lease
@@ -65,32 +73,47 @@ class _Candidate:
     reason: PreemptionReason
     lost: float  # ranking cost: work since the last checkpoint plus the restart, GPU-seconds
     work_lost: float  # work since the last checkpoint alone, GPU-seconds
+    order: tuple[float, int, float, str]  # checkpoint-aware order: lost, priority, -start, id
     position: int = 0
 
 
+@dataclass(frozen=True, slots=True)
+class _Asker:
+    """Who is looking for victims, as the rules above see it; fixed for one search."""
+
+    mine: int
+    entries: Mapping[QuotaKey, bool]
+    """The quota entries it may take from, each with whether it is another team's (cross)."""
+    reclaiming: bool
+    inference: bool
+
+
 class VictimSelector:
+    """Victim searches over a `VictimIndex` the scheduler keeps up to date (`track`,
+    `untrack`, `checkpointed`). Every search sees the leases as they are at that moment."""
+
     def __init__(self, policy: SchedulerPolicy, book: QuotaBook, pool: NodePool) -> None:
         self._policy = policy
         self._book = book
         self._pool = pool
         self._priority = {p.name: p for p in policy.priority_classes}
-        # Candidates (and their per-node index) for one decision, keyed by who is asking;
-        # valid until a notice changes who may be a victim.
-        self._cache: dict[tuple[object, ...], tuple[list[_Candidate], dict[str, list[_Candidate]]]] = {}
-        self._cache_at: float | None = None
+        self._index = VictimIndex(policy.knobs.restart_cost_s)
 
-    def forget(self, lease_ids: set[str]) -> None:
-        """Noticed victims are no longer candidates. The rest of the cache stays valid: the
-        guarantee check at selection time re-reads how much each team may still lose."""
-        for candidates, by_node in self._cache.values():
-            candidates[:] = [c for c in candidates if c.lease.lease_id not in lease_ids]
-            for node, on_node in list(by_node.items()):
-                kept = [c for c in on_node if c.lease.lease_id not in lease_ids]
-                if kept:
-                    by_node[node] = kept
-                else:
-                    del by_node[node]
+    # -- upkeep ---------------------------------------------------------------------------
+    def track(self, lease: Lease, key: QuotaKey) -> None:
+        """`lease` runs: a possible victim if its class is preemptible."""
+        priority = self._priority[lease.request.priority_class]
+        if priority.preemptible:  # never a victim otherwise (finding 6)
+            self._index.add(lease, key, priority)
 
+    def untrack(self, lease: Lease) -> None:
+        if lease.lease_id in self._index:
+            self._index.remove(lease.lease_id)
+
+    def checkpointed(self, lease: Lease) -> None:
+        self._index.checkpointed(lease.lease_id)
+
+    # -- searches -------------------------------------------------------------------------
     def plan(
         self,
         request: GangRequest,
@@ -99,32 +122,27 @@ class VictimSelector:
         now: float,
     ) -> VictimPlan | None:
         """Victims and the placement they make room for; `running` holds the running (not
-        preempting) leases by quota entry."""
-        if self._cache_at != now:
-            self._cache.clear()
-            self._cache_at = now
-        my_key = self._book.key(request.team, request.workload_class) if self._quota_rules else None
-        tag = (
-            self._priority[request.priority_class].value,
-            my_key,
-            tuple(running),
-            my_key is not None and self._book.reclaiming(my_key, request.gpus),
-            request.workload_class is WorkloadClass.INFERENCE,
-        )
-        cached = self._cache.get(tag)
-        if cached is None:
-            candidates = self._candidates(request, running, now)
-            by_node: dict[str, list[_Candidate]] = {}
-            for c in candidates:
-                for node in c.lease.gpus_by_node():
-                    by_node.setdefault(node, []).append(c)
-            cached = self._cache[tag] = (candidates, by_node)
-        if not cached[0]:
-            return None
+        preempting) leases by quota entry: only its entries are searched."""
+        asker = self._asker(request, running)
         single = len(request.bundles) == 1 or request.strategy is PlacementStrategy.STRICT_PACK
+        takeable = self._takeable(asker)
+        if takeable == 0:
+            return None
+        # Walking the index cheapest-first pays when the asker may take most leases (inference
+        # reclaim, a high priority): it stops after a few. Otherwise its candidates are few,
+        # and ranking them all is cheaper than passing every lease it may not take.
+        if (
+            single
+            and self._policy.knobs.preemption is PreemptionMode.CHECKPOINT_AWARE
+            and takeable * _STREAM_SHARE >= len(self._index)
+        ):
+            return self._plan_cheapest_node(request, asker, held, now)
+        by_node = self._by_node(self._rank(self._candidates(asker, now)))
+        if not by_node:
+            return None
         if single:
-            return self._plan_single_node(request, cached[1], held)
-        return self._plan_multi_node(request, cached[1], held)
+            return self._plan_single_node(request, by_node, held)
+        return self._plan_multi_node(request, by_node, held)
 
     def plan_escalation(
         self,
@@ -135,79 +153,105 @@ class VictimSelector:
     ) -> VictimPlan | None:
         """Victims for a gang past its second wait bound (`starvation.py`): running leases of a
         strictly lower priority class past their protection from priority preemption, of any
-        team, borrowing or not. Not cached: at most one search per starving gang per retry."""
+        team, borrowing or not. At most one search per starving gang per retry."""
         mine = self._priority[request.priority_class].value
         out: list[_Candidate] = []
-        for key, leases in running.items():
-            for lease in leases.values():
-                theirs = self._priority[lease.request.priority_class]
-                if theirs.value < mine and may_preempt(lease, theirs, request, PreemptionReason.PRIORITY, now):
-                    # Not `cross_team`: escalation takes it whatever its team's guarantee.
-                    out.append(self._candidate(lease, key, False, PreemptionReason.PRIORITY, now))
-        if not out:
+        for entry in self._index.entries():
+            if entry.key in running and entry.value < mine and now >= entry.priority_from:
+                # Not `cross_team`: escalation takes it whatever its team's guarantee.
+                out.append(self._candidate(entry, False, PreemptionReason.PRIORITY, now))
+        by_node = self._by_node(self._rank(out))
+        if not by_node:
             return None
-        out.sort(key=self._order_key(self._policy.knobs.preemption))
-        by_node: dict[str, list[_Candidate]] = {}
-        for i, c in enumerate(out):
-            c.position = i
-            for node in c.lease.gpus_by_node():
-                by_node.setdefault(node, []).append(c)
         if len(request.bundles) == 1 or request.strategy is PlacementStrategy.STRICT_PACK:
             return self._plan_single_node(request, by_node, held)
         return self._plan_multi_node(request, by_node, held)
 
     # -- who ------------------------------------------------------------------------------
-    def _candidates(
-        self,
-        request: GangRequest,
-        running: Mapping[QuotaKey, Mapping[str, Lease]],
-        now: float,
-    ) -> list[_Candidate]:
-        mode = self._policy.knobs.preemption
-        mine = self._priority[request.priority_class].value
+    def _asker(self, request: GangRequest, running: Mapping[QuotaKey, object]) -> _Asker:
         my_key = self._book.key(request.team, request.workload_class) if self._quota_rules else None
-        reclaiming = my_key is not None and self._book.reclaiming(my_key, request.gpus)
-        out: list[_Candidate] = []
-        for key, leases in running.items():
+        entries: dict[QuotaKey, bool] = {}
+        for key in running:
             cross = my_key is not None and key != my_key
-            room = self._book.reclaimable(key) if cross else 0
-            if cross and room == 0:
+            if cross and self._book.reclaimable(key) == 0:
                 continue  # never below its guarantee: a team that is not borrowing is off limits
-            for lease in leases.values():
-                theirs = self._priority[lease.request.priority_class]
-                if not theirs.preemptible:
-                    continue  # whatever its entry borrows through other classes (finding 6)
-                by_priority = theirs.value < mine and may_preempt(
-                    lease, theirs, request, PreemptionReason.PRIORITY, now
-                )
-                # `room` > 0 for another entry: the team borrows, and its gang goes whole.
-                if cross and reclaiming and may_preempt(lease, theirs, request, PreemptionReason.RECLAIM, now):
-                    out.append(self._candidate(lease, key, True, PreemptionReason.RECLAIM, now))
-                elif by_priority:
-                    out.append(self._candidate(lease, key, cross, PreemptionReason.PRIORITY, now))
-        out.sort(key=self._order_key(mode))
-        for i, c in enumerate(out):
-            c.position = i
+            entries[key] = cross
+        return _Asker(
+            self._priority[request.priority_class].value,
+            entries,
+            my_key is not None and self._book.reclaiming(my_key, request.gpus),
+            request.workload_class is WorkloadClass.INFERENCE,
+        )
+
+    def _judge(self, entry: VictimEntry, asker: _Asker, now: float) -> _Candidate | None:
+        """The candidate `entry` is for `asker` now, or None if it may not be taken.
+        Protection (`core.protection`) as thresholds the index keeps; inference reclaim
+        ignores it."""
+        cross = asker.entries.get(entry.key)
+        if cross is None:
+            return None
+        # `cross`: the team borrows, and its gang goes whole.
+        if cross and asker.reclaiming and (asker.inference or now >= entry.reclaim_from):
+            return self._candidate(entry, True, PreemptionReason.RECLAIM, now)
+        if entry.value < asker.mine and now >= entry.priority_from:
+            return self._candidate(entry, cross, PreemptionReason.PRIORITY, now)
+        return None
+
+    def _candidates(self, asker: _Asker, now: float) -> list[_Candidate]:
+        out: list[_Candidate] = []
+        for (key, value), entries in self._index.cells():
+            if not self._may_take_from(asker, key, value):
+                continue
+            for entry in entries:
+                candidate = self._judge(entry, asker, now)
+                if candidate is not None:
+                    out.append(candidate)
         return out
+
+    @staticmethod
+    def _may_take_from(asker: _Asker, key: QuotaKey, value: int) -> bool:
+        """Whether any lease of the cell (quota entry, priority value) may be taken, protection
+        aside: skip it whole if not."""
+        cross = asker.entries.get(key)
+        return cross is not None and (value < asker.mine or (cross and asker.reclaiming))
+
+    def _takeable(self, asker: _Asker) -> int:
+        """Leases in the cells `asker` may take from (protection aside)."""
+        cells = self._index.cells()
+        return sum(len(entries) for (key, value), entries in cells if self._may_take_from(asker, key, value))
+
+    def _rank(self, candidates: list[_Candidate]) -> list[_Candidate]:
+        candidates.sort(key=self._order_key(self._policy.knobs.preemption))
+        for i, c in enumerate(candidates):
+            c.position = i
+        return candidates
+
+    @staticmethod
+    def _by_node(ranked: list[_Candidate]) -> dict[str, list[_Candidate]]:
+        by_node: dict[str, list[_Candidate]] = {}
+        for c in ranked:
+            for node in c.lease.gpus_by_node():
+                by_node.setdefault(node, []).append(c)
+        return by_node
 
     @property
     def _quota_rules(self) -> bool:
         knobs = self._policy.knobs
         return knobs.enforce_quota and knobs.preemption is not PreemptionMode.PRIORITY
 
-    def _candidate(self, lease: Lease, key: QuotaKey, cross: bool, reason: PreemptionReason, now: float) -> _Candidate:
-        work = lease.lost_gpu_seconds(now)
-        restart = lease.gpus * self._policy.knobs.restart_cost_s
-        return _Candidate(lease, key, cross, reason, work + restart, work)
+    @staticmethod
+    def _candidate(entry: VictimEntry, cross: bool, reason: PreemptionReason, now: float) -> _Candidate:
+        work = entry.lease.lost_gpu_seconds(now)
+        lost = work + entry.restart
+        return _Candidate(entry.lease, entry.key, cross, reason, lost, work, (lost, *entry.tie))
 
     def _order_key(self, mode: PreemptionMode) -> Callable[[_Candidate], tuple[float, int, float, str]]:
         def checkpoint_aware(c: _Candidate) -> tuple[float, int, float, str]:
-            value = self._priority[c.lease.request.priority_class].value
-            return (c.lost, value, -c.lease.started_at, c.lease.lease_id)
+            return c.order
 
         def kueue(c: _Candidate) -> tuple[float, int, float, str]:
-            value = self._priority[c.lease.request.priority_class].value
-            return (0 if c.cross_team else 1, value, -c.lease.started_at, c.lease.lease_id)
+            _, value, newest, lease_id = c.order
+            return (0 if c.cross_team else 1, value, newest, lease_id)
 
         return checkpoint_aware if mode is PreemptionMode.CHECKPOINT_AWARE else kueue
 
@@ -226,6 +270,89 @@ class VictimSelector:
         return self._book.reclaimable(c.key) - taken.get(c.key, 0) > 0
 
     # -- how many -------------------------------------------------------------------------
+    def _plan_cheapest_node(
+        self, request: GangRequest, asker: _Asker, held: Mapping[str, int], now: float
+    ) -> VictimPlan | None:
+        """Checkpoint-aware, one node: the choice `_plan_single_node` makes over every
+        candidate, visiting nodes as the index's bounds rise. A node none of whose candidates
+        came yet costs at least the bound, so once it passes the best total found, no node
+        left can beat it or tie it (ties go to the lower summed positions, then the name)."""
+        judged: dict[str, _Candidate | None] = {}
+        visited: set[str] = set()
+        best_lost = math.inf
+        options: list[tuple[float, str, list[_Candidate]]] = []
+        need = max(1, request.gpus - self._pool.most_available(held))  # the least any node needs freed
+        for bound, entry in self._index.cheapest(now, need):
+            if bound > best_lost * _FLOAT_MARGIN:
+                break
+            if self._judged(entry, asker, now, judged) is None:
+                continue
+            for node in entry.lease.gpus_by_node():
+                if node in visited:
+                    continue
+                visited.add(node)
+                option = self._clear_node(request, node, asker, held, now, judged)
+                if option is not None and option[0] <= best_lost:
+                    best_lost = option[0]
+                    options.append(option)
+        cheapest = [o for o in options if o[0] == best_lost]
+        if not cheapest:
+            return None
+        _, node, chosen = min(cheapest, key=self._tie_break(cheapest, asker, now))
+        return VictimPlan(self._victims(chosen), (node,) * len(request.bundles))
+
+    def _tie_break(
+        self, options: list[tuple[float, str, list[_Candidate]]], asker: _Asker, now: float
+    ) -> Callable[[tuple[float, str, list[_Candidate]]], tuple[object, str]]:
+        """Equal totals go to the lower summed positions in the full ranking, then the node
+        name. With one victim each, positions compare as the victims' order does; otherwise
+        (rare: float-equal totals of several victims) every candidate is ranked."""
+        if all(len(o[2]) == 1 for o in options):
+            return lambda o: (o[2][0].order, o[1])
+        rank = {c.lease.lease_id: c.position for c in self._rank(self._candidates(asker, now))}
+        return lambda o: (sum(rank[c.lease.lease_id] for c in o[2]), o[1])
+
+    def _judged(
+        self, entry: VictimEntry, asker: _Asker, now: float, judged: dict[str, _Candidate | None]
+    ) -> _Candidate | None:
+        lease_id = entry.lease.lease_id
+        if lease_id not in judged:
+            judged[lease_id] = self._judge(entry, asker, now)
+        return judged[lease_id]
+
+    def _clear_node(
+        self,
+        request: GangRequest,
+        node: str,
+        asker: _Asker,
+        held: Mapping[str, int],
+        now: float,
+        judged: dict[str, _Candidate | None],
+    ) -> tuple[float, str, list[_Candidate]] | None:
+        """One node of `_plan_single_node`: its candidates in victim order until the gang fits."""
+        size = request.gpus
+        spec = self._pool.node(node)
+        if spec.gpus - held.get(node, 0) < size:
+            return None
+        if request.node_group is not None and spec.node_group != request.node_group:
+            return None
+        on_node = [c for e in self._index.on_node(node) if (c := self._judged(e, asker, now, judged)) is not None]
+        on_node.sort(key=_by_order)
+        need = size - (self._pool.free(node) - held.get(node, 0))
+        chosen: list[_Candidate] = []
+        taken: dict[QuotaKey, int] = {}
+        for c in on_node:
+            if need <= 0:
+                break
+            if not self._keeps_guarantee(c, taken):
+                continue
+            chosen.append(c)
+            taken[c.key] = taken.get(c.key, 0) + c.lease.gpus
+            need -= c.lease.gpus_by_node()[node]
+        if need > 0 or not chosen:
+            return None
+        return (sum(c.lost for c in chosen), node, chosen)
+
     def _plan_single_node(
         self, request: GangRequest, by_node: dict[str, list[_Candidate]], held: Mapping[str, int]
     ) -> VictimPlan | None:
@@ -349,10 +476,13 @@ class VictimSelector:
             bonus=bonus,
         )
 
-    @staticmethod
-    def _victims(chosen: list[_Candidate]) -> tuple[Victim, ...]:
-        ordered = sorted(chosen, key=lambda c: c.position)
+    def _victims(self, chosen: list[_Candidate]) -> tuple[Victim, ...]:
+        ordered = sorted(chosen, key=self._order_key(self._policy.knobs.preemption))  # = by position
         return tuple(Victim(c.lease, c.reason, c.work_lost) for c in ordered)
+
+
+def _by_order(c: _Candidate) -> tuple[float, int, float, str]:
+    return c.order
 
 
 def _add(into: dict[str, int], gpus_by_node: Mapping[str, int], sign: int) -> None:

@@ -6,13 +6,14 @@ Rules (pure; docs/scheduler.md, "Preemption: who may be a victim"):
   * a workload preempted n times before is protected from both for
     `preemption_backoff_s x 2^(n-1)` (at most `max_preemption_backoff_s`) from its start, so a
     just-restarted job is not the cheapest victim again and again;
-  * inference reclaiming its guarantee ignores both: its GPUs come back within one grace
-    period, which keeps inference inside its SLO bound.
+  * inference reclaiming its guarantee ignores both (applied where victims are judged,
+    `preemption.py`): its GPUs come back within one grace period, which keeps inference
+    inside its SLO bound.
 """
 
 from __future__ import annotations
 
-from switchyard.scheduler.core.model import GangRequest, Lease, PreemptionReason, WorkloadClass
+from switchyard.scheduler.core.model import Lease, PreemptionReason
 from switchyard.scheduler.core.policy import PriorityClass
 
 _MAX_DOUBLINGS = 32  # 2^32 x any sane base is past every cap: stops the float growing
@@ -31,18 +32,3 @@ def protected_until(lease: Lease, priority: PriorityClass, reason: PreemptionRea
     """The earliest time `lease` may be preempted for `reason` (not by inference reclaim)."""
     floor = priority.min_runtime_s if reason is PreemptionReason.PRIORITY else priority.reclaim_min_runtime_s
     return lease.started_at + max(floor, backoff_s(priority, lease.prior_preemptions))
-
-
-def is_inference_reclaim(preemptor: GangRequest, reason: PreemptionReason) -> bool:
-    return reason is PreemptionReason.RECLAIM and preemptor.workload_class is WorkloadClass.INFERENCE
-
-
-def may_preempt(
-    lease: Lease, priority: PriorityClass, preemptor: GangRequest, reason: PreemptionReason, now: float
-) -> bool:
-    """Whether protection lets `preemptor` take `lease` now (eligibility is decided elsewhere)."""
-    if not priority.preemptible:
-        return False
-    if is_inference_reclaim(preemptor, reason):
-        return True
-    return now >= protected_until(lease, priority, reason)

@@ -110,7 +110,6 @@ class Scheduler:
         lease = self._leases.pop(lease_id)
         del self._lease_of[lease.request.workload_id]
         self._preempting.pop(lease_id, None)
-        self._victims.forget({lease_id})  # a release between two decisions at one `now`
         self._free_lease(lease, now)
         for waiting in self._awaiting.values():
             waiting.discard(lease_id)
@@ -135,6 +134,7 @@ class Scheduler:
         # The job releases its lease itself once it has checkpointed and exited; the grace
         # period bounds the wait.
         lease.last_checkpoint_at = now
+        self._victims.checkpointed(lease)
 
     def add_node(self, node: Node, now: float) -> None:
         self._pool.add(node)
@@ -201,12 +201,18 @@ class Scheduler:
 
     def __setstate__(self, state: dict[str, object]) -> None:
         """A core pickled by an older version (the live scheduler's journal) lacks the hold
-        counts kept since: they are rebuilt from the holds, which every version records."""
+        counts kept since: they are rebuilt from the holds, which every version records. The
+        victim index is rebuilt from the running leases whatever the version (older ones kept
+        a per-decision cache in its place)."""
         self.__dict__.update(state)
         if "_hold_counts" not in state:
             self._hold_counts = HoldCounts()
             for workload, kind in self._hold_kind.items():
                 self._hold_counts.add(kind, self._hold_team[workload])
+        self._victims = VictimSelector(self.policy, self._book, self._pool)
+        for key, leases in self._running.items():
+            for lease in leases.values():
+                self._victims.track(lease, key)
 
     # -- the decision -------------------------------------------------------------------------
     def schedule(self, now: float) -> Decisions:
@@ -572,7 +578,6 @@ class Scheduler:
         return self._book.reclaiming(self._key(request), request.gpus)
 
     def _notify(self, request: GangRequest, plan: VictimPlan, now: float, decisions: Decisions) -> None:
-        self._victims.forget({v.lease.lease_id for v in plan.victims})
         deadline = now + self._knobs.preemption_grace_s
         waiting: set[str] = set()
         for rank, victim in enumerate(plan.victims):
@@ -667,10 +672,12 @@ class Scheduler:
         key = self._key(lease.request)
         if sign > 0:
             self._running.setdefault(key, {})[lease.lease_id] = lease
+            self._victims.track(lease, key)
         else:
             del self._running[key][lease.lease_id]
             if not self._running[key]:
                 del self._running[key]
+            self._victims.untrack(lease)
         priority = self._priority[lease.request.priority_class]
         if priority.preemptible:
             self._preemptible_gpus[priority.value] = self._preemptible_gpus.get(priority.value, 0) + sign * lease.gpus
