@@ -29,15 +29,22 @@ def test_gpt3_layer_is_the_papers_34sbh_plus_5as2b() -> None:
 
 def test_checkpointing_modes_on_gpt3() -> None:
     full_layer, L = 2_868_903_936, 96
-    def blocks(mode: CheckpointMode, k: int = 2) -> float:
-        return activations(GPT3, S, B, 2, False, mode, k).blocks.value
-    assert blocks(CheckpointMode.NONE) == L * full_layer  # 275,414,777,856
-    assert blocks(CheckpointMode.SELECTIVE) == L * 34 * SBH  # 82,141,249,536
-    # full: 2·sbh per block input + one block recomputed in backward
-    assert blocks(CheckpointMode.FULL) == L * 2 * SBH + full_layer  # 4,831,838,208 + 2,868,903,936
-    # every-k with k = 4: blocks[::4] = 24 checkpointed, 72 kept, + one recomputing
+    def blocks(mode: CheckpointMode, k: int = 2) -> tuple[float, float]:
+        a = activations(GPT3, S, B, 2, False, mode, k)
+        return a.blocks.value, a.recompute.value
+    assert blocks(CheckpointMode.NONE) == (L * full_layer, 0)  # 275,414,777,856
+    # selective: the attention core of the top block recomputes on top of 95 blocks' 34·sbh
+    assert blocks(CheckpointMode.SELECTIVE) == (L * 34 * SBH, (L - 1) * 34 * SBH + full_layer)
+    # full: 2·sbh per block input at the end of forward (4,831,838,208); in backward the top
+    # block recomputes while the 95 below it still hold their inputs
+    assert blocks(CheckpointMode.FULL) == (L * 2 * SBH, (L - 1) * 2 * SBH + full_layer)
+    # every-k with k = 4: blocks[::4] = 24 checkpointed, 72 kept. The top checkpointed block
+    # is 92: below it 23 checkpointed and 69 kept blocks, then it recomputes.
     assert checkpointed_blocks(L, CheckpointMode.EVERY_K, 4) == 24
-    assert blocks(CheckpointMode.EVERY_K, 4) == 24 * 2 * SBH + 72 * full_layer + full_layer
+    assert blocks(CheckpointMode.EVERY_K, 4) == (
+        24 * 2 * SBH + 72 * full_layer,
+        23 * 2 * SBH + 69 * full_layer + full_layer,
+    )
 
 
 def test_flash_attention_drops_the_s_squared_term() -> None:
@@ -77,8 +84,11 @@ def test_op_level_recompute_keeps_the_matmul_outputs_by_hand() -> None:
     layer = layer_activations(GPT3, S, B, e=2, flash=True)
     assert layer.matmul_outputs == 22 * SBH + 4 * A * S * B  # 553,648,128 + 786,432
     L = 96
-    op = activations(GPT3, S, B, 2, True, CheckpointMode.OP, 1).blocks.value
-    assert op == L * layer.matmul_outputs + layer.full  # one block recomputing in backward
+    op_plan = activations(GPT3, S, B, 2, True, CheckpointMode.OP, 1)
+    op = op_plan.blocks.value
+    assert op == L * layer.matmul_outputs
+    # in backward the top block recomputes its element-wise ops over the 95 below it
+    assert op_plan.recompute.value == (L - 1) * layer.matmul_outputs + layer.full
     none = activations(GPT3, S, B, 2, True, CheckpointMode.NONE, 1).blocks.value
     full = activations(GPT3, S, B, 2, True, CheckpointMode.FULL, 1).blocks.value
     assert full < op < none

@@ -50,7 +50,7 @@ def test_compare_prints_a_recommendation(capsys: pytest.CaptureFixture[str]) -> 
     code, out, _ = _run(["--model", "llama3-70b", "--gpus", "32", "--compare",
                          "--checkpointing", "full"], capsys)
     assert code == 0
-    assert "recommended: zero3" in out
+    assert "recommended: fsdp-full" in out
     code, out, _ = _run(["--params", "70e9", "--gpus", "64", "--compare", "--json"], capsys)
     assert json.loads(out)["plans"][0]["activations_bytes_per_gpu"] is None
 

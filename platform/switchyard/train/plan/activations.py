@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from switchyard.train.plan.shape import ModelShape
-from switchyard.train.plan.terms import Term, count, gib
+from switchyard.train.plan.terms import ZERO, Term, count, gib
 from switchyard.train.strategy import CheckpointMode
 
 
@@ -86,28 +86,35 @@ def blocks_activations(
     sb: int,
     mode: CheckpointMode,
     every_k: int,
-) -> Term:
+) -> tuple[Term, Term]:
+    """(kept at the end of forward, held while the last checkpointed block recomputes).
+
+    Backward runs the blocks last to first, so when checkpointed block j recomputes, the
+    blocks above it have freed theirs and the blocks below still hold what they kept: the
+    peak of backward is Σ_{i<j} kept(i) + layer for the highest checkpointed j (its input is
+    the recomputed layer's own first saved tensor, so it is not counted twice)."""
     L = shape.layers
     if mode is CheckpointMode.NONE:
-        return Term(L * layer.full, f"L·({layer.dense_formula} + {layer.scores_formula})")
+        return Term(L * layer.full, f"L·({layer.dense_formula} + {layer.scores_formula})"), ZERO
     if mode is CheckpointMode.SELECTIVE:
-        return Term(L * layer.dense, f"L·({layer.dense_formula}); attention core recomputed")
-    if mode is CheckpointMode.OP:
-        # Every block is checkpointed with a save-the-matmuls policy; in backward one block's
-        # full activations exist at a time while its element-wise ops are recomputed.
-        return Term(
-            L * layer.matmul_outputs + layer.full,
-            f"L·({layer.matmul_formula}) matmul outputs kept + 1 layer recomputing (layer = {gib(layer.full)})",
-        )
-    n = checkpointed_blocks(L, mode, every_k)
-    stored_input = e * sb * shape.hidden
-    # In backward one recomputed block's full activations exist at a time.
-    value = n * stored_input + (L - n) * layer.full + layer.full
-    return Term(
-        value,
-        f"{n} checkpointed blocks * {e}·sbh + ({L}-{n}) kept blocks * layer + 1 layer recomputing"
-        f" (layer = {gib(layer.full)})",
+        kept, what = layer.dense, f"({layer.dense_formula}); attention core recomputed"
+    elif mode is CheckpointMode.OP:
+        kept, what = layer.matmul_outputs, f"({layer.matmul_formula}) matmul outputs kept"
+    else:
+        kept, what = float(e * sb * shape.hidden), f"{e}·sbh block input"
+    ckpt = set(range(L)) if mode is not CheckpointMode.EVERY_K else set(range(0, L, every_k))
+    per_block = [kept if i in ckpt else layer.full for i in range(L)]
+    top = max(ckpt)
+    n = len(ckpt)
+    forward = Term(
+        sum(per_block),
+        f"{n} checkpointed blocks · {what} + ({L}-{n}) kept blocks · layer (layer = {gib(layer.full)})",
     )
+    recompute = Term(
+        sum(per_block[:top]) + layer.full,
+        f"blocks below the last checkpointed one ({top}) + 1 layer recomputing ({gib(layer.full)})",
+    )
+    return forward, recompute
 
 
 def outside_blocks(shape: ModelShape, e: int, sb: int) -> Term:
@@ -123,11 +130,20 @@ def outside_blocks(shape: ModelShape, e: int, sb: int) -> Term:
 @dataclass(frozen=True)
 class Activations:
     blocks: Term
+    """What the blocks keep at the end of forward."""
     outside: Term
+    """Outside the blocks, at the loss: the peak of forward."""
+    recompute: Term
+    """The peak of backward: what is held while the last checkpointed block recomputes (the
+    head's activations are freed by then); 0 without checkpointing."""
 
     @property
     def total(self) -> Term:
-        return Term(self.blocks.value + self.outside.value, "blocks + outside blocks")
+        forward = self.blocks.value + self.outside.value
+        return Term(
+            max(forward, self.recompute.value),
+            f"max(end of forward = blocks + head = {gib(forward)}, recompute = {gib(self.recompute.value)})",
+        )
 
 
 def activations(
@@ -141,7 +157,7 @@ def activations(
 ) -> Activations:
     sb = seq_len * micro_batch
     layer = layer_activations(shape, seq_len, micro_batch, e, flash)
-    blocks = blocks_activations(shape, layer, e, sb, mode, every_k)
+    blocks, recompute = blocks_activations(shape, layer, e, sb, mode, every_k)
     head = outside_blocks(shape, e, sb)
     note = f" (s={seq_len}, b={micro_batch}, sb={count(sb)})"
-    return Activations(Term(blocks.value, blocks.formula + note), head)
+    return Activations(Term(blocks.value, blocks.formula + note), head, recompute)

@@ -25,7 +25,14 @@ class ClusterSpec:
     intra_node_gbps: float = 360.0
     """NVLink bus bandwidth per GPU in GB/s (about 75% of H100's 450 GB/s one way)."""
     inter_node_gbps: float = 45.0
-    """Network bus bandwidth per GPU in GB/s (400 Gb/s = 50 GB/s, about 90% achieved)."""
+    """Network bus bandwidth of one NIC in GB/s (400 Gb/s = 50 GB/s, about 90% achieved)."""
+    nics_per_node: int = 8
+    """NICs per node. With fewer NICs than GPUs the GPUs of a node share them: each GPU's
+    ring leaves the node at `nics_per_node / gpus_per_node` of a NIC."""
+    intra_node_latency_us: float = 2.0
+    """Latency of one ring step inside a node (NVLink), in microseconds."""
+    inter_node_latency_us: float = 10.0
+    """Latency of one ring step across the network, in microseconds."""
     pcie_gbps: float = 25.0
     """Host-device copy bandwidth per GPU in GB/s, used for offload traffic."""
     peak_tflops: float = 989.0
@@ -41,7 +48,7 @@ class ClusterSpec:
     (activations and transient buffers)."""
 
     def __post_init__(self) -> None:
-        for name in ("gpus", "gpus_per_node"):
+        for name in ("gpus", "gpus_per_node", "nics_per_node"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise PlanError(f"cluster.{name} must be a positive integer, got {value!r}")
@@ -55,6 +62,9 @@ class ClusterSpec:
         ):
             if getattr(self, name) <= 0:
                 raise PlanError(f"cluster.{name} must be > 0, got {getattr(self, name)!r}")
+        for name in ("intra_node_latency_us", "inter_node_latency_us"):
+            if getattr(self, name) < 0:
+                raise PlanError(f"cluster.{name} must be >= 0, got {getattr(self, name)!r}")
         if not 0 < self.mfu <= 1:
             raise PlanError(f"cluster.mfu must be in (0, 1], got {self.mfu!r}")
         if self.runtime_overhead_gib < 0 or not 0 <= self.fragmentation < 1:
@@ -71,7 +81,22 @@ class ClusterSpec:
     def nodes(self) -> int:
         return -(-self.gpus // self.gpus_per_node)
 
+    @property
+    def network_gbps_per_gpu(self) -> float:
+        """The network bus bandwidth one GPU's ring gets: a NIC each, or a share of one."""
+        return self.inter_node_gbps * min(1.0, self.nics_per_node / self.gpus_per_node)
+
+    @property
+    def aggregate_network_gbps(self) -> float:
+        """All NICs of all nodes the job spans, in GB/s."""
+        return self.nodes * self.nics_per_node * self.inter_node_gbps
+
     def ring_gbps(self, group_size: int) -> float:
         """Bus bandwidth of a ring over `group_size` consecutive ranks: NVLink inside a node,
         the network as soon as the ring leaves it (its slowest hop sets the pace)."""
-        return self.intra_node_gbps if group_size <= self.gpus_per_node else self.inter_node_gbps
+        return self.intra_node_gbps if group_size <= self.gpus_per_node else self.network_gbps_per_gpu
+
+    def ring_step_seconds(self, group_size: int) -> float:
+        """Latency of one step of a ring over `group_size` consecutive ranks."""
+        us = self.intra_node_latency_us if group_size <= self.gpus_per_node else self.inter_node_latency_us
+        return us * 1e-6

@@ -59,11 +59,13 @@ class Plan:
 
     @property
     def step_seconds(self) -> float | None:
-        """Compute with communication overlapped (FSDP, ZeRO and DDP all overlap it), plus
+        """Compute with communication overlapped (FSDP, ZeRO and DDP all overlap it), except
+        the exposed part (the first gather, the last reduction, ZeRO's post-step gathers), plus
         offload copies, which are counted as not overlapped."""
         if self.compute is None:
             return None
-        return max(self.compute.value, self.comm.seconds) + self.comm.offload_seconds
+        hidden = self.comm.seconds - self.comm.exposed_seconds
+        return max(self.compute.value, hidden) + self.comm.exposed_seconds + self.comm.offload_seconds
 
     def to_json(self) -> dict[str, Any]:
         """Stable keys: tools and dashboards read these names."""
@@ -86,6 +88,8 @@ class Plan:
             "fits": self.fits,
             "comm_bytes_per_gpu_per_step": self.comm.bytes_per_gpu,
             "comm_seconds_per_step": self.comm.seconds,
+            "comm_latency_seconds_per_step": self.comm.latency_seconds,
+            "comm_exposed_seconds_per_step": self.comm.exposed_seconds,
             "offload_bytes_per_gpu_per_step": self.comm.offload.value,
             "offload_seconds_per_step": self.comm.offload_seconds,
             "compute_seconds_per_step": None if comp is None else comp.value,
@@ -106,6 +110,9 @@ class Plan:
                 ("activations: blocks", self.activations.blocks, "bytes"),
                 ("activations: head, logits", self.activations.outside, "bytes"),
             ]
+            if self.activations.recompute.value:
+                out.append(("activations: recompute", self.activations.recompute, "bytes"))
+            out.append(("activations", self.activations.total, "bytes"))
         if self.transient is not None:
             out.append(("transient", self.transient, "bytes"))
         out += [("overhead", self.overhead, "bytes"), ("total", self.total, "bytes")]
@@ -113,7 +120,15 @@ class Plan:
             out.append(("on host (offloaded)", self.states.host, "bytes"))
         comm = self.comm
         out.append(("communication", Term(comm.bytes_per_gpu, comm.formula()), "bytes"))
-        out.append(("communication time", Term(comm.seconds, "Σ bytes / bus bandwidth"), "seconds"))
+        time = Term(comm.seconds, "Σ bytes / bus bandwidth + launches · ring steps · hop latency")
+        out.append(("communication time", time, "seconds"))
+        out.append(
+            (
+                "exposed communication",
+                Term(comm.exposed_seconds, "first gather + last reduction per pass + post-step gathers"),
+                "seconds",
+            )
+        )
         if comm.offload.value:
             out.append(("offload traffic", comm.offload, "bytes"))
         if self.compute is not None:
@@ -146,9 +161,8 @@ def plan(model: ModelShape | int, cluster: ClusterSpec, job: TrainingJob) -> Pla
         f"runtime {cluster.runtime_overhead_gib:g} GiB + fragmentation "
         f"{cluster.fragmentation:g}·(activations + transient = {gib(dynamic)})",
     )
-    return Plan(
-        job, cluster, params, group, states, acts, trans, overhead, communication(params, cluster, job, group), compute
-    )
+    comm = communication(params, cluster, job, group, shape)
+    return Plan(job, cluster, params, group, states, acts, trans, overhead, comm, compute)
 
 
 @dataclass(frozen=True)

@@ -123,16 +123,39 @@ class ModelShape:
     def fsdp_units(self, wrap: WrapGranularity) -> Units:
         """FSDP units as switchyard's trainer wraps them: each block (or each linear inside
         blocks) is a unit, and the root owns whatever they do not (embeddings, norms, head)."""
+        root = self.fsdp_root_params(wrap)
+        if wrap is WrapGranularity.ROOT:
+            return Units(largest=root, prefetched=0)
+        inner = self.block_params() if wrap is WrapGranularity.BLOCK else max(self.linear_params())
+        return Units(largest=max(root, inner), prefetched=inner)
+
+    def fsdp_root_params(self, wrap: WrapGranularity) -> int:
+        """What the root unit owns: everything no inner unit does (embeddings, norms, head)."""
         total = self.total_params()
         if wrap is WrapGranularity.ROOT:
-            return Units(largest=total, prefetched=0)
+            return total
         if wrap is WrapGranularity.BLOCK:
-            inner = self.block_params()
-            root = total - self.layers * inner
-        else:
-            inner = max(self.linear_params())
-            root = total - self.layers * (self.attention_params() + self.ffn_params())
-        return Units(largest=max(root, inner), prefetched=inner)
+            return total - self.layers * self.block_params()
+        return total - self.layers * (self.attention_params() + self.ffn_params())
+
+    def fsdp_backward_gather(self, wrap: WrapGranularity) -> int:
+        """Parameters FULL_SHARD gathers again in backward, as the trainer wraps them: every
+        inner unit but the last, which is not resharded after forward (backward needs it
+        first), and not the root, which FSDP2 never reshards after forward."""
+        if wrap is WrapGranularity.ROOT:
+            return 0
+        if wrap is WrapGranularity.BLOCK:
+            return (self.layers - 1) * self.block_params()
+        per_block = self.attention_params() + self.ffn_params()
+        return self.layers * per_block - self.linear_params()[-1]  # the last block's down projection
+
+    def fsdp_unit_count(self, wrap: WrapGranularity) -> int:
+        """FSDP units, the root included: one collective each per gather or reduction."""
+        if wrap is WrapGranularity.ROOT:
+            return 1
+        linears = (1 if self.fused_qkv else 3) + 1 + (3 if self.gated_ffn else 2)  # q/k/v, output, MLP
+        per_block = 1 if wrap is WrapGranularity.BLOCK else linears
+        return self.layers * per_block + 1
 
     def deepspeed_units(self) -> Units:
         """ZeRO-3 gathers module by module, so its unit is the largest module."""
