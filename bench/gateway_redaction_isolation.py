@@ -92,7 +92,7 @@ def run_gateway(upstream: str, mode: str) -> None:
     app = create_app(lambda: h.pipeline)
     import socket
 
-    sock = socket.socket()
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)  # asyncio sets TCP_NODELAY
     sock.bind(("127.0.0.1", 0))
     print(f"{sock.getsockname()[1]} {keys['qa']} {keys['support']}", flush=True)
     uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off")).run(sockets=[sock])

@@ -20,6 +20,7 @@ os.environ.setdefault("RAY_SERVE_ENABLE_HA_PROXY", "1")  # must be set before Ra
 
 import argparse
 import asyncio
+import contextlib
 import multiprocessing
 import socket
 import sys
@@ -29,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import psutil  # installed with ray[default]; the bench reads CPU time per process tree
 from fastapi import FastAPI, Request  # no `from __future__ import annotations`: the pickled deployment needs real ones
 from fastapi.responses import JSONResponse
 
@@ -120,6 +122,53 @@ async def load(
     }
 
 
+def tree_cpu_s(pids: list[int]) -> float:
+    """User + system CPU seconds of these processes and their live children, from /proc."""
+    total = 0.0
+    for pid in pids:
+        proc = psutil.Process(pid)
+        for p in (proc, *proc.children(recursive=True)):
+            with contextlib.suppress(psutil.NoSuchProcess):  # a child that ended in between
+                t = p.cpu_times()
+                total += t.user + t.system
+    return total
+
+
+def serving_pids(apps: tuple[str, ...]) -> dict[str, list[int]]:
+    """The processes a request to each target runs in: its Serve replicas, and for the gateway
+    the ledger actor it charges (audit, idempotency and redaction run inside the replica).
+    Found by the process titles Ray gives actors (`ray::ServeReplica:<app>:<deployment>`)."""
+    titles = {p.pid: " ".join(p.cmdline()) for p in psutil.process_iter() if _readable(p)}
+    out = {app: [pid for pid, t in titles.items() if t.startswith(f"ray::ServeReplica:{app}:")] for app in apps}
+    out["gateway"] += [pid for pid, t in titles.items() if t.startswith("ray::LedgerActor")]
+    return out
+
+
+def _readable(proc: psutil.Process) -> bool:
+    try:
+        proc.cmdline()
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return False
+    return True
+
+
+async def fixed_count(url: str, headers: dict[str, str], body: dict[str, Any], concurrency: int, count: int) -> int:
+    """Sends exactly `count` requests from `concurrency` workers; returns the non-200s."""
+    left, errors = count, 0
+    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+    async with httpx.AsyncClient(limits=limits, timeout=30) as client:
+
+        async def worker() -> None:
+            nonlocal left, errors
+            while left > 0:
+                left -= 1
+                r = await client.post(url, json=body, headers=headers)
+                errors += r.status_code != 200
+
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+    return errors
+
+
 def sequential_interleaved(
     targets: dict[str, tuple[str, dict[str, str], dict[str, Any]]], rounds: int
 ) -> dict[str, Any]:
@@ -142,7 +191,28 @@ def sequential_interleaved(
     }
 
 
-def main(seconds: float) -> None:
+def profile_replica(pid: int, out: str, run_load: Any) -> None:
+    """py-spy (bench-only: `pip install py-spy`) samples the gateway replica while `run_load`
+    runs, and writes collapsed stacks to `out` (flamegraph.pl or speedscope read them)."""
+    import shutil
+    import subprocess
+
+    spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
+    command = [spy, "record", "--pid", str(pid), "--format", "raw", "-o", out, "--nonblocking"]
+    with tempfile.TemporaryFile("w+") as said:  # a file, not a pipe: a full pipe would stall py-spy
+        sampler = subprocess.Popen(command, stderr=said, text=True)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:  # "py-spy> Sampling process 100 times a second...": attached
+            said.seek(0)
+            if "Sampling" in said.read():
+                break
+            time.sleep(0.1)
+        run_load()
+        sampler.send_signal(2)  # SIGINT: py-spy writes the file and exits
+        sampler.wait(timeout=60)
+
+
+def main(seconds: float, cpu_requests: int, profile: str | None) -> None:
     import ray
     from ray import serve
 
@@ -209,6 +279,20 @@ def main(seconds: float) -> None:
                 for name, (url, headers, body) in targets.items():
                     results[(name, concurrency)] = asyncio.run(load(url, headers, body, concurrency, seconds))
             interleaved = sequential_interleaved(targets, rounds=300)
+            pids = serving_pids(("gateway", "passthrough"))
+            cpu: dict[str, tuple[float, int]] = {}
+            for name, (url, headers, body) in targets.items():
+                if name == "upstream direct":
+                    continue
+                app = "passthrough" if name == "serve passthrough" else "gateway"
+                before = tree_cpu_s(pids[app])
+                errors = asyncio.run(fixed_count(url, headers, body, 16, cpu_requests))
+                cpu[name] = ((tree_cpu_s(pids[app]) - before) / cpu_requests * 1000, errors)
+            if profile:
+                url, headers, body = targets[GATEWAYS[0]]
+                profile_replica(
+                    pids["gateway"][0], profile, lambda: asyncio.run(fixed_count(url, headers, body, 16, cpu_requests))
+                )
         finally:
             serve.shutdown()
             ray.shutdown()
@@ -240,11 +324,23 @@ def main(seconds: float) -> None:
             f"  {gateway}: throughput (1/mean) vs passthrough = {bare_mean / gw_mean:.2f}x; gateway time inside"
             f" the replica (server-timing) p50 = {interleaved['in_replica_gateway_p50'][gateway]:.2f} ms"
         )
+    print(
+        f"CPU per request ({cpu_requests} requests at concurrency 16;"
+        " replica processes, their children, the ledger actor):"
+    )
+    for name, (ms, errors) in cpu.items():
+        print(f"  {name:22} {ms:6.2f} ms CPU/request ({errors} errors)")
     print(f"load average at the end: {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
-    print(f"reproduce: flock /tmp/switchyard-ray.lock .venv/bin/python bench/gateway_serve.py --seconds {seconds:g}")
+    print(
+        "reproduce: flock /tmp/switchyard-ray.lock .venv/bin/python bench/gateway_serve.py"
+        f" --seconds {seconds:g} --cpu-requests {cpu_requests}"
+    )
 
 
 if __name__ == "__main__":
     ap = argparse.ArgumentParser()
     ap.add_argument("--seconds", type=float, default=8.0)
-    main(ap.parse_args().seconds)
+    ap.add_argument("--cpu-requests", type=int, default=2000, help="requests per target for CPU per request")
+    ap.add_argument("--profile", help="write py-spy's collapsed stacks of the gateway replica under load here")
+    args = ap.parse_args()
+    main(args.seconds, args.cpu_requests, args.profile)

@@ -11,6 +11,16 @@ from typing import Any
 import uvicorn
 
 
+def loopback_listener() -> socket.socket:
+    """A socket bound to a free loopback port, for uvicorn's `sockets=`. IPPROTO_TCP is named:
+    asyncio sets TCP_NODELAY on accepted sockets only when their proto says TCP, and without it
+    each answer's body waits ~40 ms for the client's delayed ACK."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", 0))
+    return sock
+
+
 class ThreadedServer:
     def __init__(self, app: Any) -> None:
         self.app = app
@@ -23,9 +33,7 @@ class ThreadedServer:
         return f"http://127.0.0.1:{self.port}"
 
     def __enter__(self) -> ThreadedServer:
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind(("127.0.0.1", 0))
+        sock = loopback_listener()
         self.port = sock.getsockname()[1]
         config = uvicorn.Config(
             self.app, log_level="warning", lifespan="off", ws="none", access_log=False, loop="asyncio"

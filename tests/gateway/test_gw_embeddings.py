@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import socket
 from collections import Counter
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
@@ -26,6 +25,7 @@ import yaml
 from fastapi import FastAPI
 from gw_fake_embeddings import FakeEmbeddingUpstreams, Fault, fake_tokens, fake_vector
 from gw_harness import make_policies
+from gw_server import loopback_listener
 
 from switchyard.audit.builder import RecordBuilder
 from switchyard.audit.record import RequestRecord
@@ -199,8 +199,7 @@ async def egw(tmp_path_factory: pytest.TempPathFactory, gw_env: None) -> AsyncIt
     )
     embedders = EmbedderPool(overrides={"local": InProcessLocalEmbedder(LocalChatModel(None))})
     pipeline = EmbeddingsPipeline(parts, embedders)
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.bind(("127.0.0.1", 0))
+    sock = loopback_listener()
     port = sock.getsockname()[1]
     chat = ChatPipeline(parts)
     config = uvicorn.Config(embeddings_app(pipeline, chat), log_level="warning", lifespan="off", access_log=False)
