@@ -134,6 +134,16 @@ def tree_cpu_s(pids: list[int]) -> float:
     return total
 
 
+def cpu_by_process() -> dict[tuple[int, str], float]:
+    """CPU seconds so far of every readable process on the machine, by (pid, title)."""
+    out: dict[tuple[int, str], float] = {}
+    for p in psutil.process_iter():
+        with contextlib.suppress(psutil.NoSuchProcess, psutil.AccessDenied):
+            t = p.cpu_times()
+            out[(p.pid, " ".join(p.cmdline())[:60] or p.name())] = t.user + t.system
+    return out
+
+
 def serving_pids(apps: tuple[str, ...]) -> dict[str, list[int]]:
     """The processes a request to each target runs in: its Serve replicas, and for the gateway
     the ledger actor it charges (audit, idempotency and redaction run inside the replica).
@@ -142,6 +152,12 @@ def serving_pids(apps: tuple[str, ...]) -> dict[str, list[int]]:
     out = {app: [pid for pid, t in titles.items() if t.startswith(f"ray::ServeReplica:{app}:")] for app in apps}
     out["gateway"] += [pid for pid, t in titles.items() if t.startswith("ray::LedgerActor")]
     return out
+
+
+def gateway_replica_pid() -> int:
+    """The gateway deployment's replica (the app also has the local model's)."""
+    titles = {p.pid: " ".join(p.cmdline()) for p in psutil.process_iter() if _readable(p)}
+    return next(pid for pid, t in titles.items() if t.startswith("ray::ServeReplica:gateway:gateway"))
 
 
 def _readable(proc: psutil.Process) -> bool:
@@ -198,7 +214,7 @@ def profile_replica(pid: int, out: str, run_load: Any) -> None:
     import subprocess
 
     spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
-    command = [spy, "record", "--pid", str(pid), "--format", "raw", "-o", out, "--nonblocking"]
+    command = [spy, "record", "--pid", str(pid), "--format", "raw", "-o", out, "--threads"]
     with tempfile.TemporaryFile("w+") as said:  # a file, not a pipe: a full pipe would stall py-spy
         sampler = subprocess.Popen(command, stderr=said, text=True)
         deadline = time.monotonic() + 30
@@ -281,17 +297,23 @@ def main(seconds: float, cpu_requests: int, profile: str | None) -> None:
             interleaved = sequential_interleaved(targets, rounds=300)
             pids = serving_pids(("gateway", "passthrough"))
             cpu: dict[str, tuple[float, int]] = {}
+            machine: dict[str, list[tuple[tuple[int, str], float]]] = {}  # where the machine's CPU went
             for name, (url, headers, body) in targets.items():
                 if name == "upstream direct":
                     continue
                 app = "passthrough" if name == "serve passthrough" else "gateway"
-                before = tree_cpu_s(pids[app])
+                before, everyone = tree_cpu_s(pids[app]), cpu_by_process()
                 errors = asyncio.run(fixed_count(url, headers, body, 16, cpu_requests))
                 cpu[name] = ((tree_cpu_s(pids[app]) - before) / cpu_requests * 1000, errors)
+                after = cpu_by_process()
+                spent = {k: after[k] - v for k, v in everyone.items() if k in after and after[k] - v > 0}
+                machine[name] = sorted(spent.items(), key=lambda kv: -kv[1])[:8]
             if profile:
                 url, headers, body = targets[GATEWAYS[0]]
                 profile_replica(
-                    pids["gateway"][0], profile, lambda: asyncio.run(fixed_count(url, headers, body, 16, cpu_requests))
+                    gateway_replica_pid(),
+                    profile,
+                    lambda: asyncio.run(fixed_count(url, headers, body, 16, cpu_requests)),
                 )
         finally:
             serve.shutdown()
@@ -329,7 +351,9 @@ def main(seconds: float, cpu_requests: int, profile: str | None) -> None:
         " replica processes, their children, the ledger actor):"
     )
     for name, (ms, errors) in cpu.items():
-        print(f"  {name:22} {ms:6.2f} ms CPU/request ({errors} errors)")
+        print(f"  {name:22} {ms:6.2f} ms CPU/request ({errors} errors); the machine's CPU per request, by process:")
+        for (pid, title), seconds in machine[name]:
+            print(f"      {seconds / cpu_requests * 1000:6.2f} ms  {pid:>7} {title}")
     print(f"load average at the end: {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
     print(
         "reproduce: flock /tmp/switchyard-ray.lock .venv/bin/python bench/gateway_serve.py"
