@@ -2,7 +2,7 @@
 
 One fresh local platform (8 logical GPUs, its own state directory, no API keys):
 
-1. a training job (the tiny GPT, FSDP, 2 workers holding 3 GPUs each) is submitted to the
+1. a training job (the tiny GPT, FSDP, 6 workers holding one GPU each) is submitted to the
    scheduler, admitted, launched through the Ray Jobs API, and checkpoints;
 2. the local model (Serve, 1 GPU per replica, in the inference pool) serves that checkpoint
    through the gateway; a flow with a too-small budget is refused;
@@ -139,7 +139,7 @@ class _Story:
             self.knobs.phase_timeout_s,
         )
         self.say(
-            f" 3. training: {TRAIN_CONFIG} (FSDP, 2 workers x 3 GPUs) submitted for team {TRAIN_TEAM!r} as "
+            f" 3. training: {TRAIN_CONFIG} (FSDP, 6 workers x 1 GPU) submitted for team {TRAIN_TEAM!r} as "
             f"{workload}; admitted after {admitted.get('waited_s', 0):.1f}s and launched as a Ray job "
             "(dashboard: Jobs tab); research's guarantee is 2 GPUs, so 4 of its 6 are borrowed"
         )

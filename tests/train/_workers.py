@@ -39,10 +39,12 @@ def tiny_spec(name: str = "t", **changes: Any) -> JobSpec:
     return base.with_changes(**changes) if changes else base
 
 
-def job(spec: JobSpec, *, store: str | None = None, stop_after: int | None = None) -> dict[str, Any]:
-    """One job for `run_jobs`: the spec, its checkpoint store (default: a fresh temp dir)
-    and an optional `stop_after_steps`."""
-    return {"spec": spec.model_dump_json(), "store": store, "stop_after": stop_after}
+def job(
+    spec: JobSpec, *, store: str | None = None, stop_after: int | None = None, ranks_per_node: int | None = None
+) -> dict[str, Any]:
+    """One job for `run_jobs`: the spec, its checkpoint store (default: a fresh temp dir), an
+    optional `stop_after_steps` and the ranks per (pretend) node."""
+    return {"spec": spec.model_dump_json(), "store": store, "stop_after": stop_after, "ranks_per_node": ranks_per_node}
 
 
 def read_json(path: str | Path) -> Any:
@@ -81,11 +83,14 @@ def run_jobs(rank: int, world_size: int, jobs: list[dict[str, Any]], out_path: s
             on_step=on_step,
             on_engine=_probe_memory,
             stop_after_steps=entry["stop_after"],
+            ranks_per_node=entry.get("ranks_per_node"),
         )
         result = Trainer(spec, ctx).run()
         gathered: list[Any] = [None] * world_size
         torch.distributed.all_gather_object(gathered, memory)
-        results.append({**json.loads(result.to_json()), "losses": result.losses, "memory": gathered})
+        # Graphs torch.compile has built in this process so far (a compiled job adds some).
+        graphs = int(torch._dynamo.utils.counters["stats"]["unique_graphs"])
+        results.append({**json.loads(result.to_json()), "losses": result.losses, "memory": gathered, "graphs": graphs})
     if rank == 0:
         Path(out_path).write_text(json.dumps(results))
 
@@ -246,3 +251,42 @@ def metrics_jobs(rank: int, world_size: int, out_dir: str) -> None:
         results["reads"][name] = channel.reads
         results["logs"][name] = collector.lines
     (out / f"rank{rank}.json").write_text(json.dumps(results))
+
+
+def validation_run(rank: int, world_size: int, spec_json: str, out_dir: str) -> None:
+    """Train `spec` (with validation on); then, from the trained weights gathered whole, the
+    mean loss over the held-back windows computed by hand on a plain model."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    from switchyard.models import GPT, next_token_loss
+    from switchyard.train.data import load_tokens, window_count, window_rows
+    from switchyard.train.validation import split_windows
+
+    spec = JobSpec.model_validate_json(spec_json)
+    out = Path(out_dir)
+    engines: list[TrainEngine] = []
+    ctx = RunContext(
+        rank=rank,
+        world_size=world_size,
+        device=torch.device("cpu"),
+        job_id=spec.name,
+        store=CheckpointStore(str(out / "ckpt"), out / f"cache{rank}"),
+        work_dir=out / f"work{rank}",
+        handle_sigterm=False,
+        on_engine=engines.append,
+    )
+    result = Trainer(spec, ctx).run()
+    full = get_model_state_dict(engines[0].model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    if rank != 0:
+        return
+    plain = GPT(spec.model.gpt_config())
+    plain.load_state_dict(full)
+    plain.eval()
+    data = spec.data
+    tokens = load_tokens(data.source, synthetic_bytes=data.synthetic_bytes, seed=spec.seed, cache_dir=out / "c")
+    held_back = split_windows(window_count(tokens, data.seq_len), spec.validation.sequences, spec.seed).held_back
+    x, y = window_rows(tokens, held_back, data.seq_len)
+    with torch.no_grad():
+        by_hand = next_token_loss(plain(x), y).item()  # the mean over every held-back token
+    summary = {**json.loads(result.to_json()), "losses": result.losses, "by_hand": by_hand}
+    (out / "result.json").write_text(json.dumps(summary))

@@ -124,30 +124,33 @@ def _mem_peak(results: dict[str, dict[str, Any]], name: str) -> list[int]:
 def test_hybrid_on_four_ranks_matches_ddp_and_shards_within_groups() -> None:
     kw = {"num_workers": 4, "data.micro_batch_size": 1}
     accum = {**kw, "data.grad_accum_steps": 4}
+    hybrid = {"parallel.strategy": "fsdp-hybrid"}
     results = {
         r["job"]: r
         for r in run_jobs(
             [
                 job(tiny_spec("ddp4", **kw)),
+                # The default layout, a shard group per node: pretend nodes of 2 ranks (2 x 2) ...
                 job(
-                    tiny_spec(
-                        "hybrid4",
-                        **kw,
-                        **{"parallel.strategy": "fsdp-hybrid", "parallel.activation_checkpointing": "full"},
-                    )
+                    tiny_spec("hybrid4", **kw, **hybrid, **{"parallel.activation_checkpointing": "full"}),
+                    ranks_per_node=2,
                 ),
+                # ... and all 4 ranks on one node (1 x 4: fsdp-full's layout).
+                job(tiny_spec("hybrid4-one-node", **kw, **hybrid)),
                 job(tiny_spec("full4", **kw, **{"parallel.strategy": "fsdp-full"})),
                 job(tiny_spec("ddp4-a4", **accum)),
-                job(tiny_spec("hybrid4-a4", **accum, **{"parallel.strategy": "fsdp-hybrid"})),
+                job(tiny_spec("hybrid4-a4", **accum, **hybrid, **{"parallel.replicate_degree": 2})),
             ],
             nproc=4,
         )
     }
     _assert_matches(results["hybrid4"]["losses"], results["ddp4"]["losses"])
     _assert_matches(results["full4"]["losses"], results["ddp4"]["losses"])
-    hybrid = _mem(results, "hybrid4", "after_step", "params")
-    assert all(_about(p, P / 2) for p in hybrid)  # 2 replicas x 2 shards
-    assert hybrid[0] == hybrid[2] and hybrid[1] == hybrid[3]  # replicas hold the same shard
+    _assert_matches(results["hybrid4-one-node"]["losses"], results["ddp4"]["losses"])
+    held = _mem(results, "hybrid4", "after_step", "params")
+    assert all(_about(p, P / 2) for p in held)  # 2 replicas x 2 shards
+    assert held[0] == held[2] and held[1] == held[3]  # replicas hold the same shard
+    assert all(_about(p, P / 4) for p in _mem(results, "hybrid4-one-node", "after_step", "params"))
     assert all(_about(p, P / 4) for p in _mem(results, "full4", "after_step", "params"))
     # Accumulating 4 micro-batches, HSDP reduce-scatters each one inside its shard group and
     # all-reduces across replicas once: a rank holds half the gradients, never all of them.

@@ -32,7 +32,18 @@ from switchyard.train.plan.from_spec import spec_input
 from switchyard.train.step_metrics import SCALARS, StepWindow, step_cost
 from switchyard.train.step_sync import NonFiniteLossError
 
-LINE_KEYS = {"step", "loss", "lr", "grad_norm", "tokens_per_s", "step_time_s", "mfu", "memory_bytes", "memory_kind"}
+LINE_KEYS = {
+    "step",
+    "loss",
+    "lr",
+    "grad_norm",
+    "tokens_per_s",
+    "step_time_s",
+    "mfu",
+    "memory_bytes",
+    "memory_kind",
+    "val_loss",
+}
 
 
 @pytest.fixture(scope="module")
@@ -110,6 +121,7 @@ def test_a_line_every_n_steps_with_every_field_and_sane_values(two_ranks: tuple[
         assert row["tokens_per_s"] == pytest.approx(128 / row["step_time_s"])
         assert 0 < row["grad_norm"] < 100 and row["memory_bytes"] > 10 * 2**20 and row["memory_kind"] == "peak_rss"
         assert row["mfu"] is None  # no peak declared
+        assert row["val_loss"] is None  # no validation configured
     texts = ranks[0]["logs"]["logged"]
     assert [t.split()[1] for t in texts] == ["3", "6"]
     for word in ("loss", "lr", "grad_norm", "tokens/s", "step_time", "mfu -", "memory"):

@@ -47,7 +47,9 @@ class InProcessTorchTrainer:
     def fit(self) -> Any:
         returns = []
         for rank in range(WORLD):
-            context = SimpleNamespace(get_world_rank=lambda r=rank: r, get_world_size=lambda: WORLD)
+            context = SimpleNamespace(
+                get_world_rank=lambda r=rank: r, get_world_size=lambda: WORLD, get_local_world_size=lambda: WORLD
+            )
             ray.train.get_context = lambda c=context: c  # type: ignore[assignment,misc]
             # What Ray sends from a worker to the driver is pickled.
             returns.append(pickle.loads(pickle.dumps(self.train_fn(self.config))))

@@ -17,6 +17,7 @@ import torch
 from torch import Tensor
 
 from switchyard.models import ByteTokenizer
+from switchyard.train.engine import Batch
 from switchyard.train.storage import download_prefix, is_s3_uri
 
 _WORDS = [
@@ -125,6 +126,18 @@ def load_tokens(source: str, *, synthetic_bytes: int, seed: int, cache_dir: Path
     raise ValueError(f"data.source {source!r}: not 'synthetic', an s3:// URI or an existing path")
 
 
+def window_count(tokens: Tensor, seq_len: int) -> int:
+    """Windows of `seq_len + 1` tokens (inputs and shifted targets) the corpus holds."""
+    return int(tokens.numel() - 1) // seq_len
+
+
+def window_rows(tokens: Tensor, ids: Tensor, seq_len: int) -> Batch:
+    """(inputs, targets) of the windows `ids`, each (len(ids), seq_len)."""
+    offsets = ids * seq_len
+    rows = torch.stack([tokens[o : o + seq_len + 1] for o in offsets.tolist()])
+    return rows[:, :-1].contiguous(), rows[:, 1:].contiguous()
+
+
 @dataclass
 class TokenBatches:
     """Windows of `seq_len + 1` tokens, shuffled per epoch, split over ranks and micro-steps.
@@ -142,11 +155,13 @@ class TokenBatches:
     seed: int
     epoch: int = 0
     cursor: int = 0  # windows of the global order already consumed
+    windows: Tensor | None = field(default=None, repr=False, compare=False)
+    """The window indices to read (the rest are held back for validation); None: all."""
     _order_of: tuple[tuple[int, int], Tensor] | None = field(default=None, init=False, repr=False, compare=False)
     """The last permutation drawn and the (seed, epoch) it was drawn for."""
 
     def __post_init__(self) -> None:
-        self.n_windows = (self.tokens.numel() - 1) // self.seq_len
+        self.n_windows = window_count(self.tokens, self.seq_len) if self.windows is None else self.windows.numel()
         per_step = self.micro_batch_size * self.world_size
         if self.n_windows < per_step:
             raise ValueError(
@@ -158,10 +173,11 @@ class TokenBatches:
         key = (self.seed, self.epoch)
         if self._order_of is None or self._order_of[0] != key:
             g = torch.Generator().manual_seed(self.seed * 1_000_003 + self.epoch)
-            self._order_of = (key, torch.randperm(self.n_windows, generator=g))
+            order = torch.randperm(self.n_windows, generator=g)
+            self._order_of = (key, order if self.windows is None else self.windows[order])
         return self._order_of[1]
 
-    def next_batch(self) -> tuple[Tensor, Tensor]:
+    def next_batch(self) -> Batch:
         """This rank's (inputs, targets) for the next micro-batch, each (micro_batch, seq_len)."""
         per_step = self.micro_batch_size * self.world_size
         if self.cursor + per_step > self.n_windows:
@@ -170,9 +186,7 @@ class TokenBatches:
         start = self.cursor + self.rank * self.micro_batch_size
         ids = order[start : start + self.micro_batch_size]
         self.cursor += per_step
-        offsets = ids * self.seq_len
-        rows = torch.stack([self.tokens[o : o + self.seq_len + 1] for o in offsets.tolist()])
-        return rows[:, :-1].contiguous(), rows[:, 1:].contiguous()
+        return window_rows(self.tokens, ids, self.seq_len)
 
     def state_dict(self) -> dict[str, Any]:
         return {"epoch": self.epoch, "cursor": self.cursor}

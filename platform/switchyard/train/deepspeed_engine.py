@@ -177,6 +177,17 @@ class DeepSpeedEngine:
             total += loss.detach().float()
         return StepOutput(total / len(micro_batches), self._grad_norm())
 
+    def evaluate(self, batches: list[Batch]) -> Tensor:
+        self.engine.eval()
+        total = torch.zeros((), device=self.device)
+        try:
+            for x, y in batches:  # ZeRO-3 gathers each module's parameters as in training
+                with torch.no_grad():
+                    total += next_token_loss(self.engine(x), y) * y.numel()
+        finally:
+            self.engine.train()
+        return total
+
     def _grad_norm(self) -> Tensor | None:
         """DeepSpeed's norm of the last optimizer step, before clipping (a device tensor, a
         float, or None when ZeRO's norm computation is off)."""

@@ -1,7 +1,8 @@
 """What the training loop needs from a strategy: one optimizer step over micro-batches,
 checkpoint save/load, and a count of the bytes each rank holds.
 
-`TorchEngine` (DDP, FSDP2) and `DeepSpeedEngine` (ZeRO 1/2/3) implement it; the loop never
+`TorchEngine` (DDP, FSDP2) and `DeepSpeedEngine` (ZeRO 1/2/3) implement it (plus the
+validation forward, `evaluate`); the loop never
 branches on the strategy.
 """
 
@@ -33,6 +34,11 @@ class TrainEngine(Protocol):
 
     def train_step(self, micro_batches: list[Batch], lr: float) -> StepOutput:
         """Forward and backward every micro-batch, then one optimizer step at `lr`."""
+        ...
+
+    def evaluate(self, batches: list[Batch]) -> Tensor:
+        """This rank's next-token loss summed over every target token of `batches`, in eval
+        mode under `no_grad` (a device scalar); the model is back in training mode after."""
         ...
 
     def save(self, directory: Path) -> None:

@@ -47,8 +47,7 @@ def _group_entry(rank: int, fn: GroupFn, world_size: int, port: int, args: tuple
         MASTER_PORT=str(port),
     )
     device = local_device(rank)
-    # gloo for CPU tensors always (collectives on CPU objects); NCCL for CUDA tensors.
-    backend = "cpu:gloo,cuda:nccl" if device.type == "cuda" else "gloo"
+    backend = process_group_backend(device.type == "cuda")
     if device.type == "cuda":
         torch.cuda.set_device(device)
     dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size)
@@ -145,3 +144,9 @@ def run_local(
     if "non_finite_loss" in data:
         raise NonFiniteLossError(**data["non_finite_loss"])
     return TrainResult(**data)
+
+
+def process_group_backend(cuda: bool) -> str:
+    """gloo for CPU tensors always (collectives on CPU objects, offloaded DTensors); NCCL for
+    CUDA tensors. Ray's TorchConfig takes the same per-device list."""
+    return "cpu:gloo,cuda:nccl" if cuda else "gloo"

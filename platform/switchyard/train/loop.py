@@ -1,8 +1,10 @@
 """The training loop every launcher runs: local processes, torchrun, or Ray Train workers.
 
 It expects `torch.distributed` to be initialised (or a single process), builds the model,
-applies activation checkpointing then the strategy, resumes or starts from `init_from`,
-trains, checkpoints every N steps and on a preemption notice, and returns a `TrainResult`.
+applies activation checkpointing, `torch.compile` (optional) and then the strategy, resumes
+or starts from `init_from`, trains on batches a background thread prepares
+(`batch_thread`), evaluates the held-back split every N steps (`validation`), checkpoints
+every N steps and on a preemption notice, and returns a `TrainResult`.
 
 The host waits for the device only where it must: each step's loss and gradient norm stay
 on the device until a metrics line (every `log_every_steps`), a checkpoint or the end of the
@@ -39,6 +41,7 @@ import torch.distributed as dist
 
 from switchyard.models import GPT
 from switchyard.train.activation import apply_activation_checkpointing
+from switchyard.train.batch_thread import BackgroundBatches
 from switchyard.train.checkpoint import (
     CheckpointError,
     CheckpointFiles,
@@ -63,20 +66,22 @@ from switchyard.train.engine import Batch, TrainEngine
 from switchyard.train.materialize import init_sharded_weights, meta_model
 from switchyard.train.memory import peak_memory
 from switchyard.train.metrics_log import METRICS_FILE, MetricsRecord, run_output_dir
+from switchyard.train.parallelize import compile_blocks
 from switchyard.train.preemption import PreemptionChannel, PreemptionNotice, PreemptionWatcher, SigtermFlag
-from switchyard.train.prefetch import DevicePrefetcher
+from switchyard.train.prefetch import DevicePrefetcher, map_tensors
 from switchyard.train.profiling import StepProfiler
 from switchyard.train.spec import JobSpec, OptimSpec
 from switchyard.train.step_metrics import MetricsLine, StepWindow, step_cost
 from switchyard.train.step_sync import NonFiniteLossError, PendingSteps, SyncedStep, first_non_finite
 from switchyard.train.strategy import Strategy
+from switchyard.train.validation import HeldBackLoss, training_and_held_back
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 COMPLETED = "completed"
 PREEMPTED = "preempted"
-LINE_FIELDS = ("tokens_per_s", "step_time_s", "mfu", "grad_norm", "memory_bytes", "memory_kind")
+LINE_FIELDS = ("tokens_per_s", "step_time_s", "mfu", "grad_norm", "memory_bytes", "memory_kind", "val_loss")
 """The metrics line fields a `TrainResult` carries."""
 
 
@@ -99,6 +104,8 @@ class TrainResult:
     grad_norm: float | None = None
     memory_bytes: int | None = None
     memory_kind: str | None = None
+    val_loss: float | None = None
+    """The last line's validation loss (null unless that line evaluated: the last step does)."""
     metrics_file: str | None = None
     """The run's `metrics.jsonl` (on rank 0's host)."""
     losses: list[float] = field(default_factory=list)
@@ -156,6 +163,9 @@ class RunContext:
     """Called once the engine is built (tests and benchmarks attach probes here)."""
     on_resume: Callable[[int, str], None] | None = None
     """Called with (step, checkpoint uri) once a checkpoint is restored."""
+    ranks_per_node: int | None = None
+    """Ranks on this rank's node (Ray Train's local world size); None: every rank on one node.
+    Sets fsdp-hybrid's default layout (a shard group per node)."""
     async_save: bool = True
     """Periodic saves return once the state is staged in host memory; the rest of the save
     runs beside training. Only for engines with `ShardedCheckpointing` (DCP) and without a
@@ -209,10 +219,15 @@ def build_model(spec: JobSpec, device: torch.device, base: CheckpointFiles | Non
     return meta_model(config)
 
 
-def build_engine(model: GPT, spec: JobSpec, device: torch.device, world_size: int) -> TrainEngine:
-    # Activation checkpointing goes on the plain model before any wrapping: see
-    # switchyard.train.parallelize for why the order matters with FSDP.
+def build_engine(
+    model: GPT, spec: JobSpec, device: torch.device, world_size: int, ranks_per_node: int | None = None
+) -> TrainEngine:
+    """`ranks_per_node` (default: every rank on one node) sets fsdp-hybrid's default layout."""
+    # Activation checkpointing, then compile, on the plain model before any wrapping (as
+    # torchtitan): see switchyard.train.parallelize for why the order matters with FSDP.
     apply_activation_checkpointing(model, spec.parallel.activation_checkpointing, spec.parallel.checkpoint_every_k)
+    if spec.parallel.compile:
+        compile_blocks(model)
     bf16 = use_bf16(spec, device)
     if spec.parallel.strategy.is_deepspeed:
         from switchyard.train.deepspeed_engine import DeepSpeedEngine
@@ -220,7 +235,7 @@ def build_engine(model: GPT, spec: JobSpec, device: torch.device, world_size: in
         return DeepSpeedEngine(model, spec, device=device, world_size=world_size, bf16=bf16)
     from switchyard.train.torch_engine import TorchEngine
 
-    return TorchEngine(model, spec, device=device, world_size=world_size, bf16=bf16)
+    return TorchEngine(model, spec, device=device, world_size=world_size, bf16=bf16, ranks_per_node=ranks_per_node)
 
 
 def load_base_weights(model: GPT, files: CheckpointFiles) -> None:
@@ -254,12 +269,22 @@ def _set_rng_state(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state(state["cuda"])
 
 
-def _step_batches(batches: TokenBatches, accum: int) -> Iterator[tuple[dict[str, Any], list[Batch]]]:
-    # Each step's micro-batches travel with the data position *after* them: the prefetcher
-    # reads one step ahead, so the sampler's own position would be one step too far.
+StepBatches = tuple[dict[str, Any], list[Batch]]
+
+
+def step_batches(batches: TokenBatches, accum: int) -> Iterator[StepBatches]:
+    # Each step's micro-batches travel with the data position *after* them: the batch thread
+    # and the prefetcher read ahead, so the sampler's own position would be steps too far.
     while True:
         micro = [batches.next_batch() for _ in range(accum)]
         yield batches.state_dict(), micro
+
+
+def pin_on_gpu(device: torch.device) -> Callable[[StepBatches], StepBatches] | None:
+    """On a GPU the batch thread pins each batch, so the prefetcher's copy is asynchronous."""
+    if device.type != "cuda" or not torch.cuda.is_available():
+        return None
+    return lambda item: (item[0], map_tensors(item[1], lambda t: t.pin_memory()))
 
 
 class Trainer:
@@ -495,7 +520,7 @@ class Trainer:
             log.info("initialising weights from %s (step %d)", ref.uri, ref.step)
         # Initial weights depend on the seed and each parameter's name only: the same on
         # every rank, strategy and sharding (switchyard.train.materialize).
-        engine = build_engine(build_model(spec, ctx.device, base), spec, ctx.device, ctx.world_size)
+        engine = build_engine(build_model(spec, ctx.device, base), spec, ctx.device, ctx.world_size, ctx.ranks_per_node)
         if ctx.on_engine is not None:
             ctx.on_engine(engine)
         torch.manual_seed(spec.seed + 7919 * (ctx.rank + 1))  # per-rank dropout streams
@@ -505,9 +530,7 @@ class Trainer:
             seed=spec.seed,
             cache_dir=ctx.work_dir / "cache",
         )
-        batches = TokenBatches(
-            tokens, spec.data.seq_len, spec.data.micro_batch_size, ctx.rank, ctx.world_size, spec.seed
-        )
+        batches, validation = training_and_held_back(tokens, spec, ctx.rank, ctx.world_size, ctx.device)
         step = 0
         resume = None
         if choice is not None:
@@ -533,7 +556,7 @@ class Trainer:
         self._start_background_saves(engine)
         try:
             with StepProfiler(ctx.profile_dir, ctx.rank) as profiler:
-                result = self._train(engine, batches, step, resume, watcher, profiler, record)
+                result = self._train(engine, batches, validation, step, resume, watcher, profiler, record)
         except BaseException:
             self._close_saves(failing=True)
             raise
@@ -597,9 +620,17 @@ class Trainer:
         window: StepWindow,
         record: MetricsRecord | None,
         checkpoint: str | None,
+        engine: TrainEngine,
+        validation: HeldBackLoss | None,
     ) -> None:
+        """A metrics line; with `validation`, its loss too (timed out of the step window)."""
         latest = self._sync(pending, checkpoint)
         assert latest is not None and latest.step == step, "a log step is synced first"
+        val_loss = None
+        if validation is not None:
+            started = time.perf_counter()  # after the sync: the device has finished training
+            val_loss = validation.mean(engine)
+            window.exclude(time.perf_counter() - started)
         memory = peak_memory(self.ctx.device)
         line = window.close(
             time.perf_counter(),  # right after the sync: the device has finished these steps
@@ -609,6 +640,7 @@ class Trainer:
             grad_norm=latest.grad_norm,
             memory_bytes=memory.bytes,
             memory_kind=memory.kind,
+            val_loss=val_loss,
         )
         self.last_line = line
         if record is not None:
@@ -651,6 +683,25 @@ class Trainer:
         self,
         engine: TrainEngine,
         batches: TokenBatches,
+        validation: HeldBackLoss | None,
+        step: int,
+        resume: CheckpointRef | None,
+        watcher: PreemptionWatcher,
+        profiler: StepProfiler,
+        record: MetricsRecord | None,
+    ) -> TrainResult:
+        data_state = batches.state_dict()  # before the batch thread starts reading ahead
+        source = step_batches(batches, self.spec.data.grad_accum_steps)
+        with BackgroundBatches(source, depth=2, prepare=pin_on_gpu(self.ctx.device)) as prepared:
+            feed = DevicePrefetcher(prepared, self.ctx.device)
+            return self._steps(engine, feed, data_state, validation, step, resume, watcher, profiler, record)
+
+    def _steps(
+        self,
+        engine: TrainEngine,
+        feed: Iterator[StepBatches],
+        data_state: dict[str, Any],
+        validation: HeldBackLoss | None,
         step: int,
         resume: CheckpointRef | None,
         watcher: PreemptionWatcher,
@@ -658,12 +709,11 @@ class Trainer:
         record: MetricsRecord | None,
     ) -> TrainResult:
         spec, ctx = self.spec, self.ctx
-        feed = DevicePrefetcher(_step_batches(batches, spec.data.grad_accum_steps), ctx.device)
-        data_state = batches.state_dict()
         resumed_from = checkpoint = resume.uri if resume else None
         pending = PendingSteps(ctx.world_size)
         window = StepWindow(step_cost(spec, ctx.world_size), time.perf_counter())
         every = spec.checkpoint.every_steps
+        eval_every = spec.validation.every_steps
         steps_this_run = 0
         while step < spec.steps:
             data_state, micro = next(feed)
@@ -676,8 +726,9 @@ class Trainer:
             window.add_step()
             if ctx.on_step is not None:
                 ctx.on_step(step, engine)
-            if step % spec.log_every_steps == 0 or step == spec.steps:
-                self._log(step, lr, pending, window, record, checkpoint)
+            eval_due = validation is not None and (step % eval_every == 0 or step == spec.steps)
+            if eval_due or step % spec.log_every_steps == 0 or step == spec.steps:
+                self._log(step, lr, pending, window, record, checkpoint, engine, validation if eval_due else None)
             checkpoint_due = bool(every) and step % every == 0 and step < spec.steps
             notice = self._stop_notice(step, steps_this_run, watcher, force=checkpoint_due)
             if notice is not None:

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from switchyard.state import state_dir
-from switchyard.train.step_metrics import SCALARS, MetricsLine
+from switchyard.train.step_metrics import OPTIONAL_SCALARS, SCALARS, MetricsLine
 from switchyard.train.storage import is_s3_uri
 
 METRICS_FILE = "metrics.jsonl"
@@ -43,7 +43,7 @@ class MetricsRecord:
     def write(self, line: MetricsLine) -> None:
         self._file.write(json.dumps(line.as_dict(), sort_keys=True) + "\n")
         self._file.flush()
-        for name in SCALARS:
+        for name in (*SCALARS, *OPTIONAL_SCALARS):
             value = getattr(line, name)
             if value is not None:  # an undeclared peak leaves MFU out rather than at 0
                 self._board.add_scalar(f"train/{name}", value, line.step)

@@ -1,6 +1,7 @@
 """Put a plain `GPT` on the data-parallel ranks with DDP or FSDP2 (`fully_shard`).
 
-Order, as in torchtitan: activation checkpointing first, then FSDP. The checkpoint hooks
+Order, as in torchtitan: activation checkpointing first, then `torch.compile` per block
+(`compile_blocks`, optional), then FSDP. The checkpoint hooks
 must sit on the module *inside* the FSDP unit: FSDP's pre-backward hook then all-gathers the
 block's parameters once and both the recompute and the gradient computation use that one
 gather. Applied the other way round, the recompute runs outside FSDP's hooks and sees
@@ -12,7 +13,8 @@ Strategy to FSDP2 mapping (FSDP1 name in brackets):
                                 from forward to backward; grads and optimizer state sharded)
 - fsdp-no-shard [NO_SHARD]      2-D mesh (replicate=world, shard=1): every rank holds all
 - fsdp-hybrid   [HYBRID_SHARD]  2-D mesh (replicate=R, shard=world/R): shard inside a group,
-                                all-reduce gradients across groups
+                                all-reduce gradients across groups; by default one group per
+                                node (`strategy.hybrid_layout`, the planner's rule too)
 """
 
 from __future__ import annotations
@@ -24,16 +26,19 @@ from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully
 from torch.nn.parallel import DistributedDataParallel
 
 from switchyard.models import GPT
-from switchyard.train.strategy import Offload, Strategy, WrapGranularity
+from switchyard.train.strategy import HybridLayout, Offload, Strategy, WrapGranularity, hybrid_layout
 
 
-def fsdp_mesh(strategy: Strategy, world_size: int, device_type: str, replicate_degree: int | None) -> DeviceMesh:
+def fsdp_mesh(
+    strategy: Strategy, world_size: int, device_type: str, replicate_degree: int | None, ranks_per_node: int
+) -> DeviceMesh:
     if strategy is Strategy.FSDP_FULL or strategy is Strategy.FSDP_GRAD_OP:
         return init_device_mesh(device_type, (world_size,), mesh_dim_names=("shard",))
-    replicas = world_size if strategy is Strategy.FSDP_NO_SHARD else (replicate_degree or 2)
-    if world_size % replicas:
-        raise ValueError(f"{strategy.value}: world size {world_size} not divisible by {replicas}")
-    return init_device_mesh(device_type, (replicas, world_size // replicas), mesh_dim_names=("replicate", "shard"))
+    if strategy is Strategy.FSDP_NO_SHARD:
+        layout = HybridLayout(world_size, 1)
+    else:
+        layout = hybrid_layout(world_size, ranks_per_node, replicate_degree)
+    return init_device_mesh(device_type, tuple(layout), mesh_dim_names=("replicate", "shard"))
 
 
 def fsdp_units(model: GPT, wrap: WrapGranularity) -> list[nn.Module]:
@@ -56,12 +61,14 @@ def apply_fsdp(
     param_dtype: torch.dtype | None = None,
     offload: Offload = Offload.NONE,
     replicate_degree: int | None = None,
+    ranks_per_node: int | None = None,
 ) -> nn.Module:
+    """`ranks_per_node` (default: all ranks on one node) sets fsdp-hybrid's default layout."""
     if not strategy.is_fsdp:
         raise ValueError(f"apply_fsdp got non-FSDP strategy {strategy.value!r}")
     if offload is Offload.NVME:
         raise ValueError("FSDP cannot offload to nvme; use zero3 with offload nvme")
-    mesh = fsdp_mesh(strategy, world_size, device_type, replicate_degree)
+    mesh = fsdp_mesh(strategy, world_size, device_type, replicate_degree, ranks_per_node or world_size)
     # Gradients are reduced in fp32 even when compute is bf16: bf16 sums lose small updates.
     mp = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32)
     offload_policy = CPUOffloadPolicy() if offload is Offload.CPU else None
@@ -88,6 +95,15 @@ def apply_fsdp(
         **({"offload_policy": offload_policy} if offload_policy else {}),
     )
     return model
+
+
+def compile_blocks(model: GPT) -> int:
+    """`torch.compile` each transformer block in place (`Module.compile`: parameter names, and
+    so checkpoints, stay those of the eager model). One block's graph serves them all; its
+    activation-checkpointing hooks are compiled with it, FSDP's (added after) are not."""
+    for block in model.blocks:
+        block.compile()
+    return len(model.blocks)
 
 
 def apply_ddp(model: GPT, device: torch.device) -> nn.Module:

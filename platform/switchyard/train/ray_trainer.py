@@ -24,6 +24,7 @@ from ray.train.torch import TorchConfig, TorchTrainer, get_device
 
 from switchyard.state import state_dir
 from switchyard.train.checkpoint import CheckpointStore, FileTable
+from switchyard.train.launch import process_group_backend
 from switchyard.train.loop import LINE_FIELDS, RunContext, Trainer, TrainResult
 from switchyard.train.ray_preemption import GcsPreemptionChannel
 from switchyard.train.spec import JobSpec
@@ -89,6 +90,7 @@ def train_fn(config: dict[str, Any]) -> dict[str, Any] | None:
         report_metrics=ray.train.report,  # metrics lines; Train V2 keeps only checkpoint reports
         prune=False,  # CheckpointConfig(num_to_keep) prunes under Ray
         stop_after_steps=config.get("stop_after_steps"),
+        ranks_per_node=context.get_local_world_size(),
         on_resume=_resume_reporter(workload_id) if workload_id and rank == 0 else None,
     )
     try:
@@ -161,8 +163,8 @@ def run_on_ray(
     """Run `spec` with `TorchTrainer` on the connected Ray cluster; blocks until it ends.
 
     With `worker_label_selectors` (from the scheduler's lease: one per worker, naming its
-    node) every worker holds `spec.gpus_per_worker` granted GPUs on the node the scheduler
-    chose; `workload_id` names the scheduler workload whose checkpoints are reported.
+    node) every worker holds one granted GPU on the node the scheduler chose; `workload_id`
+    names the scheduler workload whose checkpoints are reported.
     Raises `NonFiniteLossError` when the loss became non-finite."""
     storage = storage_path or spec.checkpoint.uri or str(state_dir() / "train" / "checkpoints")
     storage = storage.rstrip("/")
@@ -177,15 +179,13 @@ def run_on_ray(
             "stop_after_steps": stop_after_steps,
             "workload_id": workload_id,
         },
-        # gloo must be named when there are no GPUs: Ray may hand out logical GPUs.
-        torch_config=TorchConfig(backend="nccl" if use_gpu and torch.cuda.is_available() else "gloo"),
+        # gloo must be named when there are no GPUs: Ray may hand out logical GPUs. On GPUs, CPU
+        # tensors still need gloo (offloaded DTensors' grad-norm, the async saves' group), as
+        # the local launcher does (`launch.py`); Ray accepts the per-device list.
+        torch_config=TorchConfig(backend=process_group_backend(use_gpu and torch.cuda.is_available())),
         scaling_config=ScalingConfig(
             num_workers=len(worker_label_selectors) if worker_label_selectors else spec.num_workers,
-            use_gpu=use_gpu,
-            # Ray's default is 1 CPU (+ 1 GPU with use_gpu); name both only when a worker holds more.
-            resources_per_worker=(
-                {"CPU": 1, "GPU": spec.gpus_per_worker} if use_gpu and spec.gpus_per_worker > 1 else None
-            ),
+            use_gpu=use_gpu,  # Ray's default: 1 CPU (+ 1 GPU), one rank per GPU (spec.gpus_per_worker is 1)
             label_selector=worker_label_selectors,
         ),
         run_config=RunConfig(

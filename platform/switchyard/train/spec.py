@@ -65,14 +65,31 @@ class ParallelSpec(_Spec):
     checkpoint_every_k: int = Field(default=2, ge=1)
     """For `every-k`: blocks 0, k, 2k, ... are recomputed in backward."""
     replicate_degree: int | None = Field(default=None, ge=1)
-    """For `fsdp-hybrid`: number of replica groups (default: 2). Shards span world/replicas."""
+    """For `fsdp-hybrid`: number of replicas, each sharded over world/replicas ranks. Default:
+    one shard group per node (shard within a node, replicate across nodes), the planner's
+    rule too (`strategy.hybrid_layout`)."""
     precision: Literal["auto", "fp32", "bf16"] = "auto"
     """`auto` is bf16 on GPU and fp32 on CPU."""
     nvme_path: str | None = None
     """Local NVMe directory for `offload: nvme` (DeepSpeed ZeRO-Infinity)."""
+    compile: bool = False
+    """`torch.compile` each transformer block (after activation checkpointing, before
+    sharding, as torchtitan does). DDP and fsdp-* only."""
 
     @model_validator(mode="after")
     def _offload_supported(self) -> ParallelSpec:
+        if self.compile and self.strategy.is_deepspeed:
+            raise ValueError(
+                f"compile: not supported with strategy {self.strategy.value!r} (DeepSpeed's hooks on every "
+                "submodule); use ddp or fsdp-*, or compile: false"
+            )
+        if self.compile and self.activation_checkpointing is CheckpointMode.SELECTIVE:
+            # torch 2.13: the checkpointed attention core sits inside the compiled block, and its
+            # recompute picks tensors of the wrong shapes (CheckpointError in backward).
+            raise ValueError(
+                "compile: not supported with activation_checkpointing 'selective' (the checkpointed "
+                "attention core is inside the compiled block); use 'op', 'full', 'every-k' or 'none'"
+            )
         if self.offload is Offload.NVME and self.strategy is not Strategy.ZERO3:
             raise ValueError(f"offload 'nvme' needs strategy 'zero3', not {self.strategy.value!r}")
         if self.offload is Offload.NVME and not self.nvme_path:
@@ -104,6 +121,15 @@ class CheckpointSpec(_Spec):
     """Resume from the latest valid checkpoint under `uri` if there is one."""
 
 
+class ValidationSpec(_Spec):
+    every_steps: int = Field(default=0, ge=0)
+    """Validation loss every N optimizer steps and at the last one (0: never)."""
+    sequences: int = Field(default=32, ge=1)
+    """Sequences of `data.seq_len` tokens held back from training (drawn from the seed; training
+    never reads them) and evaluated in full each time, split over the ranks. A multiple of
+    `num_workers x data.micro_batch_size`, so every rank runs the same forwards."""
+
+
 class JobSpec(_Spec):
     name: str = Field(pattern=r"^[a-z0-9][a-z0-9-]{0,62}$")
     """Job name: lowercase letters, digits and dashes; names the checkpoint folder."""
@@ -111,9 +137,9 @@ class JobSpec(_Spec):
     """Optimizer steps to train."""
     seed: int = 0
     num_workers: int = Field(default=2, ge=1)
-    gpus_per_worker: int = Field(default=1, ge=1, le=8)
-    """GPUs each worker holds (a worker that drives several GPUs itself); the job's lease is
-    `num_workers x gpus_per_worker` GPUs, and a worker never spans nodes."""
+    gpus_per_worker: int = Field(default=1, ge=1)
+    """Must be 1: the trainer runs one data-parallel rank per GPU, so a worker holding more
+    would lease GPUs it never uses. Ask for N GPUs with `num_workers: N`."""
     use_gpu: bool = False
     log_every_steps: int = Field(default=10, ge=1)
     """Log a metrics line (loss, lr, gradient norm, tokens/s, step time, MFU, memory) every N
@@ -135,6 +161,7 @@ class JobSpec(_Spec):
     parallel: ParallelSpec = Field(default_factory=ParallelSpec)
     optim: OptimSpec = Field(default_factory=OptimSpec)
     checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec)
+    validation: ValidationSpec = Field(default_factory=ValidationSpec)
 
     @model_validator(mode="before")
     @classmethod
@@ -153,18 +180,34 @@ class JobSpec(_Spec):
             )
         return value
 
+    @field_validator("gpus_per_worker")
+    @classmethod
+    def _one_gpu_per_worker(cls, value: int) -> int:
+        if value != 1:
+            raise ValueError(
+                f"must be 1, got {value}: the trainer runs one data-parallel rank per GPU, so a worker would "
+                f"lease {value - 1} GPU(s) it never uses; ask for N GPUs with num_workers: N instead"
+            )
+        return value
+
     @model_validator(mode="after")
     def _consistent(self) -> JobSpec:
         max_len = self.model.gpt_config().max_seq_len
         if self.data.seq_len > max_len:
             raise ValueError(f"data.seq_len {self.data.seq_len} exceeds model max_seq_len {max_len}")
-        if self.parallel.strategy is Strategy.FSDP_HYBRID:
-            replicas = self.parallel.replicate_degree or 2
-            if self.num_workers % replicas or self.num_workers == replicas:
-                raise ValueError(
-                    f"fsdp-hybrid needs num_workers ({self.num_workers}) to be a multiple of "
-                    f"replicate_degree ({replicas}) with shard groups larger than one"
-                )
+        replicas = self.parallel.replicate_degree
+        hybrid = self.parallel.strategy is Strategy.FSDP_HYBRID
+        if hybrid and replicas is not None and (self.num_workers % replicas or self.num_workers == replicas):
+            raise ValueError(
+                f"fsdp-hybrid needs num_workers ({self.num_workers}) to be a multiple of "
+                f"parallel.replicate_degree ({replicas}) with shard groups larger than one"
+            )
+        per_pass = self.num_workers * self.data.micro_batch_size
+        if self.validation.every_steps and self.validation.sequences % per_pass:
+            raise ValueError(
+                f"validation.sequences ({self.validation.sequences}) must be a multiple of num_workers x "
+                f"data.micro_batch_size ({per_pass}), so every rank runs the same forwards"
+            )
         return self
 
     @property

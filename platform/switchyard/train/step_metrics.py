@@ -1,6 +1,7 @@
 """Per-step measurements aggregated into one metrics line every `log_every_steps` steps.
 
-A line holds the logged step's loss (mean over ranks), learning rate and gradient norm
+A line holds the logged step's loss (mean over ranks), validation loss when evaluated,
+learning rate and gradient norm
 (before clipping), and, over the steps since the previous line, the wall time per optimizer
 step, global tokens per second and MFU, plus the process's peak memory. Arithmetic only, on
 numbers the trainer measured (no torch calls, no Ray). Model FLOPs come from the planner's
@@ -19,7 +20,9 @@ from switchyard.train.spec import JobSpec
 from switchyard.train.strategy import CheckpointMode
 
 SCALARS = ("loss", "lr", "grad_norm", "tokens_per_s", "step_time_s", "mfu", "memory_bytes")
-"""The numeric fields of a line, in the order TensorBoard and the plot show them."""
+"""The numeric fields every line has, in the order TensorBoard and the plot show them."""
+OPTIONAL_SCALARS = ("val_loss",)
+"""Numeric fields only some lines have (lines written before them lack the key)."""
 
 
 @dataclass(frozen=True)
@@ -63,6 +66,8 @@ class MetricsLine:
     memory_bytes: int
     memory_kind: str
     """`cuda_max_allocated` or `peak_rss` (see `switchyard.train.memory.peak_memory`)."""
+    val_loss: float | None = None
+    """Mean loss over the held-back split, on the lines where it was evaluated."""
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -70,10 +75,11 @@ class MetricsLine:
     def text(self) -> str:
         norm = "-" if self.grad_norm is None else f"{self.grad_norm:.3f}"
         mfu = "-" if self.mfu is None else f"{self.mfu:.2%}"
+        val = "" if self.val_loss is None else f" val_loss {self.val_loss:.4f}"
         return (
             f"step {self.step} loss {self.loss:.4f} lr {self.lr:.3e} grad_norm {norm} "
             f"tokens/s {self.tokens_per_s:,.0f} step_time {self.step_time_s * 1000:.1f}ms mfu {mfu} "
-            f"memory {self.memory_bytes / 2**20:,.1f}MiB ({self.memory_kind})"
+            f"memory {self.memory_bytes / 2**20:,.1f}MiB ({self.memory_kind}){val}"
         )
 
 
@@ -107,6 +113,7 @@ class StepWindow:
         grad_norm: float | None,
         memory_bytes: int,
         memory_kind: str,
+        val_loss: float | None = None,
     ) -> MetricsLine:
         """The line for the steps so far; the next window starts at `now`."""
         if self._steps == 0:
@@ -122,6 +129,7 @@ class StepWindow:
             mfu=self.cost.mfu(step_time),
             memory_bytes=memory_bytes,
             memory_kind=memory_kind,
+            val_loss=val_loss,
         )
         self._started, self._steps, self._excluded = now, 0, 0.0
         return line

@@ -1,12 +1,14 @@
 """The names shared by the trainer, the job spec and the planner.
 
 One enum per concept, so a job spec, a planner run and a training run can never disagree on
-what `fsdp-grad-op` means.
+what `fsdp-grad-op` means; and the one rule for fsdp-hybrid's mesh (`hybrid_layout`), so the
+trainer and the planner never disagree on how many replicas a job has.
 """
 
 from __future__ import annotations
 
 from enum import StrEnum
+from typing import NamedTuple
 
 
 class Strategy(StrEnum):
@@ -54,3 +56,31 @@ class WrapGranularity(StrEnum):
     BLOCK = "block"
     LAYER = "layer"
     ROOT = "root"
+
+
+class HybridLayout(NamedTuple):
+    """fsdp-hybrid's 2-D mesh: `replicas` copies of the model, each sharded over `shard` ranks."""
+
+    replicas: int
+    shard: int
+
+
+def hybrid_layout(ranks: int, ranks_per_node: int, replicate_degree: int | None = None) -> HybridLayout:
+    """The one rule the trainer and the planner share. By default a shard group is one node:
+    the per-layer all-gathers and reduce-scatters stay on the node's fast links, and only the
+    once-a-step gradient all-reduce crosses nodes. `replicate_degree` sets the replicas instead."""
+    if ranks < 1 or ranks_per_node < 1:
+        raise ValueError(f"fsdp-hybrid needs at least one rank per node, got {ranks} ranks, {ranks_per_node} per node")
+    if replicate_degree is not None:
+        if replicate_degree < 1 or ranks % replicate_degree:
+            raise ValueError(
+                f"parallel.replicate_degree: {ranks} ranks are not a whole number of {replicate_degree} replicas"
+            )
+        return HybridLayout(replicate_degree, ranks // replicate_degree)
+    shard = min(ranks, ranks_per_node)
+    if ranks % shard:
+        raise ValueError(
+            f"fsdp-hybrid: {ranks} ranks do not fill whole nodes of {shard} (one shard group per node); "
+            "set parallel.replicate_degree"
+        )
+    return HybridLayout(ranks // shard, shard)

@@ -42,8 +42,18 @@ from switchyard.train.strategy import Offload, Strategy
 class TorchEngine:
     checkpoint_format = "dcp"
 
-    def __init__(self, model: GPT, spec: JobSpec, *, device: torch.device, world_size: int, bf16: bool) -> None:
-        """`model` may be on the meta device: it is then given storage only after sharding."""
+    def __init__(
+        self,
+        model: GPT,
+        spec: JobSpec,
+        *,
+        device: torch.device,
+        world_size: int,
+        bf16: bool,
+        ranks_per_node: int | None = None,
+    ) -> None:
+        """`model` may be on the meta device: it is then given storage only after sharding.
+        `ranks_per_node` (default: all) sets fsdp-hybrid's default layout."""
         par = spec.parallel
         on_meta = is_meta(model)
         self.strategy = par.strategy
@@ -66,6 +76,7 @@ class TorchEngine:
                 param_dtype=torch.bfloat16 if bf16 else None,
                 offload=par.offload,
                 replicate_degree=par.replicate_degree,
+                ranks_per_node=ranks_per_node,
             )
             if on_meta:
                 # With CPU offload the shards live on the host; FSDP moves them per unit.
@@ -121,6 +132,17 @@ class TorchEngine:
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         return StepOutput(total / len(micro_batches), grad_norm)
+
+    def evaluate(self, batches: list[Batch]) -> Tensor:
+        self.model.eval()
+        total = torch.zeros((), device=self.device)
+        try:
+            for x, y in batches:
+                with torch.no_grad(), self._autocast():
+                    total += next_token_loss(self.model(x), y) * y.numel()
+        finally:
+            self.model.train()
+        return total
 
     def _grad_norm_and_clip(self) -> Tensor:
         """The total gradient norm before clipping, then clipping to it: what

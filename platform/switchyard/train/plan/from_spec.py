@@ -30,9 +30,11 @@ def spec_input(spec: JobSpec) -> SpecInput:
     precision = (
         Precision(par.precision) if par.precision != "auto" else (Precision.BF16 if spec.use_gpu else Precision.FP32)
     )
+    # fsdp-hybrid: a shard group per node unless replicate_degree says otherwise, the trainer's
+    # rule (`strategy.hybrid_layout`), which the planner's default (None) already is.
     shard_group = None
-    if par.strategy is Strategy.FSDP_HYBRID:
-        shard_group = spec.num_workers // (par.replicate_degree or 2)
+    if par.strategy is Strategy.FSDP_HYBRID and par.replicate_degree:
+        shard_group = spec.num_workers // par.replicate_degree
     job = TrainingJob(
         strategy=par.strategy,
         precision=precision,
