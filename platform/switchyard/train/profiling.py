@@ -2,8 +2,9 @@
 (all-gather, reduce-scatter, all-reduce) against everything else (compute).
 
 Collective time is the wall time of the c10d / NCCL / gloo ops the profiler records on the
-host (launch plus any wait on them); on GPU the trace also holds the kernels, so overlap of
-communication with compute is visible in the trace even where these totals cannot show it.
+host (launch plus any wait on them). With NCCL that is mostly the launch, so on GPU each
+collective's kernel time on the device is reported beside it (`gpu`), from the kernels the
+profiler correlates with the host op; overlap with compute is visible in the trace.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile, record_function
 
 log = logging.getLogger(__name__)
@@ -41,14 +43,18 @@ class StepTimes:
     step: int
     total_ms: float
     collectives_ms: dict[str, float] = field(default_factory=dict)
+    device_collectives_ms: dict[str, float] = field(default_factory=dict)  # kernel time on the GPU
 
     @property
     def compute_ms(self) -> float:
         return max(0.0, self.total_ms - sum(self.collectives_ms.values()))
 
     def row(self) -> str:
-        parts = " ".join(f"{k}={self.collectives_ms.get(k, 0.0):.1f}ms" for k in COLLECTIVE_KINDS)
+        parts = " ".join(f"{k}={self.collectives_ms.get(k, 0.0):.1f}ms{self._on_device(k)}" for k in COLLECTIVE_KINDS)
         return f"step {self.step}: total={self.total_ms:.1f}ms {parts} compute={self.compute_ms:.1f}ms"
+
+    def _on_device(self, kind: str) -> str:
+        return f" (gpu {self.device_collectives_ms[kind]:.1f}ms)" if kind in self.device_collectives_ms else ""
 
 
 def _merged_ms(intervals: list[tuple[float, float]]) -> float:
@@ -63,22 +69,42 @@ def _merged_ms(intervals: list[tuple[float, float]]) -> float:
 
 
 def step_times(events: list[Any]) -> list[StepTimes]:
-    """Split profiler events into steps (by our step ranges) and sum collectives per step."""
+    """Split profiler events into steps (by our step ranges) and sum collectives per step: the
+    host ops' wall time, and on GPU the device time of the kernels they launched."""
     steps = [e for e in events if e.name.startswith(STEP_PREFIX)]
+    host_ops = [e for e in events if e.device_type == DeviceType.CPU and collective_kind(e.name)]
     out = []
     for s in sorted(steps, key=lambda e: e.time_range.start):
         start, end = s.time_range.start, s.time_range.end
         by_kind: dict[str, list[tuple[float, float]]] = {}
-        for e in events:
+        on_device: dict[str, float] = {}
+        for e in host_ops:
+            if not (start <= e.time_range.start and e.time_range.end <= end):
+                continue
             kind = collective_kind(e.name)
-            if kind and start <= e.time_range.start and e.time_range.end <= end:
-                by_kind.setdefault(kind, []).append((e.time_range.start, e.time_range.end))
+            assert kind is not None
+            by_kind.setdefault(kind, []).append((e.time_range.start, e.time_range.end))
+            device_us = e.device_time_total  # its kernels and its children's
+            if device_us and not _inside_a_collective(e):  # nested c10d/nccl ops count once
+                on_device[kind] = on_device.get(kind, 0.0) + device_us / 1000.0
         out.append(
             StepTimes(
-                int(s.name[len(STEP_PREFIX) :]), (end - start) / 1000.0, {k: _merged_ms(v) for k, v in by_kind.items()}
+                int(s.name[len(STEP_PREFIX) :]),
+                (end - start) / 1000.0,
+                {k: _merged_ms(v) for k, v in by_kind.items()},
+                on_device,
             )
         )
     return out
+
+
+def _inside_a_collective(event: Any) -> bool:
+    parent = event.cpu_parent
+    while parent is not None:
+        if collective_kind(parent.name):
+            return True
+        parent = parent.cpu_parent
+    return False
 
 
 class StepProfiler:
