@@ -53,6 +53,9 @@ class Node:
     gpus: int
     node_group: str
     rack: str
+    gpu_type: str = ""
+    """Its GPUs' type (resource flavor), the same on every node of its group; "" where the
+    policy declares no types."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,6 +76,9 @@ class GangRequest:
     node_group: str | None = None
     checkpoint_interval_s: float | None = None
     """Declared periodic checkpoint interval; None when the workload never checkpoints."""
+    gpu_types: tuple[str, ...] = ()
+    """The GPU types it may run on, first choice first (the policy's order when empty); the
+    whole gang runs on one type."""
 
     @property
     def gpus(self) -> int:
@@ -106,6 +112,8 @@ class Lease:
     stop_sent: bool = False
     prior_preemptions: int = 0
     """How often its workload was preempted before this lease started (for backoff)."""
+    gpu_type: str = ""
+    """The GPU type it runs on; its GPUs count against its team's quota of that type."""
     _by_node: dict[str, int] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -146,6 +154,7 @@ class LeaseStart:
     team: str
     placement: tuple[str, ...]
     borrowing: bool
+    gpu_type: str = ""
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,7 +11,8 @@ class PendingReason(Enum):
     PREEMPTING = "preempting"
     """Its victims have been noticed; the GPUs they free are held for it."""
     QUOTA = "quota"
-    """Its quota entry refuses it (over guarantee and may not borrow, or borrowing limit)."""
+    """Its quota entry refuses it (over guarantee and may not borrow, borrowing limit), or a
+    cohort above it does (the detail names the cohort, its GPU type and the limit)."""
     CAPACITY = "capacity"
     """Fewer GPUs are free than it asks for, or none are left to lend to a borrower."""
     GANG_FIT = "gang fit"
@@ -27,3 +28,12 @@ class PendingReason(Enum):
 class PendingExplanation:
     reason: PendingReason
     detail: str
+
+
+_PROGRESS = list(PendingReason)  # the order above: each reason is one check further along
+
+
+def furthest(explanations: list[PendingExplanation]) -> PendingExplanation:
+    """The explanation that got furthest through the checks (the first of equals): for a
+    request that may take several GPU types, the type it is closest to starting on."""
+    return max(explanations, key=lambda why: _PROGRESS.index(why.reason))

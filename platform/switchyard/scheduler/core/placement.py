@@ -13,6 +13,9 @@ from collections.abc import Iterable, Mapping
 from switchyard.scheduler.core.model import Node, PlacementStrategy
 
 _EMPTY: Mapping[str, int] = {}
+# Held on every node of another GPU type, so that a search for one type never lands there
+# whatever victims or waived reservations add.
+_OTHER_TYPE = 1 << 30
 
 
 class NodePool:
@@ -24,6 +27,9 @@ class NodePool:
         self._buckets: dict[int, dict[str, None]] = {}  # free count -> nodes (insertion order)
         self._groups: dict[str, dict[str, None]] = {}
         self._group_free: dict[str, int] = {}
+        self._type_gpus: dict[str, int] = {}
+        self._other_types: dict[str, dict[str, int]] = {}  # type -> its exclusion (a cache)
+        self._group_type: dict[str, str] = {}  # a node group is of one GPU type
         self.total_gpus = 0
         self.free_gpus = 0
         for node in nodes:
@@ -35,11 +41,19 @@ class NodePool:
             raise ValueError(f"node {node.name!r} already exists")
         if node.gpus <= 0:
             raise ValueError(f"node {node.name!r}: gpus must be positive, got {node.gpus}")
+        group_type = self._group_type.get(node.node_group, node.gpu_type)
+        if group_type != node.gpu_type:
+            raise ValueError(
+                f"node {node.name!r}: GPU type {node.gpu_type!r}, but node group {node.node_group!r} is {group_type!r}"
+            )
+        self._group_type[node.node_group] = node.gpu_type
         self._nodes[node.name] = node
         self._free[node.name] = node.gpus
         self._buckets.setdefault(node.gpus, {})[node.name] = None
         self._groups.setdefault(node.node_group, {})[node.name] = None
         self._group_free[node.node_group] = self._group_free.get(node.node_group, 0) + node.gpus
+        self._type_gpus[node.gpu_type] = self._type_gpus.get(node.gpu_type, 0) + node.gpus
+        self._other_types.clear()
         self.total_gpus += node.gpus
         self.free_gpus += node.gpus
 
@@ -52,6 +66,9 @@ class NodePool:
         if not self._groups[node.node_group]:
             del self._groups[node.node_group]
             del self._group_free[node.node_group]
+            del self._group_type[node.node_group]
+        self._type_gpus[node.gpu_type] -= node.gpus
+        self._other_types.clear()
         self.total_gpus -= node.gpus
         self.free_gpus -= free
         return node
@@ -70,6 +87,33 @@ class NodePool:
 
     def group_names(self) -> list[str]:
         return list(self._groups)
+
+    def type_gpus(self, gpu_type: str) -> int:
+        """GPUs of nodes of that type (free or not)."""
+        return self._type_gpus.get(gpu_type, 0)
+
+    def type_free(self, gpu_type: str) -> int:
+        return sum(self._group_free[g] for g, t in self._group_type.items() if t == gpu_type)
+
+    def group_type(self, group: str) -> str:
+        return self._group_type[group]
+
+    def __setstate__(self, state: dict[str, object]) -> None:
+        """A pool pickled before GPU types: every node is of the implicit type."""
+        self.__dict__.update(state)
+        if "_type_gpus" not in state:
+            self._type_gpus = {"": self.total_gpus}
+            self._other_types = {}
+            self._group_type = dict.fromkeys(self._groups, "")
+
+    def held_for_type(self, gpu_type: str, held: Mapping[str, int]) -> dict[str, int]:
+        """`held`, plus every node of another GPU type held whole: what a search confined to
+        `gpu_type` passes as `held` (to `find`, `most_free` and victim searches alike)."""
+        others = self._other_types.get(gpu_type)
+        if others is None:
+            others = {n: _OTHER_TYPE for n, node in self._nodes.items() if node.gpu_type != gpu_type}
+            self._other_types[gpu_type] = others
+        return {**held, **others}
 
     def max_free(self) -> int:
         return max((c for c, names in self._buckets.items() if names), default=0)

@@ -16,6 +16,14 @@ class Ordering(StrEnum):
     FAIR_SHARE = "fair-share"  # priority, then weighted decayed share, then submit order
 
 
+class WhenCanBorrow(StrEnum):
+    """Which GPU type a request takes when its first choice would have it borrow (Kueue's
+    `flavorFungibility.whenCanBorrow`, apis/kueue/v1beta1/clusterqueue_types.go)."""
+
+    BORROW = "borrow"  # Kueue's default: borrow in the current type before trying the next
+    TRY_NEXT_TYPE = "try-next-type"  # every type within its guarantee first, then borrowing
+
+
 class PreemptionMode(StrEnum):
     NONE = "none"
     PRIORITY = "priority"  # lower-priority preemptible victims, no quota protection
@@ -51,6 +59,41 @@ class Quota:
     """Most GPUs above the guarantee it may borrow; None = no limit."""
     lending_limit_gpus: int | None = None
     """Most of its unused guarantee others may borrow; None = all of it."""
+    gpu_type: str = ""
+    """The GPU type (resource flavor) these GPUs are of; "" is the one implicit type of a
+    policy that declares none."""
+
+
+@dataclass(frozen=True, slots=True)
+class CohortLimits:
+    """A cohort's limits for one GPU type; None = no limit."""
+
+    borrowing_limit_gpus: int | None = None
+    """Most GPUs its members together may use above the cohort's guarantee (the sum of their
+    lendable guarantees), borrowed from outside the cohort."""
+    lending_limit_gpus: int | None = None
+    """Most of the cohort's unused guarantee that work outside it may borrow."""
+
+
+@dataclass(frozen=True, slots=True)
+class Cohort:
+    """A node of the quota tree (org -> group -> ...): teams and cohorts borrow from their
+    siblings inside it first, and from outside it within its limits (Kueue's hierarchical
+    cohorts). A cohort owns no GPUs: its guarantee is its members'."""
+
+    name: str
+    parent: str | None = None
+    limits: tuple[tuple[str, CohortLimits], ...] = ()
+    """Per GPU type ("" for the implicit one); a type not listed has no limits."""
+
+    def limits_for(self, gpu_type: str) -> CohortLimits:
+        for name, limits in self.limits:
+            if name == gpu_type:
+                return limits
+        return _NO_LIMITS
+
+
+_NO_LIMITS = CohortLimits()
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,16 +101,22 @@ class Team:
     name: str
     quotas: tuple[Quota, ...]
     weight: float = 1.0
+    cohort: str | None = None
+    """The cohort it belongs to; None: directly under the cluster."""
 
     @property
     def guaranteed_gpus(self) -> int:
         return sum(q.guaranteed_gpus for q in self.quotas)
 
-    def quota_index(self, workload_class: WorkloadClass) -> int:
+    def quota_index(self, workload_class: WorkloadClass, gpu_type: str = "") -> int:
         for i, quota in enumerate(self.quotas):
-            if workload_class in quota.classes:
+            if workload_class in quota.classes and quota.gpu_type == gpu_type:
                 return i
-        raise KeyError(f"team {self.name!r} has no quota for workload class {workload_class!s}")
+        of_type = f" of GPU type {gpu_type!r}" if gpu_type else ""
+        raise KeyError(f"team {self.name!r} has no quota for workload class {workload_class!s}{of_type}")
+
+    def has_quota(self, workload_class: WorkloadClass, gpu_type: str) -> bool:
+        return any(workload_class in q.classes and q.gpu_type == gpu_type for q in self.quotas)
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,6 +155,9 @@ class PolicyKnobs:
     any that would borrow, then priority, then queue time (kueue pkg/scheduler/scheduler.go,
     `entryOrdering.Less`: "1. request under nominal quota before borrowing, 2. higher
     priority first, 3. FIFO"). The `kueue` baseline sets it; switchyard orders by priority."""
+    when_can_borrow: WhenCanBorrow = WhenCanBorrow.BORROW
+    """A request listing several GPU types takes the first that fits; whether borrowing in
+    an earlier type beats fitting within the guarantee of a later one (Kueue's default: it does)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,6 +165,10 @@ class SchedulerPolicy:
     priority_classes: tuple[PriorityClass, ...]
     teams: tuple[Team, ...]
     knobs: PolicyKnobs = field(default_factory=PolicyKnobs)
+    gpu_types: tuple[str, ...] = ()
+    """The GPU types (resource flavors), in the order a request that names none tries them;
+    empty: one implicit type, every node and quota of it."""
+    cohorts: tuple[Cohort, ...] = ()
 
     def __post_init__(self) -> None:
         names = [p.name for p in self.priority_classes]
@@ -121,6 +177,22 @@ class SchedulerPolicy:
         teams = [t.name for t in self.teams]
         if len(set(teams)) != len(teams):
             raise ValueError(f"duplicate team names: {teams}")
+        cohorts = {c.name for c in self.cohorts}
+        if len(cohorts) != len(self.cohorts):
+            raise ValueError(f"duplicate cohort names: {[c.name for c in self.cohorts]}")
+        for owner, parent in [(t.name, t.cohort) for t in self.teams] + [(c.name, c.parent) for c in self.cohorts]:
+            if parent is not None and parent not in cohorts:
+                raise ValueError(f"{owner!r}: unknown cohort {parent!r}")
+        declared = set(self.gpu_types) or {""}
+        for team in self.teams:
+            for quota in team.quotas:
+                if quota.gpu_type not in declared:
+                    raise ValueError(f"team {team.name!r}: unknown GPU type {quota.gpu_type!r}")
+
+    @property
+    def request_types(self) -> tuple[str, ...]:
+        """The types a request that names none tries, in order."""
+        return self.gpu_types or ("",)
 
     def priority(self, name: str) -> PriorityClass:
         for p in self.priority_classes:

@@ -122,7 +122,9 @@ class VictimSelector:
         now: float,
     ) -> VictimPlan | None:
         """Victims and the placement they make room for; `running` holds the running (not
-        preempting) leases by quota entry: only its entries are searched."""
+        preempting) leases by quota entry: only its entries are searched. `request` is as tried
+        on one GPU type: its `gpu_types` names that type alone (none: the implicit type), whose
+        quota entry it asks of; the caller confines `held` to that type's nodes."""
         asker = self._asker(request, running)
         single = len(request.bundles) == 1 or request.strategy is PlacementStrategy.STRICT_PACK
         takeable = self._takeable(asker)
@@ -169,7 +171,8 @@ class VictimSelector:
 
     # -- who ------------------------------------------------------------------------------
     def _asker(self, request: GangRequest, running: Mapping[QuotaKey, object]) -> _Asker:
-        my_key = self._book.key(request.team, request.workload_class) if self._quota_rules else None
+        gpu_type = request.gpu_types[0] if request.gpu_types else ""
+        my_key = self._book.key(request.team, request.workload_class, gpu_type) if self._quota_rules else None
         entries: dict[QuotaKey, bool] = {}
         for key in running:
             cross = my_key is not None and key != my_key

@@ -1,4 +1,4 @@
-"""Pending workloads, grouped by priority level, team, quota class and gang shape.
+"""Pending workloads, grouped by priority level, team, quota class, gang shape and GPU types.
 
 Requests in one group are interchangeable for admission: if the group's first request can
 neither be placed nor admitted, no later one can within the same decision (capacity and
@@ -13,7 +13,7 @@ from collections.abc import Iterator
 
 from switchyard.scheduler.core.model import GangRequest, PendingWorkload
 
-GroupKey = tuple[int, str, str, str, tuple[int, ...], str, bool, str | None]
+GroupKey = tuple[int, str, str, str, tuple[int, ...], str, bool, str | None, tuple[str, ...]]
 
 
 def group_key(priority_value: int, request: GangRequest) -> GroupKey:
@@ -26,6 +26,7 @@ def group_key(priority_value: int, request: GangRequest) -> GroupKey:
         request.strategy.value,
         request.same_node_group,
         request.node_group,
+        request.gpu_types,  # a request for a full type must not block one for another
     )
 
 

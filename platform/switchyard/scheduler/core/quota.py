@@ -1,8 +1,11 @@
-"""Quota accounting: GPUs in use per (team, quota), guarantees, borrowing and lending limits.
+"""Quota accounting: GPUs in use per (team, quota entry), guarantees, borrowing and lending
+limits. An entry is of one GPU type, and everything here is per type.
 
-A quota entry's owner may always use its guarantee. Above it, it borrows: at most its
-borrowing limit, and only from capacity that no other entry has kept back (each entry keeps
-back the part of its unused guarantee it does not lend).
+A quota entry's owner may always use its guarantee (unless a cohort above it has lent it to
+borrowers: see `core.cohort`). Above it, it borrows: at most its borrowing limit, within the
+borrowing limits of the cohorts above it, and only from capacity of its type that no other
+entry or cohort has kept back (each keeps back the part of its unused guarantee it does not
+lend).
 """
 
 from __future__ import annotations
@@ -11,10 +14,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 
+from switchyard.scheduler.core.cohort import CohortLedger
+from switchyard.scheduler.core.cohort import QuotaKey as QuotaKey
 from switchyard.scheduler.core.model import WorkloadClass
-from switchyard.scheduler.core.policy import Quota, Team
+from switchyard.scheduler.core.policy import Cohort, Quota, Team
 
-QuotaKey = tuple[str, int]  # (team, index of the quota entry in Team.quotas)
 # The one refusal that more GPUs would lift: borrowing is capped by what the cluster can lend.
 NO_LENDABLE_CAPACITY = "no lendable capacity"
 _NOTHING_FREED: Mapping[QuotaKey, int] = MappingProxyType({})
@@ -25,26 +29,45 @@ class Admission:
     allowed: bool
     borrowing: bool
     reason: str = ""
+    reclaim: bool = False
+    """Refused though within its guarantee: a cohort above it lent that guarantee to
+    borrowers, so taking back their GPUs (preemption) admits it."""
 
 
 class QuotaBook:
-    def __init__(self, teams: tuple[Team, ...]) -> None:
+    def __init__(self, teams: tuple[Team, ...], cohorts: tuple[Cohort, ...] = ()) -> None:
         self._teams = {t.name: t for t in teams}
         self._quota: dict[QuotaKey, Quota] = {(t.name, i): q for t in teams for i, q in enumerate(t.quotas)}
         self._usage: dict[QuotaKey, int] = dict.fromkeys(self._quota, 0)
-        self._keys: dict[tuple[str, WorkloadClass], QuotaKey] = {}
-        self._kept_back = sum(self._floor(k, 0) for k in self._quota)
+        self._keys: dict[tuple[str, WorkloadClass, str], QuotaKey] = {}
+        # Footprints directly under the cluster, per GPU type (with no cohorts: every entry's).
+        self._kept_back: dict[str, int] = {}
+        self._cohorts = CohortLedger(cohorts, self._quota, {t.name: t.cohort for t in teams}) if cohorts else None
+        if self._cohorts is not None:
+            self._kept_back.update(self._cohorts.root_footprints())
+        for key in self._quota:
+            self._move_footprint(key, self._floor(key, 0))
         # Two-phase preemption: GPUs still held by noticed victims will leave their entry, and
         # GPUs freed for a waiting preemptor will join its entry; both count as already moved
         # so that two preemptors never take the same borrowed GPUs or over-reclaim.
         self._leaving: dict[QuotaKey, int] = dict.fromkeys(self._quota, 0)
         self._arriving: dict[QuotaKey, int] = dict.fromkeys(self._quota, 0)
 
-    def key(self, team: str, workload_class: WorkloadClass) -> QuotaKey:
-        found = self._keys.get((team, workload_class))
+    def __setstate__(self, state: dict[str, object]) -> None:
+        """A book pickled before GPU types and cohorts kept one kept-back count and keys
+        without a type."""
+        self.__dict__.update(state)
+        if isinstance(self._kept_back, int):
+            self._kept_back = {"": self._kept_back}
+            self._keys = {}
+        if "_cohorts" not in state:
+            self._cohorts = None
+
+    def key(self, team: str, workload_class: WorkloadClass, gpu_type: str = "") -> QuotaKey:
+        found = self._keys.get((team, workload_class, gpu_type))
         if found is None:
-            found = (team, self._teams[team].quota_index(workload_class))
-            self._keys[(team, workload_class)] = found
+            found = (team, self._teams[team].quota_index(workload_class, gpu_type))
+            self._keys[(team, workload_class, gpu_type)] = found
         return found
 
     def quota(self, key: QuotaKey) -> Quota:
@@ -100,24 +123,76 @@ class QuotaBook:
         quota = self._quota[key]
         after = self._usage[key] - freed.get(key, 0) + gpus
         if after <= quota.guaranteed_gpus:
-            return Admission(True, False)
+            if self._cohorts is None:
+                return Admission(True, False)
+            breach = self._cohort_breach(key, after, freed)
+            if breach is None:
+                return Admission(True, False)
+            return Admission(False, False, breach, reclaim=True)
         if not may_borrow:
             return Admission(False, True, "over guarantee and may not borrow")
         if quota.borrowing_limit_gpus is not None and (after - quota.guaranteed_gpus > quota.borrowing_limit_gpus):
             return Admission(False, True, "borrowing limit")
-        kept = self._kept_back - self._floor(key, self._usage[key]) + self._floor(key, max(0, after))
+        if self._cohorts is not None:
+            return self._check_cohorts(key, after, capacity, freed)
+        kept = self._kept_back[quota.gpu_type] - self._floor(key, self._usage[key]) + self._floor(key, max(0, after))
         for other, gpus_freed in freed.items():
-            if other != key:  # victims of other entries give back what they kept
+            if other != key and self._quota[other].gpu_type == quota.gpu_type:
+                # victims of other entries of its type give back what they kept
                 usage = self._usage[other]
                 kept += self._floor(other, usage - gpus_freed) - self._floor(other, usage)
         if kept > capacity:
             return Admission(False, True, NO_LENDABLE_CAPACITY)
         return Admission(True, True)
 
+    def _footprint_deltas(self, key: QuotaKey, after: int, freed: Mapping[QuotaKey, int]) -> dict[QuotaKey, int]:
+        """How the entries' footprints move if `key` goes to `after` and `freed` leave (victims
+        of other GPU types free nothing of this one)."""
+        gpu_type = self._quota[key].gpu_type
+        deltas = {key: self._floor(key, max(0, after)) - self._floor(key, self._usage[key])}
+        for other, gpus_freed in freed.items():
+            if other != key and self._quota[other].gpu_type == gpu_type:
+                usage = self._usage[other]
+                deltas[other] = self._floor(other, usage - gpus_freed) - self._floor(other, usage)
+        return deltas
+
+    def _cohort_breach(self, key: QuotaKey, after: int, freed: Mapping[QuotaKey, int]) -> str | None:
+        assert self._cohorts is not None
+        _, breach = self._cohorts.after(self._footprint_deltas(key, after, freed))
+        return None if breach is None else breach.describe()
+
+    def _check_cohorts(self, key: QuotaKey, after: int, capacity: int, freed: Mapping[QuotaKey, int]) -> Admission:
+        assert self._cohorts is not None
+        moved, breach = self._cohorts.after(self._footprint_deltas(key, after, freed))
+        if breach is not None:
+            return Admission(False, True, breach.describe())
+        if self._kept_back.get(self._quota[key].gpu_type, 0) + moved > capacity:
+            return Admission(False, True, NO_LENDABLE_CAPACITY)
+        return Admission(True, True)
+
+    def cohort_borrowed(self, cohort: str, gpu_type: str = "") -> int:
+        """GPUs of `gpu_type` a cohort's members use from outside it."""
+        return 0 if self._cohorts is None else self._cohorts.borrowed((cohort, gpu_type))
+
+    def cohort_totals(self, cohort: str, gpu_type: str) -> tuple[int, int, int | None]:
+        """(guarantee, borrowed from outside, borrowing limit) of a cohort for one GPU type."""
+        if self._cohorts is None:
+            raise KeyError(f"no cohort {cohort!r}: the policy declares none")
+        cell = (cohort, gpu_type)
+        return self._cohorts.guarantee(cell), self._cohorts.borrowed(cell), self._cohorts.limit(cell)
+
+    def _move_footprint(self, key: QuotaKey, delta: int) -> None:
+        if self._cohorts is not None:
+            delta = self._cohorts.apply(key, delta)
+        gpu_type = self._quota[key].gpu_type
+        self._kept_back[gpu_type] = self._kept_back.get(gpu_type, 0) + delta
+
     def charge(self, key: QuotaKey, gpus: int) -> None:
         before = self._usage[key]
         after = before + gpus
         if after < 0:
             raise AssertionError(f"quota usage of {key} would go negative ({after})")
-        self._kept_back += self._floor(key, after) - self._floor(key, before)
+        moved = self._floor(key, after) - self._floor(key, before)
+        if moved:
+            self._move_footprint(key, moved)
         self._usage[key] = after

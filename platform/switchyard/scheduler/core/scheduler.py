@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from switchyard.scheduler.core.fairshare import DecayedUsage
 from switchyard.scheduler.core.model import (
@@ -26,15 +26,26 @@ from switchyard.scheduler.core.model import (
     PreemptionNotice,
     Reservation,
     StopOrder,
+    WorkloadClass,
 )
-from switchyard.scheduler.core.pending import PendingExplanation, PendingReason
+from switchyard.scheduler.core.pending import PendingExplanation, PendingReason, furthest
 from switchyard.scheduler.core.placement import NodePool
-from switchyard.scheduler.core.policy import Ordering, PreemptionMode, SchedulerPolicy
+from switchyard.scheduler.core.policy import Ordering, PreemptionMode, SchedulerPolicy, WhenCanBorrow
 from switchyard.scheduler.core.preemption import VictimPlan, VictimSelector
 from switchyard.scheduler.core.queue import GroupKey, PendingQueues
 from switchyard.scheduler.core.quota import NO_LENDABLE_CAPACITY, Admission, QuotaBook, QuotaKey
 from switchyard.scheduler.core.snapshot import ClusterSnapshot, build_snapshot
 from switchyard.scheduler.core.starvation import HoldCounts, may_escalate, reservation_to_take
+
+_IMPLICIT_TYPE = ("",)  # the one GPU type of a policy that declares none
+
+
+def _may_go_on(admission: Admission) -> bool:
+    """Whether a request may go on to placement, preemption and a reservation on a type.
+    Refused for want of lendable capacity, a borrower is blocked by capacity, not by its
+    quota: like a gang that does not fit, it may preempt and reserve (finding 1). So is one
+    within its guarantee whose cohort lent that guarantee out (it reclaims)."""
+    return admission.allowed or admission.reason == NO_LENDABLE_CAPACITY or admission.reclaim
 
 
 @dataclass(slots=True)
@@ -60,7 +71,7 @@ class Scheduler:
         self.policy = policy
         self._knobs = policy.knobs
         self._pool = NodePool(nodes)
-        self._book = QuotaBook(policy.teams)
+        self._book = QuotaBook(policy.teams, policy.cohorts)
         weights = {t.name: t.weight for t in policy.teams}
         self._usage = DecayedUsage(weights, policy.knobs.usage_half_life_s, now)
         self._victims = VictimSelector(policy, self._book, self._pool)
@@ -84,6 +95,9 @@ class Scheduler:
         self._next_victim_search: dict[tuple[object, ...], float] = {}  # shape -> retry time
         self._running: dict[tuple[str, int], dict[str, Lease]] = {}  # quota entry -> leases
         self._priority = {p.name: p for p in policy.priority_classes}
+        self._typed = bool(policy.gpu_types)
+        self._types_of: dict[tuple[str, WorkloadClass, tuple[str, ...]], tuple[str, ...]] = {}  # a cache
+        self._arriving_type: dict[str, str] = {}  # preemptor -> GPU type its victims free
 
     # -- events -------------------------------------------------------------------------------
     def submit(self, request: GangRequest, now: float) -> None:
@@ -187,7 +201,15 @@ class Scheduler:
                     f"workload {workload!r}: node {node!r} has {self._pool.free(node)} GPUs free in the "
                     f"ledger, {gpus} needed"
                 )
-        admission = self._admission(request)
+        gpu_type = self._pool.node(placement[0]).gpu_type if self._typed else ""
+        if self._typed and (
+            any(self._pool.node(n).gpu_type != gpu_type for n in need) or gpu_type not in self._types(request)
+        ):
+            raise ValueError(
+                f"workload {workload!r}: nodes {sorted(need)} are not all of one of its GPU types "
+                f"{list(self._types(request))}"
+            )
+        admission = self._admission(request, gpu_type=gpu_type)
         if not admission.allowed:
             raise ValueError(f"workload {workload!r}: over the quota of team {request.team!r} ({admission.reason})")
         if workload in self._queues:
@@ -196,7 +218,7 @@ class Scheduler:
             pending = PendingWorkload(request, submitted_at=now, queued_at=now)
             self._enqueue(pending)
         decisions = Decisions()
-        self._start(pending, placement, admission.borrowing, now, decisions)
+        self._start(pending, placement, admission.borrowing, now, decisions, gpu_type)
         return decisions.starts[0]
 
     def __setstate__(self, state: dict[str, object]) -> None:
@@ -209,6 +231,10 @@ class Scheduler:
             self._hold_counts = HoldCounts()
             for workload, kind in self._hold_kind.items():
                 self._hold_counts.add(kind, self._hold_team[workload])
+        if "_typed" not in state:
+            self._typed = False
+            self._types_of = {}
+            self._arriving_type = {}
         self._victims = VictimSelector(self.policy, self._book, self._pool)
         for key, leases in self._running.items():
             for lease in leases.values():
@@ -256,14 +282,18 @@ class Scheduler:
         request = pending.request
         if self._awaiting.get(request.workload_id):
             return False
-        admission = self._admission(request)
-        if not admission.allowed:
+        admissions = self._admissions(request)
+        if not any(a.allowed for _, a in admissions):
             return False
-        placement = self._find(request, self._held, self._waived_for(request.workload_id, self._value(request)))
-        if placement is None:
-            return False
-        self._start(pending, placement, admission.borrowing, now, decisions)
-        return True
+        waived = self._waived_for(request.workload_id, self._value(request))
+        for gpu_type, admission in self._fit_order(admissions):
+            if not admission.allowed:
+                continue
+            placement = self._find(request, self._held, waived, gpu_type)
+            if placement is not None:
+                self._start(pending, placement, admission.borrowing, now, decisions, gpu_type)
+                return True
+        return False
 
     def _finish(self, decisions: Decisions) -> Decisions:
         decisions.reservations = [
@@ -316,52 +346,96 @@ class Scheduler:
         if self._awaiting.get(workload):
             return "waiting"  # its victims still hold the GPUs reserved for it
         waived = self._waived_for(workload, self._value(request))
-        held = self._held
-        admission = self._admission(request)
+        admissions = self._admissions(request)
         if state.nominal_only:
             line = (self._value(request), request.team, request.workload_class.value)
-            if admission.borrowing or line in state.deferred:
+            if all(a.borrowing for _, a in admissions) or line in state.deferred:
                 state.deferred.add(line)
                 return "defer"  # it would borrow (or waits behind one that would): second pass
-        if not admission.allowed and admission.reason != NO_LENDABLE_CAPACITY:
+        if len(admissions) == 1:  # every request of an untyped policy: no list to build
+            open_types = admissions if _may_go_on(admissions[0][1]) else []
+        else:
+            open_types = [ta for ta in admissions if _may_go_on(ta[1])]
+        if not open_types:
             # Over quota: only its own team's lower-priority work can make room for it.
-            if workload not in self._awaiting and self._try_preempt(
-                pending, waived, now, decisions, state, own_entry_only=True
-            ):
-                return "preempting"
+            if workload not in self._awaiting:
+                for gpu_type, _ in admissions:
+                    if self._try_preempt(
+                        pending, waived, now, decisions, state, own_entry_only=True, gpu_type=gpu_type
+                    ):
+                        return "preempting"
             return "skip"
-        # Refused for want of lendable capacity, a borrower is blocked by capacity, not by
-        # its quota: like a gang that does not fit, it may preempt and reserve (finding 1).
         room = self._pool.free_gpus if waived else self._open_gpus()
-        placement = None
-        if admission.allowed and room >= request.gpus:
-            placement = self._find(request, held, waived)
-        if placement is not None:
-            self._start(pending, placement, admission.borrowing, now, decisions)
-            return "started"
+        if room >= request.gpus:
+            for gpu_type, admission in open_types if len(open_types) == 1 else self._fit_order(open_types):
+                if not admission.allowed:
+                    continue
+                placement = self._find(request, self._held, waived, gpu_type)
+                if placement is not None:
+                    self._start(pending, placement, admission.borrowing, now, decisions, gpu_type)
+                    return "started"
         if workload in self._awaiting:
             return "waiting"
-        if self._try_preempt(pending, waived, now, decisions, state):
-            return "preempting"
-        if self._try_escalate(pending, waived, now, decisions, state):
-            return "preempting"
+        # Kueue's whenCanPreempt default (TryNextFlavor): preempt only once no type fits as is.
+        for gpu_type, _ in open_types:
+            if self._try_preempt(pending, waived, now, decisions, state, False, gpu_type):
+                return "preempting"
+        for gpu_type, _ in open_types:
+            if self._try_escalate(pending, waived, now, decisions, state, gpu_type):
+                return "preempting"
         kind = reservation_to_take(pending, self._knobs, now, self._hold_kind.get(workload), self._hold_counts)
         if kind is not None:
             self._drop_reservation(workload)  # a blocked head that starves moves to its own slot
-            self._reserve(request, self._held, kind)
+            self._reserve(request, self._held, kind, open_types[0][0])
         if not self._knobs.backfill:
             return "halt"
         if self._pool.free_gpus == 0 and (state.budget[0] <= 0 or self._knobs.preemption is PreemptionMode.NONE):
             return "halt"
         return "blocked"
 
-    def _admission(self, request: GangRequest, freed: Mapping[QuotaKey, int] | None = None) -> Admission:
-        """The quota check for `request` (always allowed when quotas are off), once `freed`
-        GPUs per quota entry have left."""
+    def _admission(
+        self, request: GangRequest, freed: Mapping[QuotaKey, int] | None = None, gpu_type: str = ""
+    ) -> Admission:
+        """The quota check for `request` on `gpu_type` (always allowed when quotas are off),
+        once `freed` GPUs per quota entry have left."""
         if not self._knobs.enforce_quota:
             return Admission(True, False)
         may_borrow = self._knobs.borrowing and self._priority[request.priority_class].preemptible
-        return self._book.check(self._key(request), request.gpus, self._pool.total_gpus, may_borrow, freed or {})
+        capacity = self._pool.type_gpus(gpu_type) if self._typed else self._pool.total_gpus
+        return self._book.check(self._key(request, gpu_type), request.gpus, capacity, may_borrow, freed or {})
+
+    def _admissions(self, request: GangRequest) -> list[tuple[str, Admission]]:
+        """The quota check on each GPU type it may take, in its order of preference."""
+        if not self._typed:
+            return [("", self._admission(request))]
+        return [(t, self._admission(request, gpu_type=t)) for t in self._types(request)]
+
+    def _fit_order(self, admissions: list[tuple[str, Admission]]) -> list[tuple[str, Admission]]:
+        """The order to try GPU types in: the request's own, or under `try-next-type` every type
+        within its guarantee before any it would borrow on (Kueue's whenCanBorrow)."""
+        if self._knobs.when_can_borrow is WhenCanBorrow.BORROW or len(admissions) == 1:
+            return admissions
+        return sorted(admissions, key=lambda ta: ta[1].borrowing)
+
+    def _on_type(self, request: GangRequest, gpu_type: str) -> GangRequest:
+        """`request` as tried on one GPU type (what a victim search is told)."""
+        if not self._typed or request.gpu_types == (gpu_type,):
+            return request
+        return replace(request, gpu_types=(gpu_type,))
+
+    def _types(self, request: GangRequest) -> tuple[str, ...]:
+        """The GPU types `request` may run on, first choice first: those it names (or the
+        policy's, when it names none) that its team has a quota of its class for."""
+        if not self._typed:
+            return _IMPLICIT_TYPE
+        cache_key = (request.team, request.workload_class, request.gpu_types)
+        found = self._types_of.get(cache_key)
+        if found is None:
+            team = self.policy.team(request.team)
+            wanted = request.gpu_types or self.policy.request_types
+            found = tuple(t for t in wanted if team.has_quota(request.workload_class, t))
+            self._types_of[cache_key] = found
+        return found
 
     def _open_gpus(self) -> int:
         """Free GPUs that no reservation holds."""
@@ -396,9 +470,13 @@ class Scheduler:
             decisions.stops.append(StopOrder(lease.lease_id, lease.request.workload_id, reason))
 
     # -- placement, reservations, preemption --------------------------------------------------
-    def _find(self, request: GangRequest, held: dict[str, int], waived: dict[str, int]) -> tuple[str, ...] | None:
+    def _find(
+        self, request: GangRequest, held: dict[str, int], waived: dict[str, int], gpu_type: str = ""
+    ) -> tuple[str, ...] | None:
         if max(request.bundles) > self._pool.max_free():
             return None
+        if self._typed:  # inline: this runs for every request a decision considers
+            held = self._pool.held_for_type(gpu_type, held)
         return self._pool.find(
             request.bundles,
             request.strategy,
@@ -428,6 +506,10 @@ class Scheduler:
             merged[node] = merged.get(node, 0) + gpus
         return merged
 
+    def _typed_held(self, held: dict[str, int], gpu_type: str) -> dict[str, int]:
+        """`held` as a search confined to `gpu_type` sees it (other types' nodes held whole)."""
+        return self._pool.held_for_type(gpu_type, held) if self._typed else held
+
     def _held_without(self, waived: dict[str, int]) -> dict[str, int]:
         if not waived:
             return self._held
@@ -440,10 +522,11 @@ class Scheduler:
                 del out[node]
         return out
 
-    def _reserve(self, request: GangRequest, held: dict[str, int], kind: HoldKind) -> None:
+    def _reserve(self, request: GangRequest, held: dict[str, int], kind: HoldKind, gpu_type: str = "") -> None:
+        held = self._typed_held(held, gpu_type)
         group = request.node_group
         if group is None and request.same_node_group and len(request.bundles) > 1:
-            groups = self._pool.group_names()
+            groups = [g for g in self._pool.group_names() if not self._typed or self._pool.group_type(g) == gpu_type]
             if not groups:
                 return
             free_by_group: dict[str, int] = {}
@@ -494,6 +577,7 @@ class Scheduler:
         decisions: Decisions,
         state: _Pass,
         own_entry_only: bool = False,
+        gpu_type: str = "",
     ) -> bool:
         request = pending.request
         budget = state.budget
@@ -509,30 +593,37 @@ class Scheduler:
             request.same_node_group,
             request.node_group,
             own_entry_only,
+            gpu_type,
         )
         if shape in failed_shapes or now < self._next_victim_search.get(shape, now):
             return False
-        if not self._victims_may_exist(request):
+        if not self._victims_may_exist(request, gpu_type):
             return False
         budget[0] -= 1
-        held = self._held_without(waived)
+        held = self._typed_held(self._held_without(waived), gpu_type)
         running = self._running
         if own_entry_only:
-            key = self._key(request)
+            key = self._key(request, gpu_type)
             running = {key: self._running[key]} if key in self._running else {}
-        plan = self._victims.plan(request, running, held, now)
-        if plan is not None and not self._admission(request, self._freed_by_entry(plan)).allowed:
+        plan = self._victims.plan(self._on_type(request, gpu_type), running, held, now)
+        if plan is not None and not self._admission(request, self._freed_by_entry(plan), gpu_type).allowed:
             plan = None  # room on the nodes, but its quota would still refuse it
         if plan is None:
             # Same-shaped requests would find the same nothing; look again after a while.
             failed_shapes.add(shape)
             self._next_victim_search[shape] = now + self._knobs.preemption_retry_s
             return False
-        self._notify(request, plan, now, decisions)
+        self._notify(request, plan, now, decisions, gpu_type)
         return True
 
     def _try_escalate(
-        self, pending: PendingWorkload, waived: dict[str, int], now: float, decisions: Decisions, state: _Pass
+        self,
+        pending: PendingWorkload,
+        waived: dict[str, int],
+        now: float,
+        decisions: Decisions,
+        state: _Pass,
+        gpu_type: str = "",
     ) -> bool:
         """A gang past the second wait bound preempts strictly lower-priority work of any team."""
         request = pending.request
@@ -540,23 +631,24 @@ class Scheduler:
             return False
         if not may_escalate(pending, self._knobs, now):
             return False
-        search = ("escalate", request.workload_id)
+        search = ("escalate", request.workload_id, gpu_type)
         if now < self._next_victim_search.get(search, now):
             return False
         state.budget[0] -= 1
-        plan = self._victims.plan_escalation(request, self._running, self._held_without(waived), now)
-        if plan is not None and not self._admission(request, self._freed_by_entry(plan)).allowed:
+        held = self._typed_held(self._held_without(waived), gpu_type)
+        plan = self._victims.plan_escalation(request, self._running, held, now)
+        if plan is not None and not self._admission(request, self._freed_by_entry(plan), gpu_type).allowed:
             plan = None
         if plan is None:
             self._next_victim_search[search] = now + self._knobs.preemption_retry_s
             return False
-        self._notify(request, plan, now, decisions)
+        self._notify(request, plan, now, decisions, gpu_type)
         return True
 
     def _freed_by_entry(self, plan: VictimPlan) -> dict[QuotaKey, int]:
         freed: dict[QuotaKey, int] = {}
         for victim in plan.victims:
-            key = self._key(victim.lease.request)
+            key = self._lease_key(victim.lease)
             freed[key] = freed.get(key, 0) + victim.lease.gpus
         return freed
 
@@ -567,7 +659,7 @@ class Scheduler:
             return True
         return self._knobs.enforce_quota and self._knobs.preemption is not PreemptionMode.PRIORITY
 
-    def _victims_may_exist(self, request: GangRequest) -> bool:
+    def _victims_may_exist(self, request: GangRequest, gpu_type: str = "") -> bool:
         """Cheap upper bound on victim GPUs, so hopeless searches are skipped."""
         mine = self._value(request)
         lower = sum(g for v, g in self._preemptible_gpus.items() if v < mine)
@@ -575,9 +667,11 @@ class Scheduler:
             return True
         if not self._knobs.enforce_quota or self._knobs.preemption is PreemptionMode.PRIORITY:
             return False
-        return self._book.reclaiming(self._key(request), request.gpus)
+        return self._book.reclaiming(self._key(request, gpu_type), request.gpus)
 
-    def _notify(self, request: GangRequest, plan: VictimPlan, now: float, decisions: Decisions) -> None:
+    def _notify(
+        self, request: GangRequest, plan: VictimPlan, now: float, decisions: Decisions, gpu_type: str = ""
+    ) -> None:
         deadline = now + self._knobs.preemption_grace_s
         waiting: set[str] = set()
         for rank, victim in enumerate(plan.victims):
@@ -590,7 +684,7 @@ class Scheduler:
             self._preemptions[workload] = self._preemptions.get(workload, 0) + 1
             self._count_preemptible(lease, -1)
             if self._knobs.enforce_quota:
-                self._book.mark_leaving(self._key(lease.request), lease.gpus)
+                self._book.mark_leaving(self._lease_key(lease), lease.gpus)
             waiting.add(lease.lease_id)
             decisions.notices.append(
                 PreemptionNotice(
@@ -608,8 +702,9 @@ class Scheduler:
             amounts[node] = amounts.get(node, 0) + size
         self._hold(request, amounts, HoldKind.PREEMPTOR)  # the victims' GPUs go to this gang, not backfill
         self._awaiting[request.workload_id] = waiting
+        self._arriving_type[request.workload_id] = gpu_type
         if self._knobs.enforce_quota:
-            self._book.mark_arriving(self._key(request), request.gpus)
+            self._book.mark_arriving(self._key(request, gpu_type), request.gpus)
 
     # -- bookkeeping ---------------------------------------------------------------------------
     def _start(
@@ -619,12 +714,14 @@ class Scheduler:
         borrowing: bool,
         now: float,
         decisions: Decisions,
+        gpu_type: str = "",
     ) -> None:
         request = pending.request
         workload = request.workload_id
         self._queues.remove(workload)
         self._drop_reservation(workload)
-        self._next_victim_search.pop(("escalate", workload), None)
+        for searched in self._types(request):
+            self._next_victim_search.pop(("escalate", workload, searched), None)
         self._stop_awaiting(request)
         attempt = self._attempts.get(workload, 0) + 1
         self._attempts[workload] = attempt
@@ -636,40 +733,47 @@ class Scheduler:
             pending.submitted_at,
             borrowing,
             prior_preemptions=self._preemptions.get(workload, 0),
+            gpu_type=gpu_type,
         )
         for node, size in zip(placement, request.bundles, strict=True):
             self._node_change(node, gpus_freed=-size)
-        self._book.charge(self._book.key(request.team, request.workload_class), request.gpus)
+        self._book.charge(self._key(request, gpu_type), request.gpus)
         self._usage.change(request.team, request.gpus, now)
         self._leases[lease.lease_id] = lease
         self._lease_of[workload] = lease.lease_id
         self._count_preemptible(lease, +1)
-        decisions.starts.append(LeaseStart(lease.lease_id, workload, request.team, placement, borrowing))
+        decisions.starts.append(LeaseStart(lease.lease_id, workload, request.team, placement, borrowing, gpu_type))
 
     def _stop_awaiting(self, request: GangRequest) -> None:
-        if self._awaiting.pop(request.workload_id, None) is not None and self._knobs.enforce_quota:
-            self._book.mark_arriving(self._key(request), -request.gpus)
+        if self._awaiting.pop(request.workload_id, None) is None:
+            return
+        gpu_type = self._arriving_type.pop(request.workload_id, "")
+        if self._knobs.enforce_quota:
+            self._book.mark_arriving(self._key(request, gpu_type), -request.gpus)
 
     def _value(self, request: GangRequest) -> int:
         return self._priority[request.priority_class].value
 
-    def _key(self, request: GangRequest) -> tuple[str, int]:
-        return self._book.key(request.team, request.workload_class)
+    def _key(self, request: GangRequest, gpu_type: str = "") -> QuotaKey:
+        return self._book.key(request.team, request.workload_class, gpu_type)
+
+    def _lease_key(self, lease: Lease) -> QuotaKey:
+        return self._book.key(lease.request.team, lease.request.workload_class, lease.gpu_type)
 
     def _free_lease(self, lease: Lease, now: float) -> None:
         request = lease.request
         if lease.state is LeaseState.PREEMPTING and lease.notice_at is not None and self._knobs.enforce_quota:
-            self._book.mark_leaving(self._key(request), -lease.gpus)
+            self._book.mark_leaving(self._lease_key(lease), -lease.gpus)
         for node, size in zip(lease.placement, request.bundles, strict=True):
             self._node_change(node, gpus_freed=size)
-        self._book.charge(self._book.key(request.team, request.workload_class), -request.gpus)
+        self._book.charge(self._lease_key(lease), -request.gpus)
         self._usage.change(request.team, -request.gpus, now)
         if lease.state is LeaseState.RUNNING:
             self._count_preemptible(lease, -1)
 
     def _count_preemptible(self, lease: Lease, sign: int) -> None:
         """Track a lease entering (+1) or leaving (-1) the running, victim-eligible set."""
-        key = self._key(lease.request)
+        key = self._lease_key(lease)
         if sign > 0:
             self._running.setdefault(key, {})[lease.lease_id] = lease
             self._victims.track(lease, key)
@@ -691,13 +795,31 @@ class Scheduler:
         try:
             team = self.policy.team(request.team)
             self.policy.priority(request.priority_class)
-            team.quota_index(request.workload_class)
+            if not self._typed:
+                team.quota_index(request.workload_class)
         except KeyError as err:
             raise ValueError(f"workload {request.workload_id!r}: {err.args[0]}") from None
+        if request.gpu_types:
+            self._validate_types(request)
+        if not self._types(request):
+            raise ValueError(
+                f"workload {request.workload_id!r}: team {request.team!r} has no quota for workload class "
+                f"{request.workload_class!s} of GPU types {list(request.gpu_types or self.policy.gpu_types)}"
+            )
         if not request.bundles or min(request.bundles) <= 0:
             raise ValueError(
                 f"workload {request.workload_id!r}: bundles must be positive GPU counts, got {request.bundles}"
             )
+
+    def _validate_types(self, request: GangRequest) -> None:
+        if not self._typed:
+            raise ValueError(
+                f"workload {request.workload_id!r}: asks for GPU types {list(request.gpu_types)}, "
+                "but the policy declares none"
+            )
+        unknown = [t for t in request.gpu_types if t not in self.policy.gpu_types]
+        if unknown:
+            raise ValueError(f"workload {request.workload_id!r}: unknown GPU types {unknown}")
 
     # -- read-only views ----------------------------------------------------------------------
     @property
@@ -741,23 +863,34 @@ class Scheduler:
         )
 
     def explain_pending(self, pending: PendingWorkload) -> PendingExplanation:
-        """Why `pending` has not started, judged on the state now (see core.pending)."""
+        """Why `pending` has not started, judged on the state now (see core.pending). A request
+        that may take several GPU types gets the reason of the type it came closest on, and a
+        detail naming each type's."""
         request = pending.request
         workload = request.workload_id
         if self._awaiting.get(workload):
             return PendingExplanation(PendingReason.PREEMPTING, f"{len(self._awaiting[workload])} victim(s) leaving")
-        admission = self._admission(request)
+        if not self._typed:
+            return self._explain_on(request, "")
+        per_type = [(t, self._explain_on(request, t)) for t in self._types(request)]
+        best = furthest([why for _, why in per_type])
+        detail = "; ".join(f"{t}: {why.reason.value} ({why.detail})" for t, why in per_type)
+        return PendingExplanation(best.reason, detail)
+
+    def _explain_on(self, request: GangRequest, gpu_type: str) -> PendingExplanation:
+        workload = request.workload_id
+        admission = self._admission(request, gpu_type=gpu_type)
         if admission.reason == NO_LENDABLE_CAPACITY:
             return PendingExplanation(PendingReason.CAPACITY, admission.reason)
         if not admission.allowed:
             return PendingExplanation(PendingReason.QUOTA, admission.reason)
-        free = self._pool.free_gpus
+        free = self._pool.type_free(gpu_type) if self._typed else self._pool.free_gpus
         if free < request.gpus:
             return PendingExplanation(PendingReason.CAPACITY, f"needs {request.gpus} GPUs, {free} free")
-        if self._find(request, {}, {}) is None:
+        if self._find(request, {}, {}, gpu_type) is None:
             shape = "+".join(str(b) for b in request.bundles)
             return PendingExplanation(PendingReason.GANG_FIT, f"{free} GPUs free, not as bundles {shape}")
-        if self._find(request, self._held, self._waived_for(workload, self._value(request))) is None:
+        if self._find(request, self._held, self._waived_for(workload, self._value(request)), gpu_type) is None:
             holders = len([w for w in self._reserved if w != workload])
             return PendingExplanation(PendingReason.RESERVATION, f"free GPUs held for {holders} reserved gang(s)")
         return PendingExplanation(PendingReason.QUEUE_ORDER, "fits now")
@@ -771,8 +904,7 @@ class Scheduler:
             request = pending.request
             if self._awaiting.get(request.workload_id):
                 continue  # its GPUs are on their way: the victims are leaving
-            admission = self._admission(request)
-            if not admission.allowed and admission.reason != NO_LENDABLE_CAPACITY:
-                continue  # held back by its quota: more nodes would not admit it
+            if all(not a.allowed and a.reason != NO_LENDABLE_CAPACITY for _, a in self._admissions(request)):
+                continue  # held back by its quota on every type: more nodes would not admit it
             out.append(request)
         return out

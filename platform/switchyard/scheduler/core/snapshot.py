@@ -35,6 +35,19 @@ class PoolStatus:
     gpus: int
     free_gpus: int
     reserved_gpus: int
+    gpu_type: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class CohortStatus:
+    """One cohort's GPUs of one type: its members' guarantees, what they borrow from outside
+    it, and the most they may (None: no limit)."""
+
+    cohort: str
+    gpu_type: str
+    guaranteed_gpus: int
+    borrowed_gpus: int
+    borrowing_limit_gpus: int | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,6 +86,7 @@ class ClusterSnapshot:
     reservations: tuple[tuple[str, tuple[tuple[str, int], ...]], ...]
     pending: tuple[PendingStatus, ...] = ()
     """In queue order per priority level."""
+    cohorts: tuple[CohortStatus, ...] = ()
 
 
 def build_snapshot(
@@ -124,6 +138,7 @@ def build_snapshot(
             gpus=sum(pool.node(n).gpus for n in names),
             free_gpus=sum(pool.free(n) for n in names),
             reserved_gpus=sum(held.get(n, 0) for n in names),
+            gpu_type=pool.group_type(g),
         )
         for g, names in sorted(groups.items())
     )
@@ -149,6 +164,11 @@ def build_snapshot(
         leases=lease_rows,
         reservations=tuple((w, tuple(sorted(r.items()))) for w, r in sorted(reserved.items())),
         pending=() if explained is None else tuple(_pending_status(p, why, now) for p, why in explained),
+        cohorts=tuple(
+            CohortStatus(c.name, t, *book.cohort_totals(c.name, t))
+            for c in policy.cohorts
+            for t in policy.request_types
+        ),
     )
 
 

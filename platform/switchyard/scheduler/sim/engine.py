@@ -48,18 +48,24 @@ class Cluster:
     gpus_per_node: int = 8
     nodes_per_group: int = 16
     nodes_per_rack: int = 4
+    gpu_types: tuple[str, ...] = ()
+    """The policy's GPU types: node group g is of type `gpu_types[g % len(gpu_types)]`
+    (round robin, so each type gets about as many groups); none: untyped nodes."""
 
     def nodes(self) -> list[Node]:
         count = math.ceil(self.gpus / self.gpus_per_node)
-        return [
-            Node(
-                f"node-{i:05d}",
-                self.gpus_per_node,
-                f"group-{i // self.nodes_per_group:04d}",
-                f"rack-{i // self.nodes_per_rack:05d}",
-            )
-            for i in range(count)
-        ]
+        return [self._node(i) for i in range(count)]
+
+    def _node(self, i: int) -> Node:
+        group = i // self.nodes_per_group
+        gpu_type = self.gpu_types[group % len(self.gpu_types)] if self.gpu_types else ""
+        return Node(
+            f"node-{i:05d}",
+            self.gpus_per_node,
+            f"group-{group:04d}",
+            f"rack-{i // self.nodes_per_rack:05d}",
+            gpu_type,
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -224,6 +230,8 @@ class Simulation:
                 job.same_node_group,
                 None,
                 job.checkpoint_interval_s,
+                # A typed trace row asks for its type; an untyped policy has one type for all.
+                (job.gpu_type,) if job.gpu_type and self._policy.gpu_types else (),
             ),
             t,
         )

@@ -85,7 +85,17 @@ def _policy(spec: SimSpec, jobs: list[TraceJob], inference_gpus: int) -> tuple[S
         research = max(0, spec.gpus - inference_gpus)
         teams = philly_teams(read_vc_nodes(teams_file), {j.team for j in jobs}, research, inference_gpus)
     knobs = knobs_for(spec.policy, switchyard_knobs)
-    policy = SchedulerPolicy(classes_for(spec.policy, classes), teams, knobs)
+    # GPU types and cohorts come with the file's teams (its quotas name the types).
+    typed = file.to_policy() if file is not None and file.teams else None
+    gpu_types = typed.gpu_types if typed else ()
+    cohorts = typed.cohorts if typed else ()
+    policy = SchedulerPolicy(classes_for(spec.policy, classes), teams, knobs, gpu_types, cohorts)
+    unknown = [j for j in jobs if gpu_types and j.gpu_type and j.gpu_type not in gpu_types]
+    if unknown:
+        raise ValueError(
+            f"{spec.trace}: job {unknown[0].workload_id} asks for GPU type {unknown[0].gpu_type!r}, "
+            f"not one of the policy's {list(gpu_types)}"
+        )
     known = {p.name for p in policy.priority_classes}
     strangers = [j for j in jobs if j.priority_class not in known]
     if strangers:
@@ -114,7 +124,8 @@ def run(spec: SimSpec) -> SimResult:
     policy, inference_gpus = _policy(spec, jobs, inference_gpus)
     file = load_policy_file(spec.policy_file) if spec.policy_file else None
     began = time.perf_counter()
-    trace = Simulation(policy, Cluster(spec.gpus), jobs, window, demand, inversion_bound_s=spec.slo_bound_s).run()
+    cluster = Cluster(spec.gpus, gpu_types=policy.gpu_types)
+    trace = Simulation(policy, cluster, jobs, window, demand, inversion_bound_s=spec.slo_bound_s).run()
     wall = time.perf_counter() - began
     offered = sum(j.gpus * j.duration_s for j in jobs if window.start_s <= j.submit_s < window.end_s)
     if demand is not None:

@@ -50,7 +50,7 @@ class TraceJob:
     strategy: PlacementStrategy
     same_node_group: bool
     gpu_type: str | None = None
-    """Carried from the generic CSV; the simulated cluster has one GPU type, so unused yet."""
+    """From the generic CSV: the GPU type it asks for (used when the policy declares types)."""
 
 
 @dataclass(frozen=True, slots=True)
