@@ -112,19 +112,18 @@ class ClusterProbe:
         os.environ.update(PLATFORM_ENV)
         import ray
 
-        from switchyard.cluster.record import NAMESPACE, SCHEDULER_ACTOR
+        from switchyard.cluster.record import NAMESPACE
+        from switchyard.cluster.scheduler_client import RetryPolicy, platform_scheduler
 
         ray.init(address=ray_address, namespace=NAMESPACE, logging_level="WARNING", log_to_driver=False)
         self._ray = ray
-        self.scheduler = ray.get_actor(SCHEDULER_ACTOR, namespace=NAMESPACE)
+        self.scheduler = platform_scheduler(RetryPolicy(call_timeout_s=60))
 
     def events(self, workload_id: str | None = None) -> list[dict[str, Any]]:
-        found: list[dict[str, Any]] = self._ray.get(self.scheduler.events.remote(workload_id), timeout=60)
-        return found
+        return self.scheduler.events(workload_id)
 
     def status(self) -> dict[str, Any]:
-        found: dict[str, Any] = self._ray.get(self.scheduler.status.remote(), timeout=60)
-        return found
+        return self.scheduler.status()
 
     def serve_replicas(self, app: str = "gateway", deployment: str = "local-model") -> int:
         """Running replicas of a deployment, as Serve's controller reports them."""

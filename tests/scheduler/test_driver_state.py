@@ -2,16 +2,16 @@
 
 from __future__ import annotations
 
+import json
 import pickle
 from dataclasses import dataclass
-from pathlib import Path
 
 import pytest
 from driver_support import admit, driver, submission
 
-from switchyard.cluster.scheduler_journal import SchedulerJournal
 from switchyard.scheduler.api import ReleaseOutcome
 from switchyard.scheduler.driver import Driver, LaunchedJob, LiveState
+from switchyard.scheduler.driver.snapshot import from_document, to_document
 
 
 @dataclass(frozen=True)
@@ -57,15 +57,14 @@ def test_a_journal_naming_the_actor_modules_classes_loads() -> None:
     assert restored.launched == {"run": LaunchedJob("run", "run-1")}
 
 
-def test_a_driver_restored_from_the_journal_carries_on(tmp_path: Path) -> None:
+def test_a_driver_restored_from_a_snapshot_carries_on() -> None:
     d = driver({"a": 0, "b": 8})
     grant = admit(d, submission("a0", "a", 8), 0)
     d.submit(submission("b0", "b", 8, "exploratory"), 50)
     d.tick(50)
     assert d.release(grant.lease_id, False, 60)[0] is ReleaseOutcome.REQUEUED
-    journal = SchedulerJournal(tmp_path / "scheduler.db")
-    journal.save(d.state)
-    again = Driver(journal.load())
+    doc = json.loads(json.dumps(to_document(d.state, 7, 60.0)))
+    again = Driver(from_document(doc, "test").state)
     # A call Ray replays after the restart gets the answer given before it.
     assert again.release(grant.lease_id, False, 61) == (ReleaseOutcome.REQUEUED, [])
     again.tick(62)

@@ -13,12 +13,15 @@ import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from switchyard.cli._auth import NotAuthenticated, add_auth_args, require
 from switchyard.cli._output import fail, print_json, print_table
 from switchyard.policy.roles import Action, Forbidden
 from switchyard.state import STATE_DIR_ENV, state_dir
+
+if TYPE_CHECKING:
+    from switchyard.cluster.scheduler_client import SchedulerClient
 
 
 def add_commands(commands: Any) -> None:
@@ -39,9 +42,10 @@ def add_commands(commands: Any) -> None:
 
 
 @contextmanager
-def _scheduler(args: argparse.Namespace) -> Iterator[Any]:
+def _scheduler(args: argparse.Namespace) -> Iterator[SchedulerClient]:
     from switchyard.cluster.head import PLATFORM_ENV
-    from switchyard.cluster.record import NAMESPACE, SCHEDULER_ACTOR, read_record
+    from switchyard.cluster.record import NAMESPACE, read_record
+    from switchyard.cluster.scheduler_client import platform_scheduler
 
     record = read_record(state_dir(args.state_dir))
     if record is None:
@@ -51,7 +55,7 @@ def _scheduler(args: argparse.Namespace) -> Iterator[Any]:
 
     ray.init(address=record.ray_address, namespace=NAMESPACE, logging_level="WARNING", log_to_driver=False)
     try:
-        yield ray.get_actor(SCHEDULER_ACTOR, namespace=NAMESPACE)
+        yield platform_scheduler()
     finally:
         ray.shutdown()
 
@@ -91,7 +95,7 @@ def submit_command(args: argparse.Namespace) -> int:
     )
     with _scheduler(args) as scheduler:
         try:
-            workload_id = ray.get(scheduler.submit.remote(submission))
+            workload_id = scheduler.submit(submission)
         except ray.exceptions.RayTaskError as exc:
             return fail(f"the scheduler refused the job: {exc.cause}")
     out = {"workload_id": workload_id, "team": args.team, "gpus": spec.gpus, "bundles": submission.bundles}
@@ -107,11 +111,9 @@ def submit_command(args: argparse.Namespace) -> int:
 
 @_guarded
 def list_command(args: argparse.Namespace) -> int:
-    import ray
-
     require(args, Action.READ_SPEND, args.team)  # the team's admins (or auditors, operators) see its queue
     with _scheduler(args) as scheduler:
-        rows = ray.get(scheduler.list_workloads.remote())
+        rows = scheduler.list_workloads()
     rows = [r for r in rows if args.team is None or r["team"] == args.team]
     if args.json:
         print_json(rows)
@@ -153,14 +155,12 @@ def duration(seconds: float) -> str:
 
 @_guarded
 def cancel_command(args: argparse.Namespace) -> int:
-    import ray
-
     with _scheduler(args) as scheduler:
-        rows = {r["workload_id"]: r for r in ray.get(scheduler.list_workloads.remote())}
+        rows = {r["workload_id"]: r for r in scheduler.list_workloads()}
         if args.workload_id not in rows:
             return fail(f"unknown workload {args.workload_id!r}")
         require(args, Action.CALL_GATEWAY, rows[args.workload_id]["team"])
-        ray.get(scheduler.cancel.remote(args.workload_id))
+        scheduler.cancel(args.workload_id)
     if args.json:
         print_json({"cancelled": args.workload_id})
     else:

@@ -176,12 +176,13 @@ def _attach(args: argparse.Namespace, state: Path, policies: Path) -> PlatformRe
     from switchyard.cluster.deploy import deploy_gateway, start_scheduler
     from switchyard.cluster.placement import cluster_hosts
     from switchyard.cluster.record import NAMESPACE, write_record
+    from switchyard.cluster.scheduler_client import RetryPolicy, SchedulerClient
     from switchyard.db.location import check_layout
 
     context = ray.init(address=args.address, namespace=NAMESPACE)
     check_layout(state, cluster_hosts())  # UnsafeLayout: reported by `run`
     dashboard_url = f"http://{context.dashboard_url}" if context.dashboard_url else None
-    ray.get(start_scheduler(policies, state, dashboard_url).ping.remote(), timeout=60)
+    SchedulerClient.of_handle(start_scheduler(policies, state, dashboard_url), RetryPolicy(call_timeout_s=60)).ping()
     gateway_url = deploy_gateway(policies, state, args.gateway_port, local_model_gpus=args.local_model_gpus)
     record = PlatformRecord(
         ray_address=args.address,

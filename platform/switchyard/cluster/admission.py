@@ -13,12 +13,12 @@ import logging
 import os
 import time
 from dataclasses import dataclass
-from typing import Any
 
 import ray
 
 from switchyard.cluster.job_launcher import WORKLOAD_ENV
 from switchyard.cluster.record import NAMESPACE, SCHEDULER_ACTOR
+from switchyard.cluster.scheduler_client import SchedulerClient, platform_scheduler
 from switchyard.scheduler.api import LeaseGrant, WorkloadSubmission
 from switchyard.scheduler.core import PlacementStrategy, WorkloadClass
 
@@ -34,7 +34,7 @@ class NoScheduler(Exception):
 @dataclass(frozen=True)
 class Admission:
     grant: LeaseGrant
-    scheduler: Any  # the actor handle, to release the lease and report checkpoints
+    scheduler: SchedulerClient  # to release the lease and report checkpoints
 
     @property
     def workload_id(self) -> str:
@@ -47,19 +47,18 @@ class Admission:
     def release(self, finished: bool) -> bool:
         """Give the GPUs back. True when the workload was requeued (it was preempted and has not
         finished): `admit(None, workload_id=...)` then waits for its next grant."""
-        requeued: bool = ray.get(self.scheduler.release.remote(self.grant.lease_id, finished))
-        return requeued
+        return self.scheduler.release(self.grant.lease_id, finished)
 
     def report_checkpoint(self) -> None:
-        self.scheduler.report_checkpoint.remote(self.workload_id)  # fire and forget: advisory
+        self.scheduler.report_checkpoint(self.workload_id, wait=False)  # fire and forget: advisory
 
     def preempted(self) -> bool:
-        return ray.get(self.scheduler.preemption_notice.remote(self.workload_id)) is not None
+        return self.scheduler.preemption_notice(self.workload_id) is not None
 
 
-def scheduler_handle() -> Any:
+def scheduler_client() -> SchedulerClient:
     try:
-        return ray.get_actor(SCHEDULER_ACTOR, namespace=NAMESPACE)
+        return platform_scheduler()
     except ValueError:
         raise NoScheduler(f"no {SCHEDULER_ACTOR!r} actor in namespace {NAMESPACE!r}") from None
 
@@ -71,8 +70,7 @@ def launched_workload() -> str | None:
 
 def submit(submission: WorkloadSubmission) -> str:
     """Queue a workload with the scheduler without waiting; `admit(None, workload_id=...)` waits."""
-    workload_id: str = ray.get(scheduler_handle().submit.remote(submission))
-    return workload_id
+    return scheduler_client().submit(submission)
 
 
 def admit(
@@ -86,17 +84,17 @@ def admit(
 
     The workload is `workload_id` when given (one already submitted, or requeued after a
     preemption), else the one the scheduler launched this job for, else `submission`, queued now."""
-    scheduler = scheduler_handle()
+    scheduler = scheduler_client()
     ray_job = ray.get_runtime_context().get_job_id()
     workload_id = workload_id or launched_workload()
     if workload_id is None:
         if submission is None:
             raise ValueError("a job started outside the scheduler must describe what it asks for")
-        workload_id = ray.get(scheduler.submit.remote(submission))
+        workload_id = scheduler.submit(submission)
         log.info("submitted as workload %s; waiting for admission", workload_id)
     started = time.monotonic()
     while True:
-        grant = ray.get(scheduler.claim.remote(workload_id, ray_job))
+        grant = scheduler.claim(workload_id, ray_job)
         if grant is not None:
             log.info(
                 "admitted after %.1fs: lease %s on %s",
@@ -106,7 +104,7 @@ def admit(
             )
             return Admission(grant, scheduler)
         if timeout_s is not None and time.monotonic() - started > timeout_s:
-            ray.get(scheduler.cancel.remote(workload_id))
+            scheduler.cancel(workload_id)
             raise TimeoutError(f"workload {workload_id} was not admitted within {timeout_s:.0f}s")
         time.sleep(poll_s)
 

@@ -51,6 +51,7 @@ def run_head(state_dir: Path, policies_dir: Path, gpus: int, cpus: int, demo: bo
     import ray  # after the environment: Ray reads it at import and init
 
     from switchyard.cluster.deploy import deploy_gateway, start_scheduler, undeploy
+    from switchyard.cluster.scheduler_client import RetryPolicy, SchedulerClient
 
     context = ray.init(
         address="local",
@@ -69,7 +70,7 @@ def run_head(state_dir: Path, policies_dir: Path, gpus: int, cpus: int, demo: bo
     try:
         dashboard = context.dashboard_url
         scheduler = start_scheduler(policies_dir, state_dir, f"http://{dashboard}" if dashboard else None)
-        ray.get(scheduler.ping.remote(), timeout=60)
+        SchedulerClient.of_handle(scheduler, RetryPolicy(call_timeout_s=60)).ping()
         gateway_url = deploy_gateway(
             policies_dir,
             state_dir,

@@ -7,13 +7,19 @@ thread and an audit thread, and the Ray I/O. It feeds the driver Ray's GPU nodes
 `switchyard/node-group` labels), calls from jobs and the CLI, and `time.time()`; it carries out
 the effects with Ray's own primitives (a grant is picked up by the waiting job or launched
 through the Jobs API, a notice goes through the training preemption channel, a stop stops the
-Ray job). The state is persisted inside the lock, before anyone can observe a change, so a
-restarted actor resumes its queues and leases.
+Ray job).
+
+Durability: every event the driver takes is appended to the write-ahead log inside the lock
+(`scheduler_wal`), and no call returns, and no cluster action is carried out, before the log
+is synced past the last record it could have seen (group commit). A snapshot every
+`snapshot_every_s` (or `snapshot_every_records`) bounds the replay; a restarted actor loads the
+newest one and replays the records after it (`scheduler_recovery`).
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from pathlib import Path
@@ -26,12 +32,15 @@ from switchyard.cluster.enforcement import GpuAccounting, account, stop_unleased
 from switchyard.cluster.job_launcher import JobLauncher, LaunchedJob
 from switchyard.cluster.scheduler_journal import SchedulerJournal
 from switchyard.cluster.scheduler_metrics import SchedulerMetrics
+from switchyard.cluster.scheduler_recovery import recover, snapshot_document, write_snapshot
+from switchyard.cluster.scheduler_wal import SnapshotFiles
 from switchyard.cluster.serve_pool import ServePool, is_pool_workload
 from switchyard.scheduler.api import LeaseGrant, Notice, ReleaseOutcome, StopReason, WorkloadSubmission
 from switchyard.scheduler.claims import CLAIM_TIMEOUT_S, ClaimPolicy
 from switchyard.scheduler.core import Decisions, Node
 from switchyard.scheduler.core.config import load_policy_file
-from switchyard.scheduler.driver import Driver, LiveState, views
+from switchyard.scheduler.driver import Driver, LiveState, inputs, views
+from switchyard.scheduler.driver.driver import HISTORY_RETENTION_S
 from switchyard.scheduler.driver.effects import (
     ClearNotice,
     ClusterAction,
@@ -41,7 +50,6 @@ from switchyard.scheduler.driver.effects import (
     LaunchJob,
     RecordAdmission,
     RecordPreemption,
-    SaveState,
     SendNotice,
     StopClaimedJob,
     StopLaunchedJob,
@@ -84,10 +92,19 @@ class SchedulerActor:
         dashboard_url: str | None = None,
         stop_unleased_gpus: bool = False,
         claim_timeout_s: float = CLAIM_TIMEOUT_S,
+        history_retention_s: float = HISTORY_RETENTION_S,
+        snapshot_every_s: float = 30.0,
+        snapshot_every_records: int = 20_000,
+        fixed_nodes: list[dict[str, Any]] | None = None,
     ) -> None:
+        """`fixed_nodes`: `Node` fields of a logical cluster to schedule instead of Ray's GPU
+        nodes (the benchmark's 1,250 nodes on one machine); never set on a real cluster."""
         claims = ClaimPolicy(timeout_s=claim_timeout_s)
         self._policy = load_policy_file(Path(policies_dir) / "scheduler.yaml").to_policy()
         self._journal = SchedulerJournal(Path(state_dir) / "scheduler.db")
+        self._fixed_nodes = None if fixed_nodes is None else [Node(**n) for n in fixed_nodes]
+        self._snapshot_every_s = snapshot_every_s
+        self._snapshot_every_records = snapshot_every_records
         self._launcher = JobLauncher(dashboard_url) if dashboard_url else None
         self._stop_unleased = stop_unleased_gpus
         self._metrics = SchedulerMetrics()
@@ -95,12 +112,29 @@ class SchedulerActor:
         self._lock = threading.Lock()
         self._nodes_lock = threading.Lock()  # one node refresh at a time: a stale list must not undo a newer one
         self._started_at = time.time()
-        restored: LiveState | None = self._journal.load()
-        if restored is None:
-            self._driver = Driver.empty(self._policy, time.time(), claims)
-        else:
-            self._driver = Driver(restored, claims)
-            log.warning("scheduler restored: %d leases, %d queued", len(restored.grants), restored.core.pending_count())
+
+        def driver_of(state: LiveState | None) -> Driver:
+            if state is None:
+                return Driver.empty(self._policy, time.time(), claims, history_retention_s)
+            return Driver(state, claims, history_retention_s)
+
+        wal_dir = Path(state_dir) / "scheduler-wal"
+        self._snapshots = SnapshotFiles(wal_dir)
+        recovered = recover(wal_dir, self._journal, driver_of)
+        self._driver, self._wal = recovered.driver, recovered.wal
+        self._last_snapshot = (time.monotonic(), recovered.wal.last_seq)
+        state = self._driver.state
+        if recovered.snapshot_seq or recovered.replayed or recovered.migrated_legacy:
+            log.warning(
+                "scheduler restored in %.2f s: snapshot after record %d, %d records replayed; %d leases, %d queued",
+                time.time() - self._started_at,
+                recovered.snapshot_seq,
+                recovered.replayed,
+                len(state.grants),
+                state.core.pending_count(),
+            )
+        if recovered.migrated_legacy:  # the pickle is read once: from now on a snapshot is the base
+            self._snapshot()
         self._accounting: GpuAccounting | None = None
         self._last_nodes = 0.0
         self._last_capacity = 0.0
@@ -112,54 +146,54 @@ class SchedulerActor:
         threading.Thread(target=self._run_audit, name="scheduler-audit", daemon=True).start()
 
     # ------------------------------------------------------------------ interface
-    def submit(self, submission: WorkloadSubmission) -> str:
-        with self._lock:
-            # Journaled inside the lock: the next tick may admit it, and "admitted" must follow.
-            self._commit(self._driver.submit(submission, time.time()))
+    # Each call that changes state is one logged event (`_record`); each call returns only once
+    # the log is synced past what it saw. `request_id`: a retried call (the typed client's, or
+    # Ray's after a restart) with the same id is answered, not done twice.
+    def submit(self, submission: WorkloadSubmission, request_id: str | None = None) -> str:
+        self._record(inputs.submit(submission, time.time(), request_id))
         return submission.workload_id
 
     def lease(self, workload_id: str) -> LeaseGrant | None:
         with self._lock:
-            return self._driver.lease(workload_id)
+            grant, seen = self._driver.lease(workload_id), self._wal.last_seq
+        self._wal.wait_durable(seen)
+        return grant
 
     def claim(self, workload_id: str, ray_job_id: str) -> LeaseGrant | None:
         """A job says it is using its lease (so its GPU use is accounted to the lease)."""
-        with self._lock:
-            grant, effects = self._driver.claim(workload_id, ray_job_id)
-            self._commit(effects)
+        grant = self._record(inputs.claim(workload_id, ray_job_id))
+        assert grant is None or isinstance(grant, LeaseGrant)
         return grant
 
     def release(self, lease_id: str, finished: bool = True) -> bool:
-        now = time.time()
         # A job whose run failed because a node died releases as finished (it crashed). Ray knows
         # the node is gone by then: handle the loss first, so the workload is requeued, not ended.
-        self._refresh_nodes(now)
-        with self._lock:
-            outcome, effects = self._driver.release(lease_id, finished, now)
-            self._commit(effects)  # inside the lock, as for "submitted"
-        return outcome is ReleaseOutcome.REQUEUED
+        self._refresh_nodes(time.time())
+        return self._record(inputs.release(lease_id, finished, time.time())) is ReleaseOutcome.REQUEUED
 
     def preemption_notice(self, workload_id: str) -> Notice | None:
         with self._lock:
-            return self._driver.notice(workload_id)
+            notice, seen = self._driver.notice(workload_id), self._wal.last_seq
+        self._wal.wait_durable(seen)
+        return notice
 
     def report_resume(self, workload_id: str, step: int, checkpoint: str) -> None:
         """The job restored `checkpoint` at `step`: the event log shows where a preempted or
-        requeued job picked up (operators, and the demo's cause chain)."""
+        requeued job picked up (operators, and the demo's cause chain). No state changes."""
         with self._lock:
-            self._commit(self._driver.resume_reported(workload_id, step, checkpoint, time.time()))
+            self._commit(self._driver.resume_reported(workload_id, step, checkpoint, time.time()), None)
 
     def report_checkpoint(self, workload_id: str) -> None:
-        with self._lock:
-            self._commit(self._driver.checkpoint_reported(workload_id, time.time()))
+        self._record(inputs.checkpoint_reported(workload_id, time.time()))
 
-    def cancel(self, workload_id: str) -> None:
-        with self._lock:
-            self._commit(self._driver.cancel(workload_id, time.time()))
+    def cancel(self, workload_id: str, request_id: str | None = None) -> None:
+        self._record(inputs.cancel(workload_id, time.time(), request_id))
 
     def list_workloads(self) -> list[dict[str, Any]]:
         with self._lock:
-            return views.workload_rows(self._driver.state, time.time())
+            rows, seen = views.workload_rows(self._driver.state, time.time()), self._wal.last_seq
+        self._wal.wait_durable(seen)
+        return rows
 
     def events(self, workload_id: str | None = None) -> list[dict[str, Any]]:
         return self._journal.events(workload_id)
@@ -171,6 +205,8 @@ class SchedulerActor:
             cluster = views.cluster_view(state, now)
             waits = views.wait_summary(state, now)
             serve_pool = self._serve_pool.report(state, now)
+            seen = self._wal.last_seq
+        self._wal.wait_durable(seen)
         accounting = self._accounting
         return {
             **cluster,
@@ -182,6 +218,10 @@ class SchedulerActor:
     def ping(self) -> float:
         """When this incarnation of the actor started (changes when Ray restarts it)."""
         return self._started_at
+
+    def pid(self) -> int:
+        """This incarnation's process id (the benchmark and the WAL test kill it)."""
+        return os.getpid()
 
     # ------------------------------------------------------------------ the loops
     def _run(self) -> None:
@@ -212,31 +252,66 @@ class SchedulerActor:
                 self._metrics.decided(time.perf_counter() - started)
                 self._serve_pool.record(state, decisions, now)  # before the notices it causes
 
-            effects = self._driver.tick(now, decided)
-            actions = self._commit([SaveState(), *effects] if pool_changed else effects)
+            record = inputs.tick(now)
+            _, effects = inputs.apply(self._driver, record, decided)
+            seq = self._wal.append(record)
+            actions = self._commit(effects, seq)
+            if pool_changed:
+                # The Serve pool changes the core outside the driver's events (its settle timers
+                # are not state the log replays): a snapshot covers the change instead.
+                self._snapshot()
             self._metrics.show(views.gauge_readings(state, now))
+        self._wal.wait_durable(seq)
         self._carry_out(actions)
         if now - self._last_capacity >= self.NODE_REFRESH_S:
             self._last_capacity = now
             self._request_capacity()
+        self._snapshot_if_due()
 
     def _refresh_nodes(self, now: float) -> None:
         with self._nodes_lock:
-            nodes = cluster_gpu_nodes()
+            nodes = self._fixed_nodes if self._fixed_nodes is not None else cluster_gpu_nodes()
             with self._lock:
-                actions = self._commit(self._driver.nodes_seen(nodes, now))
-            self._carry_out(actions)  # stops of launched jobs that lost a node
+                if inputs.nodes_unchanged(self._driver, nodes):
+                    return
+            self._record(inputs.nodes_seen(nodes, now))
+
+    # ------------------------------------------------------------------ the log
+    def _record(self, record: inputs.Record) -> inputs.Answer:
+        """One event: applied, logged and committed in the lock; answered once durable, its
+        cluster actions carried out after that. A refused call (the driver raised) is not logged."""
+        with self._lock:
+            answer, effects = inputs.apply(self._driver, record)
+            seq = self._wal.append(record)
+            actions = self._commit(effects, seq)
+        self._wal.wait_durable(seq)
+        self._carry_out(actions)
+        return answer
+
+    def _snapshot_if_due(self) -> None:
+        at, seq = self._last_snapshot
+        if self._wal.last_seq == seq:
+            return
+        if time.monotonic() - at >= self._snapshot_every_s or self._wal.last_seq - seq >= self._snapshot_every_records:
+            with self._lock:
+                document, seq = snapshot_document(self._driver, self._wal, time.time())
+            write_snapshot(self._snapshots, document, seq)  # the document is a copy: no lock needed
+            self._last_snapshot = (time.monotonic(), seq)
+
+    def _snapshot(self) -> None:
+        """Lock held: a snapshot now, written before the lock is released."""
+        document, seq = snapshot_document(self._driver, self._wal, time.time())
+        write_snapshot(self._snapshots, document, seq)
+        self._last_snapshot = (time.monotonic(), seq)
 
     # ------------------------------------------------------------------ effects
-    def _commit(self, effects: list[Effect]) -> list[ClusterAction]:
-        """Lock held: persist the state if it changed, then journal, count and log in order.
-        Returns the cluster actions, to carry out once the lock is released."""
+    def _commit(self, effects: list[Effect], wal_seq: int | None) -> list[ClusterAction]:
+        """Lock held: journal, count and log in order (rows of a logged event carry its seq).
+        Returns the cluster actions, to carry out once the log is durable and the lock released."""
         books, actions = split(effects)
-        if any(isinstance(b, SaveState) for b in books):
-            self._journal.save(self._driver.state)
         for b in books:
             if isinstance(b, JournalEvent):
-                self._journal.event(b.kind.value, b.workload_id, b.team, b.at, **b.details)
+                self._journal.event(b.kind.value, b.workload_id, b.team, b.at, wal_seq=wal_seq, **b.details)
             elif isinstance(b, RecordAdmission):
                 self._metrics.admitted(b.team, b.priority_class, b.gpus, b.waited_s)
             elif isinstance(b, RecordPreemption):
@@ -298,11 +373,9 @@ class SchedulerActor:
                 log.exception("launch of workload %s failed", action.workload_id)
                 error = f"{type(exc).__name__}: {exc}"
             else:
-                with self._lock:
-                    self._commit(self._driver.job_launched(action.workload_id, job.submission_id))
+                self._record(inputs.job_launched(action.workload_id, job.submission_id))
                 return
-        with self._lock:
-            self._commit(self._driver.launch_failed(action.workload_id, action.lease_id, error, time.time()))
+        self._record(inputs.launch_failed(action.workload_id, action.lease_id, error, time.time()))
 
     # ------------------------------------------------------------------ autoscaler and audit
     def _request_capacity(self) -> None:

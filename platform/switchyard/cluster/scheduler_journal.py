@@ -1,9 +1,15 @@
-"""The live scheduler's durable state: a snapshot of its queues and leases, and an event log.
+"""The live scheduler's event log: what happened to each workload, for operators and reports.
 
-The snapshot is written inside the same lock as every change, before the caller (or a
-waiting job) can observe the change, so a restarted actor resumes exactly where the last
-acknowledged change left it. The event log (submitted, admitted, preempted, released, ...)
-is append-only and is what queue-time reports are computed from.
+Submitted, admitted (with the wait), preemption notice, requeued, released, ... one row each;
+queue-time reports and `switchyard train events` read it. It is not the scheduler's durable
+state: that is the write-ahead log and its snapshots (`scheduler_wal`). Rows that follow from a
+logged driver event carry that record's `wal_seq`, so a restart that replays the log writes only
+the rows it had not written yet (`last_wal_seq`). Hence `synchronous=NORMAL` on this one
+connection: a commit survives the process being killed (WAL mode), and what a power cut could
+take from this table the replay writes again.
+
+The database also holds the snapshot row of journals from before the write-ahead log (a
+pickle), read once by `legacy_state` to migrate.
 """
 
 from __future__ import annotations
@@ -11,20 +17,13 @@ from __future__ import annotations
 import json
 import pickle
 import sqlite3
-import time
-from collections.abc import Iterator
-from contextlib import closing, contextmanager
+import threading
 from pathlib import Path
 from typing import Any
 
 from switchyard import sqlite_db
 
 _SCHEMA = """
-CREATE TABLE IF NOT EXISTS snapshot (
-    id INTEGER PRIMARY KEY CHECK (id = 1),
-    saved_at REAL NOT NULL,
-    state BLOB NOT NULL
-);
 CREATE TABLE IF NOT EXISTS events (
     seq INTEGER PRIMARY KEY AUTOINCREMENT,
     at REAL NOT NULL,
@@ -41,31 +40,37 @@ class SchedulerJournal:
     def __init__(self, path: Path) -> None:
         self.path = path
         path.parent.mkdir(parents=True, exist_ok=True)
-        with self._db() as db:
-            db.executescript(_SCHEMA)
+        self._lock = threading.Lock()  # one connection, shared by the actor's threads
+        self._db: sqlite3.Connection = sqlite_db.connect(path, autocommit=True)
+        self._db.execute("PRAGMA synchronous=NORMAL")  # why: see the module docstring
+        self._db.executescript(_SCHEMA)
+        columns = {row[1] for row in self._db.execute("PRAGMA table_info(events)")}
+        if "wal_seq" not in columns:  # journals from before the write-ahead log
+            self._db.execute("ALTER TABLE events ADD COLUMN wal_seq INTEGER")
 
-    @contextmanager
-    def _db(self) -> Iterator[sqlite3.Connection]:
-        with closing(sqlite_db.connect(self.path)) as db, db:
-            yield db
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
 
-    def save(self, state: Any) -> None:
-        # pickle: the state is the core's own plain dataclasses, written and read by the same
-        # code version (an actor restart), never exchanged with anything else.
-        blob = pickle.dumps(state, protocol=pickle.HIGHEST_PROTOCOL)
-        with self._db() as db:
-            db.execute("INSERT OR REPLACE INTO snapshot VALUES (1, ?, ?)", (time.time(), blob))
+    def legacy_state(self) -> Any | None:
+        """The pickled state of a journal from before the write-ahead log, if it has one."""
+        with self._lock:
+            table = self._db.execute("SELECT name FROM sqlite_master WHERE name = 'snapshot'").fetchone()
+            row = None if table is None else self._db.execute("SELECT state FROM snapshot WHERE id = 1").fetchone()
+        return None if row is None else pickle.loads(row[0])  # our own file, written by an older version
 
-    def load(self) -> Any | None:
-        with self._db() as db:
-            row = db.execute("SELECT state FROM snapshot WHERE id = 1").fetchone()
-        return None if row is None else pickle.loads(row[0])  # our own file, see save()
+    def last_wal_seq(self) -> int:
+        with self._lock:
+            row = self._db.execute("SELECT MAX(wal_seq) FROM events").fetchone()
+        return int(row[0]) if row[0] is not None else 0
 
-    def event(self, kind: str, workload_id: str, team: str, at: float, **details: Any) -> None:
-        with self._db() as db:
-            db.execute(
-                "INSERT INTO events (at, kind, workload_id, team, details) VALUES (?, ?, ?, ?, ?)",
-                (at, kind, workload_id, team, json.dumps(details, sort_keys=True, default=str)),
+    def event(
+        self, kind: str, workload_id: str, team: str, at: float, wal_seq: int | None = None, **details: Any
+    ) -> None:
+        with self._lock:
+            self._db.execute(
+                "INSERT INTO events (at, kind, workload_id, team, details, wal_seq) VALUES (?, ?, ?, ?, ?, ?)",
+                (at, kind, workload_id, team, json.dumps(details, sort_keys=True, default=str), wal_seq),
             )
 
     def events(self, workload_id: str | None = None, limit: int = 1000) -> list[dict[str, Any]]:
@@ -74,8 +79,8 @@ class SchedulerJournal:
         if workload_id is not None:
             sql += " WHERE workload_id = ?"
             args = (workload_id,)
-        with self._db() as db:
-            rows = db.execute(sql + " ORDER BY seq DESC LIMIT ?", (*args, limit)).fetchall()
+        with self._lock:
+            rows = self._db.execute(sql + " ORDER BY seq DESC LIMIT ?", (*args, limit)).fetchall()
         return [
             {"seq": r[0], "at": r[1], "kind": r[2], "workload_id": r[3], "team": r[4], **json.loads(r[5])}
             for r in reversed(rows)

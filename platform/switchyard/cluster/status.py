@@ -17,7 +17,8 @@ from ray import serve
 from ray.util.state import list_actors
 
 from switchyard.cluster.policy_publisher import find_publisher
-from switchyard.cluster.record import NAMESPACE, SCHEDULER_ACTOR, PlatformRecord
+from switchyard.cluster.record import PlatformRecord
+from switchyard.cluster.scheduler_client import RetryPolicy, platform_scheduler
 
 log = logging.getLogger(__name__)
 
@@ -70,11 +71,10 @@ def serve_apps() -> dict[str, Any]:
 
 def scheduler_status() -> dict[str, Any]:
     try:
-        actor = ray.get_actor(SCHEDULER_ACTOR, namespace=NAMESPACE)
+        scheduler = platform_scheduler(RetryPolicy(call_timeout_s=30, deadline_s=30))
     except ValueError:
         return {"error": "the scheduler actor is not running"}
-    result: dict[str, Any] = ray.get(actor.status.remote(), timeout=30)
-    return result
+    return scheduler.status()
 
 
 def policy_publication(record: PlatformRecord) -> dict[str, Any]:

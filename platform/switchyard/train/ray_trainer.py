@@ -112,19 +112,19 @@ def raise_non_finite_loss(return_value: Any) -> None:
 
 def _resume_reporter(workload_id: str) -> Callable[[int, str], None]:
     """Tell the scheduler where the job resumed (its event log; fire and forget)."""
-    from switchyard.cluster.record import NAMESPACE, SCHEDULER_ACTOR
+    from switchyard.cluster.scheduler_client import platform_scheduler
 
-    scheduler = ray.get_actor(SCHEDULER_ACTOR, namespace=NAMESPACE)
-    return lambda step, uri: scheduler.report_resume.remote(workload_id, step, uri)
+    scheduler = platform_scheduler()
+    return lambda step, uri: scheduler.report_resume(workload_id, step, uri, wait=False)
 
 
 def _scheduler_reporter(workload_id: str) -> Callable[[], None]:
     """Report each published checkpoint to the scheduler, so victim selection knows how much
     work a preemption would lose (fire and forget: the report is advisory)."""
-    from switchyard.cluster.record import NAMESPACE, SCHEDULER_ACTOR
+    from switchyard.cluster.scheduler_client import platform_scheduler
 
-    scheduler = ray.get_actor(SCHEDULER_ACTOR, namespace=NAMESPACE)
-    return lambda: scheduler.report_checkpoint.remote(workload_id)
+    scheduler = platform_scheduler()
+    return lambda: scheduler.report_checkpoint(workload_id, wait=False)
 
 
 class _DriverSigterm:

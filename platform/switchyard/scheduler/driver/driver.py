@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterable
 from switchyard.scheduler.api import LeaseGrant, Notice, ReleaseOutcome, StopReason, WorkloadSubmission
 from switchyard.scheduler.claims import ClaimOutcome, ClaimPolicy, after_timeout, unclaimed
 from switchyard.scheduler.core import Decisions, LeaseState, Node, Scheduler, SchedulerPolicy, WorkloadClass
+from switchyard.scheduler.core.state_codec import forget_ended_workloads
 from switchyard.scheduler.driver.effects import (
     ClearNotice,
     Diagnostic,
@@ -32,18 +33,33 @@ from switchyard.scheduler.driver.effects import (
 )
 from switchyard.scheduler.driver.state import LaunchedJob, LiveState
 
+HISTORY_RETENTION_S = 86_400.0
+
 
 class Driver:
-    """The live scheduler's state machine; not thread-safe (the adapter's lock serializes calls)."""
+    """The live scheduler's state machine; not thread-safe (the adapter's lock serializes calls).
 
-    def __init__(self, state: LiveState, claims: ClaimPolicy | None = None) -> None:
+    Deterministic: the same events with the same `now`s, from the same state, give the same
+    state and effects (the write-ahead log's replay depends on it). `retention_s`: how long a
+    finished workload stays listed (and its counters kept) before a tick forgets it."""
+
+    def __init__(
+        self, state: LiveState, claims: ClaimPolicy | None = None, retention_s: float = HISTORY_RETENTION_S
+    ) -> None:
         self._state = state
         self._claims = claims or ClaimPolicy()
+        self._retention_s = retention_s
 
     @classmethod
-    def empty(cls, policy: SchedulerPolicy, now: float, claims: ClaimPolicy | None = None) -> Driver:
+    def empty(
+        cls,
+        policy: SchedulerPolicy,
+        now: float,
+        claims: ClaimPolicy | None = None,
+        retention_s: float = HISTORY_RETENTION_S,
+    ) -> Driver:
         """A scheduler with no nodes yet (the first `nodes_seen` adds them)."""
-        return cls(LiveState(Scheduler(policy, (), now)), claims)
+        return cls(LiveState(Scheduler(policy, (), now)), claims, retention_s)
 
     @property
     def state(self) -> LiveState:
@@ -58,22 +74,31 @@ class Driver:
         return self._state.notices.get(workload_id)
 
     # ------------------------------------------------------------------ events from callers
-    def submit(self, submission: WorkloadSubmission, now: float) -> list[Effect]:
-        """Raises ValueError (from the core) for a workload already submitted or a bad request."""
+    def submit(self, submission: WorkloadSubmission, now: float, request_id: str | None = None) -> list[Effect]:
+        """Raises ValueError (from the core) for a workload already submitted or a bad request.
+        A request id already answered is a retried call: nothing happens again."""
         s = self._state
+        if request_id is not None and request_id in s.answered:
+            return []
         s.core.submit(submission.gang(), now)
         s.submissions[submission.workload_id] = submission
         s.queued_since[submission.workload_id] = now
+        s.finished_at.pop(submission.workload_id, None)
+        s.remember_request(request_id, submission.workload_id)
         details = {"gpus": sum(submission.bundles), "priority_class": submission.priority_class}
         return [SaveState(), JournalEvent(EventKind.SUBMITTED, submission.workload_id, submission.team, now, details)]
 
-    def cancel(self, workload_id: str, now: float) -> list[Effect]:
+    def cancel(self, workload_id: str, now: float, request_id: str | None = None) -> list[Effect]:
         """A queued workload is withdrawn now; a running one gets a stop order on the next tick.
-        Raises KeyError for a workload the core does not know."""
+        Raises KeyError for a workload the core does not know, unless the request id says this
+        is a retry of a cancel done already."""
         s = self._state
+        if request_id is not None and request_id in s.answered:
+            return []
         s.core.cancel(workload_id, now)
         if workload_id not in s.grants:
-            s.drop_workload(workload_id)
+            s.drop_workload(workload_id, now)
+        s.remember_request(request_id, workload_id)
         return [SaveState(), JournalEvent(EventKind.CANCELLED, workload_id, s.team_of(workload_id), now)]
 
     def claim(self, workload_id: str, ray_job_id: str) -> tuple[LeaseGrant | None, list[Effect]]:
@@ -172,7 +197,10 @@ class Driver:
             on_decisions(decisions)
         effects = self._apply(decisions, now) if decisions else []
         timed_out = self._reclaim_unclaimed(effects, now)
-        return [SaveState(), *effects] if decisions or timed_out else effects
+        pruned = self._state.prune_finished(now - self._retention_s)
+        if pruned:
+            forget_ended_workloads(self._state.core, set(pruned))
+        return [SaveState(), *effects] if decisions or timed_out or pruned else effects
 
     # ------------------------------------------------------------------ the rules
     def _apply(self, decisions: Decisions, now: float) -> list[Effect]:
@@ -261,7 +289,7 @@ class Driver:
         except KeyError:
             return False, [Diagnostic(f"workload {workload} of ended lease {lease_id} is gone already", warning=False)]
         if workload not in s.grants:
-            s.drop_workload(workload)
+            s.drop_workload(workload, now)
         why = {"reason": "its job finished after the scheduler ended its lease"}
         return False, [JournalEvent(EventKind.CANCELLED, workload, s.team_of(workload), now, why)]
 
@@ -292,12 +320,13 @@ class Driver:
         effects.append(JournalEvent(EventKind.CLAIM_TIMEOUT, workload, sub.team, now, details))
         if outcome is ClaimOutcome.END:
             s.claim_timeouts.pop(workload, None)
-            s.drop_workload(workload)
+            s.drop_workload(workload, now)
             ended = {"reason": "its grants were never claimed"}
             effects.append(JournalEvent(EventKind.ENDED, workload, sub.team, now, ended))
             return
         s.claim_timeouts[workload] = s.claim_timeouts.get(workload, 0) + 1
         s.core.submit(sub.gang(), now)
+        s.finished_at.pop(workload, None)
         s.queued_since[workload] = now
         requeued = {"lease_id": grant.lease_id, "reason": "claim_timeout"}
         effects.append(JournalEvent(EventKind.REQUEUED, workload, sub.team, now, requeued))

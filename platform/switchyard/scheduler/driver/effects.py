@@ -38,7 +38,8 @@ class EventKind(StrEnum):
 # -- bookkeeping: inside the lock ------------------------------------------------------------
 @dataclass(frozen=True, slots=True)
 class SaveState:
-    """The state changed: persist it before the lock is released."""
+    """The state changed. (The actor logs every event it applies regardless: a tick can move
+    the core's internal clocks without a decision, and replay must see it.)"""
 
 
 @dataclass(frozen=True, slots=True)

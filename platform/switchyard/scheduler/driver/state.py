@@ -1,9 +1,10 @@
 """What the live scheduler must get back after a restart: the core and the tables around it.
 
-`LiveState` is pickled whole by the actor's journal (`cluster.scheduler_journal`). Journals
-written before this module existed name the class `switchyard.cluster.scheduler_actor.LiveState`
-and their launched jobs `switchyard.cluster.job_launcher.LaunchedJob`; the actor module keeps
-the first name as an alias and `__setstate__` turns the second into this module's record.
+`LiveState` is snapshotted as a versioned JSON document (`driver.snapshot`); the events after a
+snapshot are in the write-ahead log. Journals from before the log held a pickle of it, read
+once to migrate: those name the class `switchyard.cluster.scheduler_actor.LiveState` and their
+launched jobs `switchyard.cluster.job_launcher.LaunchedJob`; the actor module keeps the first
+name as an alias and `__setstate__` turns the second into this module's record.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from switchyard.scheduler.core import Node, Scheduler
 from switchyard.scheduler.queue_view import WaitLog
 
 RELEASES_KEPT = 10_000
+ANSWERS_KEPT = 10_000
 
 
 @dataclass(frozen=True)
@@ -49,12 +51,39 @@ class LiveState:
     # per attempt. Booleans, not `ReleaseOutcome`s: journals already hold them so.
     released: dict[str, bool] = field(default_factory=dict)
     claim_timeouts: dict[str, int] = field(default_factory=dict)  # workload id -> grants it lost in a row
+    # Request ids of the submits and cancels done, with the workload each was for: a call
+    # retried after an actor restart (or by the client) is answered, not done twice.
+    answered: dict[str, str] = field(default_factory=dict)
+    # Workloads that are over (released finished, cancelled, ended), oldest first: pruned from
+    # `submissions` and the attempt counters after the retention period.
+    finished_at: dict[str, float] = field(default_factory=dict)
 
     def remember_release(self, lease_id: str, requeued: bool, keep: int = RELEASES_KEPT) -> bool:
         self.released[lease_id] = requeued
-        while len(self.released) > keep:
-            del self.released[next(iter(self.released))]  # the oldest (dicts keep insertion order)
+        _keep_newest(self.released, keep)
         return requeued
+
+    def remember_request(self, request_id: str | None, workload_id: str, keep: int = ANSWERS_KEPT) -> None:
+        if request_id is not None:
+            self.answered[request_id] = workload_id
+            _keep_newest(self.answered, keep)
+
+    def finished(self, workload_id: str, now: float) -> None:
+        self.finished_at.pop(workload_id, None)  # re-inserted: the dict stays in time order
+        self.finished_at[workload_id] = now
+
+    def prune_finished(self, before: float) -> list[str]:
+        """Forget the workloads finished before `before`; returns their ids."""
+        pruned = []
+        for workload_id, at in self.finished_at.items():
+            if at >= before:
+                break
+            pruned.append(workload_id)
+        for workload_id in pruned:
+            del self.finished_at[workload_id]
+            for table in (self.submissions, self.attempts, self.claim_timeouts):
+                table.pop(workload_id, None)
+        return pruned
 
     def workload_of(self, lease_id: str) -> str | None:
         return next((w for w, g in self.grants.items() if g.lease_id == lease_id), None)
@@ -90,12 +119,15 @@ class LiveState:
         else:
             self.launched.pop(workload_id, None)
             self.forget_ended(workload_id)
+            self.finished(workload_id, now)
 
-    def drop_workload(self, workload_id: str) -> None:
-        """The workload is withdrawn (its submission stays, for `list_workloads`)."""
+    def drop_workload(self, workload_id: str, now: float) -> None:
+        """The workload is withdrawn (its submission stays, for `list_workloads`, until the
+        retention period is over)."""
         for table in (self.grants, self.notices, self.claims, self.queued_since):
             table.pop(workload_id, None)
         self.forget_ended(workload_id)
+        self.finished(workload_id, now)
 
     def forget_ended(self, workload_id: str) -> None:
         """The workload is done: no job will come back for it through an ended lease."""
@@ -108,3 +140,8 @@ class LiveState:
         self.__dict__.update({**defaults, **state})
         # Older journals hold the Ray adapter's launched-job record: the same two fields.
         self.launched = {w: LaunchedJob(j.workload_id, j.submission_id) for w, j in self.launched.items()}
+
+
+def _keep_newest(table: dict[str, Any], keep: int) -> None:
+    while len(table) > keep:
+        del table[next(iter(table))]  # the oldest (dicts keep insertion order)

@@ -1,0 +1,205 @@
+"""The live scheduler's write-ahead log and snapshots, on the head node's disk.
+
+Layout, in `<state>/scheduler-wal/`:
+
+- `wal-<first seq>.jsonl`: the driver's input events (`scheduler.driver.inputs`), one JSON
+  line each, `{"seq": N, "event": ..., "now": ..., ...}`, seq rising by one across segments.
+- `snapshot-<seq>.json`: the state after record `seq` (`scheduler.driver.snapshot`), written to
+  a temporary file, fsynced and renamed, so a snapshot file is whole or absent.
+
+Fsync policy: group commit. `append` writes the line (the caller holds the actor's lock, so
+lines are in event order); `wait_durable(seq)` returns once an `fdatasync` that began after
+line `seq` was written has finished. One caller syncs for everyone waiting, so concurrent calls
+share a sync; nobody is answered before the sync that covers their line. A snapshot starts a
+new segment; segments and snapshots older than the newest snapshot are removed after it is on
+disk.
+
+Reading back: a last line cut short by a crash mid-append (no newline, or not JSON) was never
+acknowledged; it is dropped with a warning and cut from the file. Any other bad line stops
+recovery with its file and line number, and nothing is deleted.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import logging
+import os
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, BinaryIO
+
+log = logging.getLogger(__name__)
+
+Record = dict[str, Any]
+
+
+class WalCorruptError(RuntimeError):
+    """A write-ahead-log line that is not a record, or a gap in the sequence."""
+
+
+def _segment_path(directory: Path, first_seq: int) -> Path:
+    return directory / f"wal-{first_seq:012d}.jsonl"
+
+
+def _numbered(directory: Path, prefix: str, suffix: str) -> list[tuple[int, Path]]:
+    found = []
+    for p in directory.glob(f"{prefix}*{suffix}"):
+        digits = p.name[len(prefix) : -len(suffix)]
+        if digits.isdigit():
+            found.append((int(digits), p))
+    return sorted(found)
+
+
+class WriteAheadLog:
+    """Appends records after `last_seq`, in a new segment. Thread-safe."""
+
+    def __init__(self, directory: Path, last_seq: int) -> None:
+        self.directory = directory
+        directory.mkdir(parents=True, exist_ok=True)
+        self._sync = threading.Condition()
+        self._appended = last_seq
+        self._durable = last_seq
+        self._syncing = False
+        self._file = self._open(last_seq + 1)
+
+    @property
+    def last_seq(self) -> int:
+        return self._appended
+
+    def _open(self, first_seq: int) -> BinaryIO:
+        f = open(_segment_path(self.directory, first_seq), "ab", buffering=0)  # noqa: SIM115 - held open
+        _fsync_directory(self.directory)
+        return f
+
+    def append(self, record: Record) -> int:
+        """Write `record` as the next line; returns its seq. Not durable until `wait_durable`."""
+        with self._sync:
+            seq = self._appended + 1
+            line = json.dumps({"seq": seq, **record}, separators=(",", ":"), allow_nan=False) + "\n"
+            self._file.write(line.encode())
+            self._appended = seq
+        return seq
+
+    def wait_durable(self, seq: int) -> None:
+        with self._sync:
+            while self._durable < seq:
+                if self._syncing:
+                    self._sync.wait()
+                    continue
+                self._syncing, target, fd = True, self._appended, self._file.fileno()
+                self._sync.release()
+                try:
+                    os.fdatasync(fd)
+                finally:
+                    self._sync.acquire()
+                    self._syncing = False
+                    self._sync.notify_all()
+                self._durable = max(self._durable, target)
+
+    def start_segment(self) -> None:
+        """Sync and close the current segment; later records go to a new one (at a snapshot)."""
+        with self._sync:
+            while self._syncing:
+                self._sync.wait()
+            os.fdatasync(self._file.fileno())
+            self._durable = self._appended
+            self._file.close()
+            self._file = self._open(self._appended + 1)
+
+    def close(self) -> None:
+        with self._sync:
+            self._file.close()
+
+
+def read_records(directory: Path, after_seq: int) -> Iterator[Record]:
+    """The records after `after_seq`, in order. Raises WalCorruptError (see the module doc)."""
+    segments = _numbered(directory, "wal-", ".jsonl")
+    expected: int | None = None
+    for index, (_, path) in enumerate(segments):
+        last_segment = index == len(segments) - 1
+        for record in _segment_records(path, last_segment):
+            seq = record["seq"]
+            if expected is not None and seq != expected:
+                raise WalCorruptError(f"{path}: record seq {seq} follows {expected - 1}; records are missing")
+            expected = seq + 1
+            if seq > after_seq:
+                yield record
+
+
+def _segment_records(path: Path, last_segment: bool) -> Iterator[Record]:
+    data = path.read_bytes()
+    lines = data.split(b"\n")
+    complete, tail = lines[:-1], lines[-1]  # tail: what follows the last newline
+    for number, line in enumerate(complete, start=1):
+        try:
+            record = json.loads(line)
+            if not isinstance(record, dict) or not isinstance(record.get("seq"), int):
+                raise ValueError("not a record with a seq")
+        except ValueError as exc:
+            if last_segment and number == len(complete) and not tail:
+                _drop_torn_tail(path, data, len(data) - len(line) - 1, f"line {number} ({exc})")
+                return
+            raise WalCorruptError(f"{path}:{number}: not a write-ahead-log record ({exc}); recovery stopped") from exc
+        yield record
+    if tail:
+        if not last_segment:
+            raise WalCorruptError(f"{path}:{len(complete) + 1}: a line cut short in a segment that is not the last")
+        _drop_torn_tail(path, data, len(data) - len(tail), f"line {len(complete) + 1} (no newline)")
+
+
+def _drop_torn_tail(path: Path, data: bytes, keep: int, what: str) -> None:
+    log.warning("%s: dropping %s, cut short by a crash mid-append (never acknowledged)", path, what)
+    with open(path, "r+b") as f:
+        f.truncate(keep)
+        os.fsync(f.fileno())
+
+
+class SnapshotFiles:
+    """`snapshot-<seq>.json` files: written whole or not at all."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        directory.mkdir(parents=True, exist_ok=True)
+
+    def write(self, document: bytes, seq: int) -> Path:
+        path = self.directory / f"snapshot-{seq:012d}.json"
+        partial = path.with_suffix(".json.partial")
+        with open(partial, "wb") as f:
+            f.write(document)
+            os.fsync(f.fileno())
+        os.replace(partial, path)
+        _fsync_directory(self.directory)
+        return path
+
+    def latest(self) -> tuple[Path, dict[str, Any]] | None:
+        found = _numbered(self.directory, "snapshot-", ".json")
+        if not found:
+            return None
+        path = found[-1][1]
+        try:
+            document = json.loads(path.read_bytes())
+        except ValueError as exc:
+            raise WalCorruptError(f"{path}: not a JSON snapshot ({exc})") from exc
+        if not isinstance(document, dict):
+            raise WalCorruptError(f"{path}: not a snapshot document")
+        return path, document
+
+    def remove_before(self, seq: int) -> None:
+        """Snapshots older than the one after record `seq`, and segments it covers, go."""
+        for taken, path in _numbered(self.directory, "snapshot-", ".json"):
+            if taken < seq:
+                path.unlink()
+        segments = _numbered(self.directory, "wal-", ".jsonl")
+        for (_, path), (next_first, _) in itertools.pairwise(segments):
+            if next_first - 1 <= seq:
+                path.unlink()
+
+
+def _fsync_directory(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

@@ -1,0 +1,109 @@
+"""The driver's input events as plain records: what the write-ahead log holds.
+
+One record per event the driver took (a submission, a claim, a release, the node set, a tick
+of the clock, ...), with the `now` it was given: JSON-ready dicts. `apply` is the one way an
+event reaches the driver, live and on replay alike, so the two cannot take different paths:
+replaying the records after a snapshot through `apply` rebuilds the state the live actor had
+(the driver is deterministic; `tests/scheduler/test_wal_replay.py` checks it across hash seeds).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from switchyard.scheduler.api import LeaseGrant, ReleaseOutcome, WorkloadSubmission
+from switchyard.scheduler.core import Decisions, Node
+from switchyard.scheduler.driver.driver import Driver
+from switchyard.scheduler.driver.effects import Effect
+
+Record = dict[str, Any]
+Answer = str | LeaseGrant | ReleaseOutcome | None
+
+
+class InputRecordError(ValueError):
+    """A record that names no event the driver knows, or lacks one of its fields."""
+
+
+def submit(submission: WorkloadSubmission, now: float, request_id: str | None) -> Record:
+    return {"event": "submit", "now": now, "request_id": request_id, "submission": submission.model_dump(mode="json")}
+
+
+def cancel(workload_id: str, now: float, request_id: str | None) -> Record:
+    return {"event": "cancel", "now": now, "request_id": request_id, "workload_id": workload_id}
+
+
+def claim(workload_id: str, ray_job_id: str) -> Record:
+    return {"event": "claim", "workload_id": workload_id, "ray_job_id": ray_job_id}
+
+
+def release(lease_id: str, finished: bool, now: float) -> Record:
+    return {"event": "release", "now": now, "lease_id": lease_id, "finished": finished}
+
+
+def checkpoint_reported(workload_id: str, now: float) -> Record:
+    return {"event": "checkpoint_reported", "now": now, "workload_id": workload_id}
+
+
+def nodes_seen(nodes: Iterable[Node], now: float) -> Record:
+    return {"event": "nodes_seen", "now": now, "nodes": [dataclasses.asdict(n) for n in nodes]}
+
+
+def job_launched(workload_id: str, submission_id: str) -> Record:
+    return {"event": "job_launched", "workload_id": workload_id, "submission_id": submission_id}
+
+
+def launch_failed(workload_id: str, lease_id: str, error: str, now: float) -> Record:
+    return {"event": "launch_failed", "now": now, "workload_id": workload_id, "lease_id": lease_id, "error": error}
+
+
+def tick(now: float) -> Record:
+    return {"event": "tick", "now": now}
+
+
+def apply(
+    driver: Driver, record: Record, on_decisions: Callable[[Decisions], None] | None = None
+) -> tuple[Answer, list[Effect]]:
+    """Give the driver the event `record` holds; returns the caller's answer and the effects.
+    Raises what the driver raises for a bad request (nothing has changed then)."""
+    try:
+        return _dispatch(driver, record, on_decisions)
+    except KeyError as exc:
+        if exc.args and exc.args[0] in record.keys() | _FIELDS:
+            raise InputRecordError(f"{record.get('event')!r} record lacks field {exc.args[0]!r}") from None
+        raise
+
+
+_FIELDS = {"event", "now", "request_id", "submission", "workload_id", "ray_job_id", "lease_id", "finished", "nodes"}
+
+
+def _dispatch(
+    driver: Driver, r: Record, on_decisions: Callable[[Decisions], None] | None
+) -> tuple[Answer, list[Effect]]:
+    event = r["event"]
+    if event == "submit":
+        sub = WorkloadSubmission.model_validate(r["submission"])
+        return sub.workload_id, driver.submit(sub, r["now"], r["request_id"])
+    if event == "cancel":
+        return None, driver.cancel(r["workload_id"], r["now"], r["request_id"])
+    if event == "claim":
+        return driver.claim(r["workload_id"], r["ray_job_id"])
+    if event == "release":
+        return driver.release(r["lease_id"], r["finished"], r["now"])
+    if event == "checkpoint_reported":
+        return None, driver.checkpoint_reported(r["workload_id"], r["now"])
+    if event == "nodes_seen":
+        return None, driver.nodes_seen([Node(**n) for n in r["nodes"]], r["now"])
+    if event == "job_launched":
+        return None, driver.job_launched(r["workload_id"], r["submission_id"])
+    if event == "launch_failed":
+        return None, driver.launch_failed(r["workload_id"], r["lease_id"], r["error"], r["now"])
+    if event == "tick":
+        return None, driver.tick(r["now"], on_decisions)
+    raise InputRecordError(f"unknown event {event!r} in record {r}")
+
+
+def nodes_unchanged(driver: Driver, nodes: Iterable[Node]) -> bool:
+    """True when Ray reports exactly the nodes the driver has (no record needed)."""
+    return {n.name: n for n in nodes} == driver.state.nodes
