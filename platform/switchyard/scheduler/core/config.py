@@ -56,6 +56,8 @@ class KnobsSpec(_Strict):
     starvation_preempt_after_s: float | None = Field(None, gt=0)
     nominal_first: bool = False  # Kueue's order: requests inside their guarantee before borrowing ones
     when_can_borrow: WhenCanBorrow = WhenCanBorrow.BORROW  # Kueue's flavorFungibility.whenCanBorrow
+    fair_share_reclaim: bool = False  # borrowers below their share take from those above it
+    fair_share_margin_gpus: float = Field(8.0, ge=0)  # its hysteresis, borrowed GPUs / weight
 
     @model_validator(mode="after")
     def _escalation_after_aging(self) -> KnobsSpec:

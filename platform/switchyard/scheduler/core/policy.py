@@ -155,6 +155,13 @@ class PolicyKnobs:
     any that would borrow, then priority, then queue time (kueue pkg/scheduler/scheduler.go,
     `entryOrdering.Less`: "1. request under nominal quota before borrowing, 2. higher
     priority first, 3. FIFO"). The `kueue` baseline sets it; switchyard orders by priority."""
+    fair_share_reclaim: bool = False
+    """A borrowing gang may take another team's borrowed, preemptible lease of no higher
+    priority, past both its protections, if its own borrowed share after admission plus
+    `fair_share_margin_gpus` stays at or below the victim's after the loss (Kueue's
+    LessThanOrEqualToFinalShare; `core.fair_reclaim`)."""
+    fair_share_margin_gpus: float = 8.0
+    """Hysteresis of fair-share reclaim, in borrowed GPUs over the team weight."""
     when_can_borrow: WhenCanBorrow = WhenCanBorrow.BORROW
     """A request listing several GPU types takes the first that fits; whether borrowing in
     an earlier type beats fitting within the guarantee of a later one (Kueue's default: it does)."""

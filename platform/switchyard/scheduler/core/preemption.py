@@ -12,7 +12,11 @@ Who may be a victim (KUEUE and CHECKPOINT_AWARE modes):
      borrowed could never be reclaimed), and either the preemptor is reclaiming its own
      guarantee (any priority) and the victim is past its protection from reclaim (none
      against inference reclaim), or the victim is lower priority and past its protection
-     from priority preemption.
+     from priority preemption;
+  4. fair-share reclaim (knob `fair_share_reclaim`, `fair_reclaim.py`): a borrowing gang may also
+     take a borrowing entry's lease of no higher priority, past both its protections, if its own
+     share after admission plus the margin stays at or below the victim entry's share after
+     the loss (Kueue's LessThanOrEqualToFinalShare); inference reclaim is rule 3, unchanged.
 PRIORITY mode (the strict-priority baseline) keeps only the priority rule.
 
 In which order (documented in docs/scheduler.md):
@@ -35,6 +39,7 @@ import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
+from switchyard.scheduler.core.fair_reclaim import FairShares
 from switchyard.scheduler.core.model import (
     GangRequest,
     Lease,
@@ -75,6 +80,8 @@ class _Candidate:
     work_lost: float  # work since the last checkpoint alone, GPU-seconds
     order: tuple[float, int, float, str]  # checkpoint-aware order: lost, priority, -start, id
     position: int = 0
+    fair_bar: float | None = None
+    """Taken by fair-share reclaim: the share its entry must keep after the loss."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,6 +93,10 @@ class _Asker:
     """The quota entries it may take from, each with whether it is another team's (cross)."""
     reclaiming: bool
     inference: bool
+    fair_bar: float | None = None
+    """Fair-share reclaim applies: the share a victim's entry must keep (`FairShares.bar`)."""
+    fair_entries: frozenset[QuotaKey] = frozenset()
+    """The entries whose share is above that bar now: the only ones it may take from so."""
 
 
 class VictimSelector:
@@ -98,6 +109,8 @@ class VictimSelector:
         self._pool = pool
         self._priority = {p.name: p for p in policy.priority_classes}
         self._index = VictimIndex(policy.knobs.restart_cost_s)
+        weights = {t.name: t.weight for t in policy.teams}
+        self._fair = FairShares(book, weights, policy.knobs.fair_share_margin_gpus)
 
     # -- upkeep ---------------------------------------------------------------------------
     def track(self, lease: Lease, key: QuotaKey) -> None:
@@ -179,12 +192,27 @@ class VictimSelector:
             if cross and self._book.reclaimable(key) == 0:
                 continue  # never below its guarantee: a team that is not borrowing is off limits
             entries[key] = cross
+        reclaiming = my_key is not None and self._book.reclaiming(my_key, request.gpus)
+        bar: float | None = None
+        fair: frozenset[QuotaKey] = frozenset()
+        if my_key is not None and not reclaiming and self._policy.knobs.fair_share_reclaim:
+            bar = self._fair.bar(my_key, request.gpus)
+            fair = frozenset(k for k, cross in entries.items() if cross and self._fair.share(k) > bar)
         return _Asker(
             self._priority[request.priority_class].value,
             entries,
-            my_key is not None and self._book.reclaiming(my_key, request.gpus),
+            reclaiming,
             request.workload_class is WorkloadClass.INFERENCE,
+            bar,
+            fair,
         )
+
+    def may_reclaim_fairly(self, request: GangRequest, running: Mapping[QuotaKey, object]) -> bool:
+        """Cheap test before a search: may fair-share reclaim give `request` (as tried on one GPU
+        type) any victim at all? Some other entry must be above its bar now."""
+        if not (self._quota_rules and self._policy.knobs.fair_share_reclaim):
+            return False
+        return bool(self._asker(request, running).fair_entries)
 
     def _judge(self, entry: VictimEntry, asker: _Asker, now: float) -> _Candidate | None:
         """The candidate `entry` is for `asker` now, or None if it may not be taken.
@@ -198,6 +226,16 @@ class VictimSelector:
             return self._candidate(entry, True, PreemptionReason.RECLAIM, now)
         if entry.value < asker.mine and now >= entry.priority_from:
             return self._candidate(entry, cross, PreemptionReason.PRIORITY, now)
+        if (
+            asker.fair_bar is not None
+            and entry.key in asker.fair_entries
+            and entry.value <= asker.mine
+            and now >= max(entry.priority_from, entry.reclaim_from)  # not its owner: both protections
+            and self._fair.allows(asker.fair_bar, entry.key, entry.gpus)
+        ):
+            candidate = self._candidate(entry, True, PreemptionReason.RECLAIM, now)
+            candidate.fair_bar = asker.fair_bar
+            return candidate
         return None
 
     def _candidates(self, asker: _Asker, now: float) -> list[_Candidate]:
@@ -216,7 +254,9 @@ class VictimSelector:
         """Whether any lease of the cell (quota entry, priority value) may be taken, protection
         aside: skip it whole if not."""
         cross = asker.entries.get(key)
-        return cross is not None and (value < asker.mine or (cross and asker.reclaiming))
+        if cross is None:
+            return False
+        return value < asker.mine or (cross and asker.reclaiming) or (key in asker.fair_entries and value <= asker.mine)
 
     def _takeable(self, asker: _Asker) -> int:
         """Leases in the cells `asker` may take from (protection aside)."""
@@ -270,6 +310,8 @@ class VictimSelector:
         its guarantee is off limits, but a borrowing gang is taken whole."""
         if not c.cross_team:
             return True
+        if c.fair_bar is not None:  # fair-share reclaim: the entry keeps the share it must
+            return self._fair.allows(c.fair_bar, c.key, taken.get(c.key, 0) + c.lease.gpus)
         return self._book.reclaimable(c.key) - taken.get(c.key, 0) > 0
 
     # -- how many -------------------------------------------------------------------------

@@ -86,6 +86,11 @@ class QuotaBook:
         """Borrowed GPUs not already being taken back by a pending preemption."""
         return max(0, self._usage[key] - self._leaving[key] - self._quota[key].guaranteed_gpus)
 
+    def borrowing_after(self, key: QuotaKey, gpus: int) -> int:
+        """GPUs the entry borrows once preemptions under way end and `gpus` more are charged."""
+        after = self._usage[key] - self._leaving[key] + self._arriving[key] + gpus
+        return max(0, after - self._quota[key].guaranteed_gpus)
+
     def reclaiming(self, key: QuotaKey, gpus: int) -> bool:
         """Would `gpus` more (after preemptions already under way) stay within the guarantee?"""
         after = self._usage[key] - self._leaving[key] + self._arriving[key] + gpus

@@ -667,7 +667,9 @@ class Scheduler:
             return True
         if not self._knobs.enforce_quota or self._knobs.preemption is PreemptionMode.PRIORITY:
             return False
-        return self._book.reclaiming(self._key(request, gpu_type), request.gpus)
+        if self._book.reclaiming(self._key(request, gpu_type), request.gpus):
+            return True
+        return self._victims.may_reclaim_fairly(self._on_type(request, gpu_type), self._running)
 
     def _notify(
         self, request: GangRequest, plan: VictimPlan, now: float, decisions: Decisions, gpu_type: str = ""
