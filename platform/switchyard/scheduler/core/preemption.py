@@ -375,18 +375,28 @@ class VictimSelector:
         judged: dict[str, _Candidate | None],
     ) -> tuple[float, str, list[_Candidate]] | None:
         """One node of `_plan_single_node`: its candidates in victim order until the gang fits."""
-        size = request.gpus
-        spec = self._pool.node(node)
-        if spec.gpus - held.get(node, 0) < size:
-            return None
-        if request.node_group is not None and spec.node_group != request.node_group:
+        if not self._may_hold(request, node, held):
             return None
         on_node = [c for e in self._index.on_node(node) if (c := self._judged(e, asker, now, judged)) is not None]
         on_node.sort(key=_by_order)
-        need = size - (self._pool.free(node) - held.get(node, 0))
+        chosen = self._fill_node(request, node, on_node, held)
+        return None if chosen is None else (sum(c.lost for c in chosen), node, chosen)
+
+    def _may_hold(self, request: GangRequest, node: str, held: Mapping[str, int]) -> bool:
+        """Whether the gang fits on `node` at all once its victims have left."""
+        spec = self._pool.node(node)
+        if spec.gpus - held.get(node, 0) < request.gpus:
+            return False
+        return request.node_group is None or spec.node_group == request.node_group
+
+    def _fill_node(
+        self, request: GangRequest, node: str, ordered: list[_Candidate], held: Mapping[str, int]
+    ) -> list[_Candidate] | None:
+        """Victims on `node`, taken in `ordered`'s order, until the gang fits (None: it never does)."""
+        need = request.gpus - (self._pool.free(node) - held.get(node, 0))
         chosen: list[_Candidate] = []
         taken: dict[QuotaKey, int] = {}
-        for c in on_node:
+        for c in ordered:
             if need <= 0:
                 break
             if not self._keeps_guarantee(c, taken):
@@ -394,33 +404,17 @@ class VictimSelector:
             chosen.append(c)
             taken[c.key] = taken.get(c.key, 0) + c.lease.gpus
             need -= c.lease.gpus_by_node()[node]
-        if need > 0 or not chosen:
-            return None
-        return (sum(c.lost for c in chosen), node, chosen)
+        return chosen if need <= 0 and chosen else None
 
     def _plan_single_node(
         self, request: GangRequest, by_node: dict[str, list[_Candidate]], held: Mapping[str, int]
     ) -> VictimPlan | None:
-        size = request.gpus
         best: tuple[tuple[float, float], str, list[_Candidate]] | None = None
         for node, on_node in by_node.items():
-            spec = self._pool.node(node)
-            if spec.gpus - held.get(node, 0) < size:
+            if not self._may_hold(request, node, held):
                 continue
-            if request.node_group is not None and spec.node_group != request.node_group:
-                continue
-            need = size - (self._pool.free(node) - held.get(node, 0))
-            chosen: list[_Candidate] = []
-            taken: dict[QuotaKey, int] = {}
-            for c in on_node:
-                if need <= 0:
-                    break
-                if not self._keeps_guarantee(c, taken):
-                    continue
-                chosen.append(c)
-                taken[c.key] = taken.get(c.key, 0) + c.lease.gpus
-                need -= c.lease.gpus_by_node()[node]
-            if need > 0 or not chosen:
+            chosen = self._fill_node(request, node, on_node, held)
+            if chosen is None:
                 continue
             cost = self._cost(chosen)
             if best is None or (cost, node) < (best[0], best[1]):
