@@ -8,7 +8,6 @@ Jobs tab), pinned to the GPUs it chose.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -43,21 +42,16 @@ def add_commands(commands: Any) -> None:
 
 @contextmanager
 def _scheduler(args: argparse.Namespace) -> Iterator[SchedulerClient]:
-    from switchyard.cluster.head import PLATFORM_ENV
-    from switchyard.cluster.record import NAMESPACE, read_record
-    from switchyard.cluster.scheduler_client import platform_scheduler
+    from switchyard.cli._ray import attached
+    from switchyard.cluster.record import read_record
 
     record = read_record(state_dir(args.state_dir))
     if record is None:
         raise LookupError("no platform is up (start one with `switchyard up`)")
-    os.environ.update(PLATFORM_ENV)
-    import ray
+    with attached(record.ray_address):
+        from switchyard.cluster.scheduler_client import platform_scheduler  # imports ray
 
-    ray.init(address=record.ray_address, namespace=NAMESPACE, logging_level="WARNING", log_to_driver=False)
-    try:
         yield platform_scheduler()
-    finally:
-        ray.shutdown()
 
 
 def _guarded(fn: Any) -> Any:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import os
 from typing import Any
 
 from switchyard.cli._auth import operator_key
@@ -25,19 +24,12 @@ def run(args: argparse.Namespace) -> int:
     record = read_record(state)
     if record is None:
         return fail(f"no platform is up for state dir {state} (start one with `switchyard up`)")
-    from switchyard.cluster.head import PLATFORM_ENV
+    from switchyard.cli._ray import attached
 
-    os.environ.update(PLATFORM_ENV)
-    import ray
+    with attached(record.ray_address):
+        from switchyard.cluster.status import collect  # imports ray
 
-    from switchyard.cluster.record import NAMESPACE
-    from switchyard.cluster.status import collect
-
-    ray.init(address=record.ray_address, namespace=NAMESPACE, logging_level="WARNING", log_to_driver=False)
-    try:
         info = collect(record, operator_key(state, args.api_key))
-    finally:
-        ray.shutdown()
     if args.json:
         print_json(info)
     else:
