@@ -34,6 +34,7 @@ from switchyard.scheduler.core.policy import Ordering, PreemptionMode, Scheduler
 from switchyard.scheduler.core.preemption import VictimPlan, VictimSelector
 from switchyard.scheduler.core.queue import GroupKey, PendingQueues
 from switchyard.scheduler.core.quota import NO_LENDABLE_CAPACITY, Admission, QuotaBook, QuotaKey
+from switchyard.scheduler.core.request_checks import check_request
 from switchyard.scheduler.core.snapshot import ClusterSnapshot, build_snapshot
 from switchyard.scheduler.core.starvation import HoldCounts, may_escalate, reservation_to_take
 
@@ -794,34 +795,7 @@ class Scheduler:
         self._queues.add(value, pending)
 
     def _validate(self, request: GangRequest) -> None:
-        try:
-            team = self.policy.team(request.team)
-            self.policy.priority(request.priority_class)
-            if not self._typed:
-                team.quota_index(request.workload_class)
-        except KeyError as err:
-            raise ValueError(f"workload {request.workload_id!r}: {err.args[0]}") from None
-        if request.gpu_types:
-            self._validate_types(request)
-        if not self._types(request):
-            raise ValueError(
-                f"workload {request.workload_id!r}: team {request.team!r} has no quota for workload class "
-                f"{request.workload_class!s} of GPU types {list(request.gpu_types or self.policy.gpu_types)}"
-            )
-        if not request.bundles or min(request.bundles) <= 0:
-            raise ValueError(
-                f"workload {request.workload_id!r}: bundles must be positive GPU counts, got {request.bundles}"
-            )
-
-    def _validate_types(self, request: GangRequest) -> None:
-        if not self._typed:
-            raise ValueError(
-                f"workload {request.workload_id!r}: asks for GPU types {list(request.gpu_types)}, "
-                "but the policy declares none"
-            )
-        unknown = [t for t in request.gpu_types if t not in self.policy.gpu_types]
-        if unknown:
-            raise ValueError(f"workload {request.workload_id!r}: unknown GPU types {unknown}")
+        check_request(request, self.policy, self._typed, lambda: self._types(request))
 
     # -- read-only views ----------------------------------------------------------------------
     @property
