@@ -228,7 +228,30 @@ def profile_replica(pid: int, out: str, run_load: Any) -> None:
         sampler.wait(timeout=60)
 
 
-def main(seconds: float, cpu_requests: int, profile: str | None) -> None:
+def hold_for_peers(path: Path, upstream: str, targets: dict[str, tuple[str, dict[str, str], dict[str, Any]]]) -> None:
+    """For bench/gateway_peers.sh: write the targets (and the processes serving each) to `path`,
+    then keep serving until `<path>.stop` exists."""
+    import json
+
+    pids = serving_pids(("gateway", "passthrough"))
+    described = {
+        name: {
+            "url": url,
+            "headers": headers,
+            "body": body,
+            "pids": []
+            if name == "upstream direct"
+            else pids["passthrough" if name == "serve passthrough" else "gateway"],
+        }
+        for name, (url, headers, body) in targets.items()
+    }
+    path.write_text(json.dumps({"upstream": upstream, "targets": described}, indent=1))
+    stop = path.with_name(path.name + ".stop")
+    while not stop.exists():
+        time.sleep(0.5)
+
+
+def main(seconds: float, cpu_requests: int, profile: str | None, serve_only: str | None = None) -> None:
     import ray
     from ray import serve
 
@@ -291,6 +314,9 @@ def main(seconds: float, cpu_requests: int, profile: str | None) -> None:
             for name, (url, headers, body) in targets.items():  # each must answer 200 before measuring
                 check = httpx.post(url, json=body, headers=headers, timeout=30)
                 assert check.status_code == 200, f"{name}: {check.status_code} {check.text[:200]}"
+            if serve_only is not None:
+                hold_for_peers(Path(serve_only), upstream, targets)
+                return
             for concurrency in (1, 16):
                 for name, (url, headers, body) in targets.items():
                     results[(name, concurrency)] = asyncio.run(load(url, headers, body, concurrency, seconds))
@@ -352,8 +378,8 @@ def main(seconds: float, cpu_requests: int, profile: str | None) -> None:
     )
     for name, (ms, errors) in cpu.items():
         print(f"  {name:22} {ms:6.2f} ms CPU/request ({errors} errors); the machine's CPU per request, by process:")
-        for (pid, title), seconds in machine[name]:
-            print(f"      {seconds / cpu_requests * 1000:6.2f} ms  {pid:>7} {title}")
+        for (pid, title), spent_s in machine[name]:
+            print(f"      {spent_s / cpu_requests * 1000:6.2f} ms  {pid:>7} {title}")
     print(f"load average at the end: {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
     print(
         "reproduce: flock /tmp/switchyard-ray.lock .venv/bin/python bench/gateway_serve.py"
@@ -366,5 +392,11 @@ if __name__ == "__main__":
     ap.add_argument("--seconds", type=float, default=8.0)
     ap.add_argument("--cpu-requests", type=int, default=2000, help="requests per target for CPU per request")
     ap.add_argument("--profile", help="write py-spy's collapsed stacks of the gateway replica under load here")
+    ap.add_argument(
+        "--serve-only",
+        metavar="FILE",
+        help="set up the upstream and Serve targets, write them to FILE as JSON and serve until FILE.stop exists"
+        " (bench/gateway_peers.sh drives them with wrk)",
+    )
     args = ap.parse_args()
-    main(args.seconds, args.cpu_requests, args.profile)
+    main(args.seconds, args.cpu_requests, args.profile, args.serve_only)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import signal
 import sqlite3
@@ -15,11 +16,12 @@ import pytest
 from _audit_helpers import make_exchange, make_flow
 
 from switchyard.audit.builder import RecordBuilder
+from switchyard.audit.record import canonical_json
 from switchyard.audit.redaction import TextScrubber
 from switchyard.audit.sink import StoreAuditSink
 from switchyard.audit.spool import AuditSpool, encode_line, pending_lines, recover_orphans
 from switchyard.audit.store import AuditStore
-from switchyard.audit.subject_keys import SubjectKeyring
+from switchyard.audit.subject_keys import SubjectKeyring, b64
 from switchyard.gateway.seams import AuditUnavailable
 from switchyard.policy.models import DataPolicies, RiskTier
 
@@ -226,3 +228,13 @@ async def test_a_restated_stand_in_wins_over_the_first(tmp_path: Path, builder: 
     recover_orphans(tmp_path / "spool", AuditStore.in_state_dir(tmp_path))
     (entry,) = [e.entry for e in store.find(limit=10)]
     assert entry.request_id == "req-charged" and entry.cost_usd == 0.25
+
+
+def test_a_spool_line_is_the_same_bytes_as_before_the_record_was_embedded_verbatim(builder: RecordBuilder) -> None:
+    """Lines written before and after the encoding change drain alike (a spool may hold both)."""
+    pending = builder.build(make_exchange(output="ünïcode € answer"))
+    old = {
+        "record": json.loads(canonical_json(pending.record)),
+        "bodies": [{"part": b.part, "data": b64(b.data)} for b in pending.bodies],
+    }
+    assert encode_line(pending) == (json.dumps(old, separators=(",", ":")) + "\n").encode()

@@ -65,7 +65,8 @@ ToolCallSpec = tuple[str, dict[str, Any]]  # a scripted tool call: (function nam
 
 @dataclass
 class Fault:
-    kind: str  # latency | status | reset | malformed | die_midway | reply | filtered | tool_calls
+    kind: str  # latency | status | reset | malformed | die_midway | stall_midway (OpenAI streams) | reply
+    #   | filtered | tool_calls
     delay_s: float = 0.0
     status: int = 500
     retry_after: str | None = None
@@ -311,6 +312,8 @@ async def _openai_stream(send: Any, model: str, reply: str, calls: list[ToolCall
     for n, piece in enumerate(chunks):
         if fault is not None and fault.kind == "die_midway" and n == len(chunks) // 2:
             return  # the connection drops mid-stream, no [DONE]
+        if fault is not None and fault.kind == "stall_midway" and n == len(chunks) // 2:
+            await asyncio.sleep(fault.delay_s)  # the connection stays open, silent
         await _sse(send, chunk({"content": piece}))
     for index, call in enumerate(_openai_tool_calls(calls)):
         # OpenAI's shape: the first piece names the call, later pieces carry argument fragments.

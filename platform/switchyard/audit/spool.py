@@ -48,11 +48,10 @@ OPEN_STREAMS = ".open"  # `<writer>.open`: the stand-in records of a writer's st
 
 
 def encode_line(pending: PendingEntry) -> bytes:
-    line = {
-        "record": json.loads(canonical_json(pending.record)),
-        "bodies": [{"part": b.part, "data": b64(b.data)} for b in pending.bodies],
-    }
-    return (json.dumps(line, separators=(",", ":")) + "\n").encode()
+    """`{"record": <canonical JSON>, "bodies": [...]}`: the record's canonical text is embedded as
+    it is (it is compact JSON already), not parsed back and encoded a second time."""
+    bodies = json.dumps([{"part": b.part, "data": b64(b.data)} for b in pending.bodies], separators=(",", ":"))
+    return f'{{"record":{canonical_json(pending.record)},"bodies":{bodies}}}\n'.encode()
 
 
 def decode_line(line: bytes) -> PendingEntry:

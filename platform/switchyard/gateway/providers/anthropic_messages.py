@@ -28,10 +28,8 @@ reason `tool_use` finish `tool_calls`. Streaming: a `tool_use` block's start is 
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from typing import Any
-
-import httpx
 
 from switchyard.gateway.messages import Message
 from switchyard.gateway.providers.base import (
@@ -44,7 +42,6 @@ from switchyard.gateway.providers.base import (
     classify_status,
     retry_after_seconds,
 )
-from switchyard.gateway.providers.http_errors import pooled_client, transport_error
 from switchyard.gateway.providers.openai_format import (
     cannot_honour,
     content_parts,
@@ -59,6 +56,7 @@ from switchyard.gateway.providers.openai_format import (
     turn_role,
     wants_native_schema,
 )
+from switchyard.gateway.providers.upstream_http import UpstreamHTTP
 from switchyard.gateway.seams import Usage
 from switchyard.policy.models import ErrorClass
 
@@ -202,16 +200,13 @@ class AnthropicProvider:
         headers = {"anthropic-version": API_VERSION}
         if api_key:
             headers["x-api-key"] = api_key
-        self._client = pooled_client(base_url, headers, max_connections)
+        self._http = UpstreamHTTP(name, base_url, headers, max_connections)
 
     async def complete(self, call: ProviderCall) -> Completion:
         body = to_messages_api(self.name, call, False)
-        try:
-            resp = await self._client.post("v1/messages", json=body, timeout=call.timeout_s)
-        except httpx.HTTPError as exc:
-            raise transport_error(self.name, exc) from None
-        if resp.status_code != 200:
-            raise self._status_error(resp.status_code, resp.text, resp.headers)
+        resp = await self._http.post("v1/messages", body, call.timeout_s)
+        if resp.status != 200:
+            raise self._status_error(resp.status, resp.text, resp.headers)
         try:
             data = resp.json()
             blocks = data["content"]
@@ -232,12 +227,12 @@ class AnthropicProvider:
     async def stream(self, call: ProviderCall) -> AsyncIterator[Delta]:
         body = to_messages_api(self.name, call, True)
         try:
-            async with self._client.stream("POST", "v1/messages", json=body, timeout=call.timeout_s) as resp:
-                if resp.status_code != 200:
-                    await resp.aread()
-                    raise self._status_error(resp.status_code, resp.text, resp.headers)
+            async with self._http.stream("v1/messages", body, call.timeout_s) as resp:
+                if resp.status != 200:
+                    error = await resp.read()
+                    raise self._status_error(error.status, error.text, error.headers)
                 reader = _StreamReader()
-                async for line in resp.aiter_lines():
+                async for line in resp.lines():
                     if not line.startswith("data:"):
                         continue
                     event = _event(self.name, line[5:].strip())
@@ -248,12 +243,10 @@ class AnthropicProvider:
                     if reader.finished:
                         return
                 raise ProviderError(ErrorClass.CONNECTION, f"{self.name} stream ended without message_stop")
-        except httpx.HTTPError as exc:
-            raise transport_error(self.name, exc) from None
         except (KeyError, TypeError, ValueError):
             raise ProviderError(ErrorClass.SERVER_ERROR, f"{self.name} sent a malformed stream event") from None
 
-    def _status_error(self, status: int, text: str, headers: httpx.Headers) -> ProviderError:
+    def _status_error(self, status: int, text: str, headers: Mapping[str, str]) -> ProviderError:
         err_type, too_long = _error_facts(text)
         # 529 is Anthropic's "overloaded": a capacity problem like 503.
         error_class = ErrorClass.CONTEXT_LENGTH if too_long else classify_status(status, err_type)
@@ -265,7 +258,7 @@ class AnthropicProvider:
         )
 
     async def aclose(self) -> None:
-        await self._client.aclose()
+        await self._http.aclose()
 
 
 def _tool_call(block: dict[str, Any]) -> ToolCall:

@@ -1,7 +1,7 @@
 """OpenAI-compatible chat completions over HTTP (OpenAI, Azure OpenAI v1, vLLM, Ray Serve LLM).
 
-One pooled `httpx.AsyncClient` per provider; the per-attempt timeout comes from the caller's
-remaining deadline.
+One keep-alive pool per provider (`upstream_http`); the per-attempt timeout comes from the
+caller's remaining deadline.
 
 The gateway's call is already in this format, so each field is sent as it is: `messages`
 (text and image parts, assistant `tool_calls`, `tool` messages), `tools`, `tool_choice`,
@@ -16,10 +16,8 @@ Answers: `message.tool_calls` become `ToolCall`s (content may then be null); str
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from typing import Any
-
-import httpx
 
 from switchyard.gateway.providers.base import (
     Completion,
@@ -32,7 +30,8 @@ from switchyard.gateway.providers.base import (
     classify_status,
     retry_after_seconds,
 )
-from switchyard.gateway.providers.http_errors import pooled_client, transport_error, upstream_detail
+from switchyard.gateway.providers.http_errors import upstream_detail
+from switchyard.gateway.providers.upstream_http import UpstreamHTTP
 from switchyard.gateway.seams import Usage
 from switchyard.policy.models import ErrorClass
 
@@ -41,7 +40,7 @@ class OpenAICompatProvider:
     def __init__(self, name: str, base_url: str, api_key: str | None, *, max_connections: int = 100) -> None:
         self.name = name
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        self._client = pooled_client(base_url, headers, max_connections)
+        self._http = UpstreamHTTP(name, base_url, headers, max_connections)
 
     def _body(self, call: ProviderCall, stream: bool) -> dict[str, Any]:
         body: dict[str, Any] = {
@@ -69,12 +68,9 @@ class OpenAICompatProvider:
         return body
 
     async def complete(self, call: ProviderCall) -> Completion:
-        try:
-            resp = await self._client.post("chat/completions", json=self._body(call, False), timeout=call.timeout_s)
-        except httpx.HTTPError as exc:
-            raise transport_error(self.name, exc) from None
-        if resp.status_code != 200:
-            raise self._status_error(resp.status_code, resp.text, resp.headers)
+        resp = await self._http.post("chat/completions", self._body(call, False), call.timeout_s)
+        if resp.status != 200:
+            raise self._status_error(resp.status, resp.text, resp.headers)
         try:
             data = resp.json()
             choice = data["choices"][0]
@@ -94,35 +90,30 @@ class OpenAICompatProvider:
         return Completion(text, usage, finish, model_version, usage_reported=reported, tool_calls=calls)
 
     async def stream(self, call: ProviderCall) -> AsyncIterator[Delta]:
-        try:
-            async with self._client.stream(
-                "POST", "chat/completions", json=self._body(call, True), timeout=call.timeout_s
-            ) as resp:
-                if resp.status_code != 200:
-                    await resp.aread()
-                    raise self._status_error(resp.status_code, resp.text, resp.headers)
-                usage: Usage | None = None
-                finish: str | None = None
-                async for line in resp.aiter_lines():
-                    if not line.startswith("data:"):
-                        continue
-                    payload = line[5:].strip()
-                    if payload == "[DONE]":
-                        yield Delta(finish_reason=finish or "stop", usage=usage)
-                        return
-                    chunk = _json_chunk(self.name, payload)
-                    if chunk.get("usage"):
-                        usage = _usage(chunk["usage"])
-                    for choice in chunk.get("choices") or []:
-                        finish = choice.get("finish_reason") or finish
-                        delta = _delta(self.name, choice.get("delta") or {})
-                        if delta.text or delta.tool_calls:
-                            yield delta
-                raise ProviderError(ErrorClass.CONNECTION, f"{self.name} stream ended without [DONE]")
-        except httpx.HTTPError as exc:
-            raise transport_error(self.name, exc) from None
+        async with self._http.stream("chat/completions", self._body(call, True), call.timeout_s) as resp:
+            if resp.status != 200:
+                error = await resp.read()
+                raise self._status_error(error.status, error.text, error.headers)
+            usage: Usage | None = None
+            finish: str | None = None
+            async for line in resp.lines():
+                if not line.startswith("data:"):
+                    continue
+                payload = line[5:].strip()
+                if payload == "[DONE]":
+                    yield Delta(finish_reason=finish or "stop", usage=usage)
+                    return
+                chunk = _json_chunk(self.name, payload)
+                if chunk.get("usage"):
+                    usage = _usage(chunk["usage"])
+                for choice in chunk.get("choices") or []:
+                    finish = choice.get("finish_reason") or finish
+                    delta = _delta(self.name, choice.get("delta") or {})
+                    if delta.text or delta.tool_calls:
+                        yield delta
+            raise ProviderError(ErrorClass.CONNECTION, f"{self.name} stream ended without [DONE]")
 
-    def _status_error(self, status: int, text: str, headers: httpx.Headers) -> ProviderError:
+    def _status_error(self, status: int, text: str, headers: Mapping[str, str]) -> ProviderError:
         detail = upstream_detail(text)
         return ProviderError(
             classify_status(status, detail),
@@ -132,7 +123,7 @@ class OpenAICompatProvider:
         )
 
     async def aclose(self) -> None:
-        await self._client.aclose()
+        await self._http.aclose()
 
 
 def _usage(u: dict[str, Any]) -> Usage:

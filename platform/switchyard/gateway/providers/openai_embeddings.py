@@ -2,7 +2,7 @@
 v1, vLLM), and OpenAI's embeddings response shape, which in-cluster deployments answer in too
 (`switchyard.cluster.serve_handle`, `serve_apps/local_model.py`).
 
-One pooled `httpx.AsyncClient` per provider; the per-attempt timeout is the caller's. Floats
+One keep-alive pool per provider (`upstream_http`); the per-attempt timeout is the caller's. Floats
 are asked for (`encoding_format: "float"`) whatever the client wants: the gateway checks every
 vector's shape before answering and encodes base64 itself, so one parser serves every client.
 """
@@ -11,8 +11,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import httpx
-
 from switchyard.gateway.providers.base import (
     EmbeddingCall,
     Embeddings,
@@ -20,7 +18,8 @@ from switchyard.gateway.providers.base import (
     classify_status,
     retry_after_seconds,
 )
-from switchyard.gateway.providers.http_errors import pooled_client, transport_error, upstream_detail
+from switchyard.gateway.providers.http_errors import upstream_detail
+from switchyard.gateway.providers.upstream_http import UpstreamHTTP
 from switchyard.policy.models import ErrorClass
 
 
@@ -28,22 +27,17 @@ class OpenAIEmbeddingsProvider:
     def __init__(self, name: str, base_url: str, api_key: str | None, *, max_connections: int = 100) -> None:
         self.name = name
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        self._client = pooled_client(base_url, headers, max_connections)
+        self._http = UpstreamHTTP(name, base_url, headers, max_connections)
 
     async def embed(self, call: EmbeddingCall) -> Embeddings:
-        try:
-            resp = await self._client.post("embeddings", json=request_body(call), timeout=call.timeout_s)
-        except httpx.ReadTimeout:
-            # The whole request was sent: the provider may finish it, and bill it, unread.
-            raise ProviderError(ErrorClass.TIMEOUT, f"{self.name} timed out (ReadTimeout)", billed=True) from None
-        except httpx.HTTPError as exc:
-            raise transport_error(self.name, exc) from None
-        if resp.status_code != 200:
+        # A read timeout (the request sent whole) is billed at the bound: see `upstream_http`.
+        resp = await self._http.post("embeddings", request_body(call), call.timeout_s)
+        if resp.status != 200:
             detail = upstream_detail(resp.text)
             raise ProviderError(
-                classify_status(resp.status_code, detail),
-                f"{self.name} answered HTTP {resp.status_code}" + (f" ({detail})" if detail else ""),
-                status=resp.status_code,
+                classify_status(resp.status, detail),
+                f"{self.name} answered HTTP {resp.status}" + (f" ({detail})" if detail else ""),
+                status=resp.status,
                 retry_after_s=retry_after_seconds(resp.headers.get("retry-after")),
             )
         try:
@@ -53,7 +47,7 @@ class OpenAIEmbeddingsProvider:
         return parse_embeddings(self.name, data, call)
 
     async def aclose(self) -> None:
-        await self._client.aclose()
+        await self._http.aclose()
 
 
 def request_body(call: EmbeddingCall) -> dict[str, Any]:
