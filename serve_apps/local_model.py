@@ -17,6 +17,8 @@ from typing import Any
 
 from ray import serve
 
+from switchyard.cluster.grant_holds import serve_gpu_options
+
 REFRESH_EVERY_S = 5.0
 
 
@@ -83,7 +85,8 @@ def gpu_options(args: Mapping[str, str]) -> dict[str, Any]:
     floor = int(args.get("local_model_min_replicas", "1"))
     if not 1 <= floor <= bound:
         raise ValueError(f"local_model_min_replicas must be between 1 and {bound} (the quota), got {floor}")
-    options: dict[str, Any] = {"ray_actor_options": {**LocalModel.ray_actor_options, "num_gpus": gpus}}
+    # Its GPUs and as many Serve slots: it never lands on GPUs granted to a starting job.
+    options: dict[str, Any] = {"ray_actor_options": serve_gpu_options(gpus, LocalModel.ray_actor_options)}
     if bound > 1:
         options["autoscaling_config"] = {
             "min_replicas": floor,

@@ -15,7 +15,11 @@ from ray.serve.handle import DeploymentHandle
 from starlette.requests import Request
 
 
-@serve.deployment(name="tagger", ray_actor_options={"num_cpus": 0, "num_gpus": 1})
+# A GPU replica asks for as many `switchyard_serve_gpu` slots as GPUs: the platform holds the
+# slots of GPUs granted to other workloads, so a replica never lands on those (docs/live_scheduler.md).
+@serve.deployment(
+    name="tagger", ray_actor_options={"num_cpus": 0, "num_gpus": 1, "resources": {"switchyard_serve_gpu": 1}}
+)
 class Tagger:
     def tag(self, text: str) -> dict[str, Any]:
         return {"text": text, "tag": "long" if len(text) > 40 else "short"}

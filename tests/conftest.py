@@ -90,6 +90,7 @@ def ray_cluster() -> Iterator[dict[str, Any]]:
     import ray
     from ray.cluster_utils import Cluster
 
+    from switchyard.cluster.grant_holds import node_resources
     from switchyard.ports import listener_port
 
     temp_dir = tempfile.mkdtemp(prefix="syt-", dir="/tmp")  # short: Ray's socket paths must fit 107 bytes
@@ -107,7 +108,12 @@ def ray_cluster() -> Iterator[dict[str, Any]]:
         },
     )
     nodes = {
-        group: cluster.add_node(num_cpus=4, num_gpus=GPUS_PER_NODE, labels={"switchyard/node-group": group})
+        group: cluster.add_node(
+            num_cpus=4,
+            num_gpus=GPUS_PER_NODE,
+            resources=node_resources(GPUS_PER_NODE),
+            labels={"switchyard/node-group": group},
+        )
         for group in GPU_NODE_GROUPS
     }
     cluster.wait_for_nodes()

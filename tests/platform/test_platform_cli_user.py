@@ -127,3 +127,19 @@ def test_the_readme_commands_work_from_a_fresh_shell(platform: Any) -> None:
 
     # Failures are one clear line.
     one_clear_line(run(env, sy, "keys", "create", "--team", "nosuchteam"), "unknown team 'nosuchteam'")
+
+
+def test_an_operator_cordons_and_uncordons_a_node(platform: Any) -> None:
+    env, _, _ = platform
+    sy = str(SWITCHYARD)
+    rows = json.loads(ok(run(env, sy, "nodes", "list", "--json")))
+    assert rows and {r["state"] for r in rows} == {"ready"}
+    node = rows[0]["node_id"]
+    try:
+        assert json.loads(ok(run(env, sy, "nodes", "cordon", node[:12], "--json"))) == {"node": node, "cordoned": True}
+        [listed] = [r for r in json.loads(ok(run(env, sy, "nodes", "list", "--json"))) if r["node_id"] == node]
+        assert listed["state"] == "cordoned" and listed["alive"]
+        assert f"node {node[:12]} cordoned" in ok(run(env, sy, "status"))
+    finally:
+        assert f"node {node[:12]} uncordoned" in ok(run(env, sy, "nodes", "uncordon", node))
+    one_clear_line(run(env, sy, "nodes", "cordon", "no-such-node"), "unknown node 'no-such-node'")

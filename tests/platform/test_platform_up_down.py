@@ -73,6 +73,10 @@ def test_local_platform_up_status_down(tmp_path: Path) -> None:
         assert [r["fingerprint"] for r in status["policy"]["replicas"]] == [published]
         shown = switchyard("status", "--state-dir", state).stdout
         assert "Policy set served by each gateway replica" in shown and published[:12] in shown
+        # Live fairness per team, by the simulator's definitions (issue 19).
+        fairness = status["scheduler"]["fairness"]
+        assert fairness["teams"] and fairness["inversion_bound_s"] == 300.0
+        assert "fair share (received / fair GPU-s" in shown
 
         # The demo key is a real key: its hash is in the state dir, the key itself is not.
         assert up["demo_api_key"].split("_", 2)[2].encode() not in (Path(state) / "keys.db").read_bytes()

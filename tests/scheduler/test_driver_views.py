@@ -50,7 +50,7 @@ def test_gauges_count_gpus_leases_by_state_and_queues_by_team() -> None:
     admit(d, submission("a0", "a", 8), 0)
     d.submit(submission("b0", "b", 8, "exploratory"), 50)
     d.tick(50)  # a0 is noticed
-    readings = views.gauge_readings(d.state, 60)
+    readings = views.gauge_readings(d.state, d.tally, 60)
     assert (readings.free_gpus, readings.leased_gpus) == (0, 8)
     assert readings.leases == {"running": 0, "preempting": 1}
     assert readings.queued == {"a": 0, "b": 1}

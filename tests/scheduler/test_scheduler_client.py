@@ -14,6 +14,7 @@ from driver_support import driver, submission
 from switchyard.cluster.scheduler_client import RetryPolicy, SchedulerClient, SchedulerUnavailable
 from switchyard.scheduler.api import ReleaseOutcome
 from switchyard.scheduler.driver import Driver, inputs
+from switchyard.scheduler.driver.effects import Effect, EventKind, JournalEvent, SaveState, SendNotice
 
 NOW = 1.0
 
@@ -28,6 +29,7 @@ class DriverBehindActor:
         self.sent: list[tuple[str, tuple[Any, ...]]] = []
         self.down = 0
         self.lose_answers = 0
+        self.effects: list[tuple[str, list[Effect]]] = []  # what the driver asked for, per try
 
     def call(self, method: str, args: tuple[Any, ...], timeout_s: float | None) -> Any:
         self.calls.append((method, args))
@@ -52,10 +54,19 @@ class DriverBehindActor:
             record = inputs.cancel(args[0], NOW, args[1])
         elif method == "claim":
             record = inputs.claim(*args)
+        elif method == "report_checkpoint":
+            record = inputs.checkpoint_reported(args[0], NOW, args[1])
+        elif method == "report_resume":
+            record = inputs.resume_reported(*args[:3], NOW, args[3])
+        elif method in ("cordon", "uncordon"):
+            record = getattr(inputs, method)(args[0], NOW, args[1])
+        elif method == "drain":
+            record = inputs.drain(args[0], args[1], NOW, args[2])
         else:
             assert method == "release", method
             record = inputs.release(args[0], args[1], NOW)
-        answer, _ = inputs.apply(self.driver, record)
+        answer, effects = inputs.apply(self.driver, record)
+        self.effects.append((method, effects))
         return answer is ReleaseOutcome.REQUEUED if method == "release" else answer
 
 
@@ -157,8 +168,51 @@ def test_an_advisory_report_can_be_sent_without_waiting() -> None:
     client, _ = client_of(actor)
     client.report_checkpoint("w1", wait=False)
     client.report_resume("w1", 3, "s3://ck/3", wait=False)
-    assert actor.sent == [("report_checkpoint", ("w1",)), ("report_resume", ("w1", 3, "s3://ck/3"))]
+    [(m1, (w1, id1)), (m2, (w2, step, ck, id2))] = actor.sent
+    assert (m1, w1, m2, w2, step, ck) == ("report_checkpoint", "w1", "report_resume", "w1", 3, "s3://ck/3")
+    assert id1 and id2 and id1 != id2  # sent without waiting, still with request ids
     assert actor.calls == []
+
+
+def test_a_checkpoint_report_retried_after_a_lost_answer_keeps_the_first_time() -> None:
+    actor = DriverBehindActor(driver({"a": 8}))
+    client, _ = client_of(actor)
+    admitted(actor, client, "w1")
+    lease = actor.driver.state.core.lease_of("w1")
+    assert lease is not None
+    actor.lose_answers = 1
+    client.report_checkpoint("w1")
+    [(_, first), (_, retry)] = [c for c in actor.calls if c[0] == "report_checkpoint"]
+    assert first == retry and lease.last_checkpoint_at == NOW
+    assert [e for m, e in actor.effects if m == "report_checkpoint"] == [[SaveState()], []]  # the retry: nothing
+
+
+def test_a_resume_report_retried_after_a_lost_answer_is_journaled_once() -> None:
+    actor = DriverBehindActor(driver({"a": 8}))
+    client, _ = client_of(actor)
+    actor.lose_answers = 1
+    client.report_resume("w1", 3, "s3://ck/3")
+    assert len(actor.calls) == 2
+    resumed = [e for _, es in actor.effects for e in es if isinstance(e, JournalEvent) and e.kind is EventKind.RESUMED]
+    assert [dict(e.details) for e in resumed] == [{"step": 3, "checkpoint": "s3://ck/3"}]
+
+
+def test_a_drain_retried_after_a_lost_answer_sends_each_notice_once() -> None:
+    actor = DriverBehindActor(driver({"a": 16}, node_count=2))
+    client, _ = client_of(actor)
+    grant = admitted(actor, client, "w1")
+    node = grant.placements[0].node_id
+    actor.lose_answers = 1
+    report = client.drain(node)
+    assert report.node == node and report.leaving == ("w1",)  # the retry's answer: noticed by the first try
+    assert [e.notice.workload_id for _, es in actor.effects for e in es if isinstance(e, SendNotice)] == ["w1"]
+    drained = [
+        e for _, es in actor.effects for e in es if isinstance(e, JournalEvent) and e.kind is EventKind.NODE_DRAINED
+    ]
+    assert len(drained) == 1  # the retry was answered, not drained again
+    actor.lose_answers = 1
+    assert client.uncordon(node[:2]) == node and client.cordon(node) == node
+    assert set(actor.driver.state.cordons) == {node}
 
 
 def test_a_policy_without_attempts_is_refused() -> None:

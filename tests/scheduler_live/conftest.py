@@ -87,6 +87,7 @@ def wait_for(predicate: Callable[[], Any], timeout: float = 30.0, every: float =
 def scheduler_factory(ray_cluster: dict[str, Any], tmp_path: Path) -> Iterator[Callable[..., Any]]:
     import ray
 
+    from switchyard.cluster.grant_holds import remove_holds
     from switchyard.cluster.scheduler_actor import SchedulerActor
 
     (tmp_path / "policies").mkdir()
@@ -96,17 +97,19 @@ def scheduler_factory(ray_cluster: dict[str, Any], tmp_path: Path) -> Iterator[C
     def make(policy: str | None = None, **kwargs: Any) -> Any:
         if policy is not None:  # instead of TEST_POLICY
             (tmp_path / "policies" / "scheduler.yaml").write_text(policy)
+        name = f"test-scheduler-{uuid.uuid4().hex[:6]}"
         actor = SchedulerActor.options(  # type: ignore[attr-defined]
-            name=f"test-scheduler-{uuid.uuid4().hex[:6]}", namespace="switchyard", num_cpus=0, max_restarts=-1
+            name=name, namespace="switchyard", num_cpus=0, max_restarts=-1
         ).remote(str(tmp_path / "policies"), str(tmp_path / "state"), ray_cluster["dashboard_url"], **kwargs)
         ray.get(actor.ping.remote())
         wait_for(lambda: ray.get(actor.status.remote())["total_gpus"] == 16)
-        made.append(actor)
+        made.append((name, actor))
         return actor
 
     yield make
-    for actor in made:
+    for name, actor in made:
         ray.kill(actor, no_restart=True)
+        remove_holds(name)  # detached: the next test's Serve replicas would wait behind them
 
 
 @pytest.fixture
@@ -115,19 +118,33 @@ def platform_scheduler_with(ray_cluster: dict[str, Any], tmp_path: Path) -> Iter
     the policy given as YAML text; at most one per test."""
     import ray
 
+    from switchyard.cluster.grant_holds import remove_holds
     from switchyard.cluster.record import NAMESPACE, SCHEDULER_ACTOR
     from switchyard.cluster.scheduler_actor import SchedulerActor
 
     made: list[Any] = []
 
-    def make(policy: str, total_gpus: int = 16) -> Any:
+    def make(policy: str, total_gpus: int = 16, restartable: bool = False, **actor_kwargs: Any) -> Any:
+        """`restartable`: Ray restarts the actor after a crash and replays calls in flight, as it
+        does the platform's (`deploy.start_scheduler`); `actor_kwargs` go to `SchedulerActor`
+        (e.g. `claim_timeout_s`)."""
         assert not made, "one platform scheduler per test"
         (tmp_path / "platform-policies").mkdir()
         (tmp_path / "platform-policies" / "scheduler.yaml").write_text(policy)
+        restarts = {"max_restarts": -1, "max_task_retries": 3} if restartable else {}
         actor = SchedulerActor.options(  # type: ignore[attr-defined]
             # On the head: a test removes a GPU node, and the scheduler must not go with it.
-            name=SCHEDULER_ACTOR, namespace=NAMESPACE, num_cpus=0, label_selector={"switchyard/node-group": "head"}
-        ).remote(str(tmp_path / "platform-policies"), str(tmp_path / "platform-state"), ray_cluster["dashboard_url"])
+            name=SCHEDULER_ACTOR,
+            namespace=NAMESPACE,
+            num_cpus=0,
+            label_selector={"switchyard/node-group": "head"},
+            **restarts,
+        ).remote(
+            str(tmp_path / "platform-policies"),
+            str(tmp_path / "platform-state"),
+            ray_cluster["dashboard_url"],
+            **actor_kwargs,
+        )
         made.append(actor)
         wait_for(lambda: ray.get(actor.status.remote())["total_gpus"] == total_gpus)
         return actor
@@ -135,3 +152,4 @@ def platform_scheduler_with(ray_cluster: dict[str, Any], tmp_path: Path) -> Iter
     yield make
     for actor in made:
         ray.kill(actor, no_restart=True)
+        remove_holds(SCHEDULER_ACTOR)

@@ -17,6 +17,7 @@ import yaml
 from ray.job_submission import JobStatus, JobSubmissionClient
 
 from switchyard.cluster.admission import training_submission
+from switchyard.cluster.grant_holds import node_resources
 from switchyard.ports import listener_port
 from switchyard.scheduler.api import WorkloadSubmission
 from switchyard.scheduler.core import PlacementStrategy
@@ -86,7 +87,9 @@ def test_job_on_a_lost_node_is_requeued_and_resumes_from_s3_on_another_node(
     platform_scheduler_with: Callable[..., Any], ray_cluster: dict[str, Any], tmp_path: Path, s3_env: dict[str, str]
 ) -> None:
     cluster = ray_cluster["cluster"]
-    node_c = cluster.add_node(num_cpus=4, num_gpus=8, labels={"switchyard/node-group": "c"})
+    node_c = cluster.add_node(
+        num_cpus=4, num_gpus=8, resources=node_resources(8), labels={"switchyard/node-group": "c"}
+    )
     try:
         cluster.wait_for_nodes()
         scheduler = platform_scheduler_with(POLICY, total_gpus=24)

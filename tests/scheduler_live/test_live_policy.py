@@ -168,6 +168,9 @@ def test_metrics_are_exported_and_requeue_time_counts_as_queue_wait(scheduler_fa
         ("ray_switchyard_scheduler_leases", {"state": "preempting"}),
         ("ray_switchyard_scheduler_queued_workloads", {"team": "metered"}),
         ("ray_switchyard_scheduler_unleased_gpus", {}),
+        ("ray_switchyard_scheduler_team_gpus", {"team": "metered", "kind": "borrowed"}),
+        ("ray_switchyard_scheduler_fair_share_ratio", {"team": "metered"}),
+        ("ray_switchyard_scheduler_jain_index", {}),
     ]:
         assert total(samples, name, **label) is not None, (name, label, sorted(samples))
 

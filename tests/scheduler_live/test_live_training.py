@@ -27,6 +27,7 @@ POLICY = borrowing_policy(grace_s=120)
 @pytest.fixture
 def platform_scheduler(ray_cluster: dict[str, Any], tmp_path: Path) -> Iterator[Any]:
     """The scheduler under its platform name: jobs find it by that name."""
+    from switchyard.cluster.grant_holds import remove_holds
     from switchyard.cluster.record import NAMESPACE, SCHEDULER_ACTOR
     from switchyard.cluster.scheduler_actor import SchedulerActor
 
@@ -38,6 +39,7 @@ def platform_scheduler(ray_cluster: dict[str, Any], tmp_path: Path) -> Iterator[
     wait_for(lambda: ray.get(actor.status.remote())["total_gpus"] == 16)
     yield actor
     ray.kill(actor, no_restart=True)
+    remove_holds(SCHEDULER_ACTOR)
 
 
 def job_spec(tmp_path: Path, steps: int = 40) -> Path:

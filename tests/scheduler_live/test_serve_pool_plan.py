@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 import yaml
 
+from switchyard.cluster.grant_holds import SERVE_GPU_RESOURCE
 from switchyard.cluster.scheduler_actor import LiveState
 from switchyard.cluster.scheduler_journal import SchedulerJournal
 from switchyard.cluster.serve_configs import (
@@ -118,13 +119,29 @@ def _actor(**kw: Any) -> SimpleNamespace:
 
 
 def test_replicas_from_rays_actor_table() -> None:
-    assert replica_from_actor(_actor()) == ServeReplica("prod--echo", "echo", "u1", 1, "n1")
+    assert replica_from_actor(_actor()) == ServeReplica("prod--echo", "echo", "u1", 1, "n1", slots=0)
+    slotted = _actor(required_resources={"GPU": 2.0, SERVE_GPU_RESOURCE: 2.0})
+    assert replica_from_actor(slotted) == ServeReplica("prod--echo", "echo", "u1", 2, "n1", slots=2)
     assert replica_from_actor(_actor()).replica_id == "SERVE_REPLICA::prod--echo#echo#u1"  # type: ignore[union-attr]
     assert replica_from_actor(_actor(state="PENDING_CREATION", node_id=None)).node_id is None  # type: ignore[union-attr]
     assert replica_from_actor(_actor(state="RESTARTING")).node_id is None  # type: ignore[union-attr]
     assert replica_from_actor(_actor(state="DEAD")) is None
     assert replica_from_actor(_actor(class_name="ServeController")) is None
     assert replica_from_actor(_actor(required_resources={"GPU": 0.5})).gpus == 1  # type: ignore[union-attr]
+
+
+def test_gpu_replicas_without_serve_slots_are_reported(tmp_path: Path) -> None:
+    policy = _policy()
+    node = Node("n1", 8, "a", "r")
+    state = LiveState(Scheduler(policy, (node,), 0), nodes={"n1": node})
+    pool = ServePool(policy, SchedulerJournal(tmp_path / "scheduler.db"))
+    held = replica_from_actor(_actor(required_resources={"GPU": 1.0, SERVE_GPU_RESOURCE: 1.0}))
+    bare = replica_from_actor(_actor(name="SERVE_REPLICA::prod--echo#echo#u2"))
+    assert held is not None and bare is not None
+    pool.reconcile(state, [held, bare], 0)
+    assert pool.report(state, 0)["without_serve_slots"] == [bare.replica_id]
+    pool.reconcile(state, [held], 1)
+    assert pool.report(state, 1)["without_serve_slots"] == []
 
 
 def _policy() -> SchedulerPolicy:
@@ -243,6 +260,14 @@ def test_teams_serve_configs_stay_within_their_quotas(tmp_path: Path) -> None:
     assert shipped, "an example team config ships in serve_apps/configs/"
     merged = merge_team_configs(shipped, policy)
     ServeDeploySchema.model_validate(merged)  # what `serve deploy` accepts
+    # Every GPU deployment asks for as many Serve slots as GPUs: grants hold those (`grant_holds`).
+    gpu_options = [
+        d["ray_actor_options"]
+        for a in merged["applications"]
+        for d in a.get("deployments") or []
+        if (d.get("ray_actor_options") or {}).get("num_gpus")
+    ]
+    assert gpu_options and all(o["resources"][SERVE_GPU_RESOURCE] == o["num_gpus"] for o in gpu_options)
     assert all(app_team(a["name"]) == Path(p).stem for p in shipped for a in load_configs([p])[str(p)]["applications"])
 
     greedy = {

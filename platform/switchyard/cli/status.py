@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from datetime import UTC, datetime
 from typing import Any
 
 from switchyard.cli._auth import operator_key
@@ -72,7 +73,9 @@ def render(info: dict[str, Any]) -> None:
             ],
         )
         print(f"  leases: {len(sched['leases'])}   pending: {len(sched['pending'])}")
+        render_cordoned(sched.get("cordoned_nodes", []))
         render_waits(sched.get("waits", {}))
+        render_fairness(sched.get("fairness"))
     gw = info["gateway"]
     print("\nGateway / policy")
     if gw.get("ok"):
@@ -86,6 +89,13 @@ def render(info: dict[str, Any]) -> None:
     else:
         print(f"  {gw.get('error')}")
     render_policy(info.get("policy", {}))
+
+
+def render_cordoned(rows: list[dict[str, Any]]) -> None:
+    """Nodes an operator took out of scheduling, and what still runs there (`switchyard nodes`)."""
+    for r in rows:
+        running = ", ".join(lease["workload_id"] for lease in r["leases"]) or "nothing"
+        print(f"  node {r['node_id'][:12]} {r['state']}{'' if r['alive'] else ' (gone)'}: {running} runs there")
 
 
 def render_waits(waits: dict[str, Any]) -> None:
@@ -103,6 +113,34 @@ def render_waits(waits: dict[str, Any]) -> None:
             cells.append(f"{duration(w['p50'])} / {duration(w['p90'])} / {duration(w['max'])} (n={w['n']:.0f})")
         rows.append(cells)
     print_table(["team", "last hour p50 / p90 / max", "last day p50 / p90 / max"], rows)
+
+
+def render_fairness(fairness: dict[str, Any] | None) -> None:
+    """Per team: GPU-seconds received / max-min fair share in the last full hour and day, and
+    GPU-hours queued behind lower priorities (the simulator's definitions, docs/scheduler.md)."""
+    if not fairness:
+        return
+
+    def ratio(value: float | None) -> str:
+        return "-" if value is None else f"{value:.2f}"
+
+    since = fairness["since"]
+    counted = "" if since is None else f" since {datetime.fromtimestamp(since, UTC):%Y-%m-%d %H:%M} UTC"
+    print(
+        f"\n  fair share (received / fair GPU-s; Jain's index last hour: {ratio(fairness['jain_1h'])}); "
+        f"inversion and quota wait past {fairness['inversion_bound_s']:.0f} s, GPU-h{counted}"
+    )
+    rows = [
+        (
+            team,
+            ratio(row["share_ratio_1h"]),
+            ratio(row["share_ratio_1d"]),
+            f"{row['inversion_gpu_s'] / 3600:.1f}",
+            f"{row['quota_wait_gpu_s'] / 3600:.1f}",
+        )
+        for team, row in fairness["teams"].items()
+    ]
+    print_table(["team", "share last hour", "share last day", "inversion GPU-h", "quota wait GPU-h"], rows)
 
 
 def render_policy(pol: dict[str, Any]) -> None:

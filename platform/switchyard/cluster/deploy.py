@@ -15,6 +15,7 @@ from typing import Any
 import ray
 from ray import serve
 
+from switchyard.cluster.grant_holds import remove_holds
 from switchyard.cluster.placement import on_head
 from switchyard.cluster.policy_publisher import find_publisher, policy_publisher
 from switchyard.cluster.record import GATEWAY_APP, NAMESPACE, SCHEDULER_ACTOR
@@ -93,6 +94,9 @@ def undeploy(shutdown_serve: bool, policies_dir: Path, state_dir: Path) -> None:
         ray.kill(ray.get_actor(SCHEDULER_ACTOR, namespace=NAMESPACE), no_restart=True)
     except ValueError:
         log.info("no scheduler actor to stop")
+    removed = remove_holds(SCHEDULER_ACTOR)  # detached: they would hold Serve slots on a cluster we attached to
+    if removed:
+        log.info("removed the scheduler's %d grant holds", removed)
     try:
         ray.kill(find_publisher(policies_dir, state_dir), no_restart=True)
     except ValueError:

@@ -51,12 +51,14 @@ def run_head(state_dir: Path, policies_dir: Path, gpus: int, cpus: int, demo: bo
     import ray  # after the environment: Ray reads it at import and init
 
     from switchyard.cluster.deploy import deploy_gateway, start_scheduler, undeploy
+    from switchyard.cluster.grant_holds import node_resources
     from switchyard.cluster.scheduler_client import RetryPolicy, SchedulerClient
 
     context = ray.init(
         address="local",
         num_gpus=gpus,
         num_cpus=cpus,
+        resources=node_resources(gpus),  # the Serve slots that grants hold (`grant_holds`)
         labels={"switchyard/node-group": HEAD_NODE_GROUP},
         include_dashboard=True,
         dashboard_host="127.0.0.1",

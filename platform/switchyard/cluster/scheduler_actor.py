@@ -29,6 +29,7 @@ import ray
 
 from switchyard.cluster.autoscale import CapacityRequest, capacity_request
 from switchyard.cluster.enforcement import GpuAccounting, account, stop_unleased, summarize
+from switchyard.cluster.grant_holds import GrantHolds
 from switchyard.cluster.job_launcher import JobLauncher, LaunchedJob
 from switchyard.cluster.scheduler_journal import SchedulerJournal
 from switchyard.cluster.scheduler_metrics import SchedulerMetrics
@@ -55,6 +56,8 @@ from switchyard.scheduler.driver.effects import (
     StopLaunchedJob,
     split,
 )
+from switchyard.scheduler.driver.node_cordons import DrainReport
+from switchyard.scheduler.driver.node_refresh import NodeRefresh
 
 # LiveState is re-exported: journals written before the driver existed pickled it by this name.
 __all__ = ["LiveState", "SchedulerActor", "cluster_gpu_nodes"]
@@ -109,8 +112,13 @@ class SchedulerActor:
         self._stop_unleased = stop_unleased_gpus
         self._metrics = SchedulerMetrics()
         self._serve_pool = ServePool(self._policy, self._journal)  # Serve's GPU replicas as inference workloads
+        # Granted GPUs held against Serve (none on a logical cluster: no Ray nodes to hold on).
+        scheduler_name = ray.get_runtime_context().get_actor_name() or "scheduler"
+        self._holds = GrantHolds(scheduler_name) if self._fixed_nodes is None else None
+        self._awaiting_hold: dict[str, LaunchJob] = {}  # lease id -> its launch, until the hold forms
         self._lock = threading.Lock()
         self._nodes_lock = threading.Lock()  # one node refresh at a time: a stale list must not undo a newer one
+        self._node_refresh = NodeRefresh()  # cheap "same nodes as before" on every release
         self._started_at = time.time()
 
         def driver_of(state: LiveState | None) -> Driver:
@@ -177,14 +185,36 @@ class SchedulerActor:
         self._wal.wait_durable(seen)
         return notice
 
-    def report_resume(self, workload_id: str, step: int, checkpoint: str) -> None:
+    def report_resume(self, workload_id: str, step: int, checkpoint: str, request_id: str | None = None) -> None:
         """The job restored `checkpoint` at `step`: the event log shows where a preempted or
-        requeued job picked up (operators, and the demo's cause chain). No state changes."""
-        with self._lock:
-            self._commit(self._driver.resume_reported(workload_id, step, checkpoint, time.time()), None)
+        requeued job picked up (operators, and the demo's cause chain)."""
+        self._record(inputs.resume_reported(workload_id, step, checkpoint, time.time(), request_id))
 
-    def report_checkpoint(self, workload_id: str) -> None:
-        self._record(inputs.checkpoint_reported(workload_id, time.time()))
+    def report_checkpoint(self, workload_id: str, request_id: str | None = None) -> None:
+        self._record(inputs.checkpoint_reported(workload_id, time.time(), request_id))
+
+    # Operators' node commands (`switchyard nodes ...`): `node` is an id or a prefix of one; an
+    # unknown or ambiguous one raises `NodeLookupError` (one line for the CLI).
+    def cordon(self, node: str, request_id: str | None = None) -> str:
+        found = self._record(inputs.cordon(node, time.time(), request_id))
+        assert isinstance(found, str)
+        return found
+
+    def uncordon(self, node: str, request_id: str | None = None) -> str:
+        found = self._record(inputs.uncordon(node, time.time(), request_id))
+        assert isinstance(found, str)
+        return found
+
+    def drain(self, node: str, force: bool = False, request_id: str | None = None) -> DrainReport:
+        report = self._record(inputs.drain(node, force, time.time(), request_id))
+        assert isinstance(report, DrainReport)
+        return report
+
+    def nodes(self) -> list[dict[str, Any]]:
+        with self._lock:
+            rows, seen = views.node_rows(self._driver.state), self._wal.last_seq
+        self._wal.wait_durable(seen)
+        return rows
 
     def cancel(self, workload_id: str, request_id: str | None = None) -> None:
         self._record(inputs.cancel(workload_id, time.time(), request_id))
@@ -205,6 +235,8 @@ class SchedulerActor:
             cluster = views.cluster_view(state, now)
             waits = views.wait_summary(state, now)
             serve_pool = self._serve_pool.report(state, now)
+            cordoned = views.node_rows(state, cordoned_only=True)
+            fairness = self._driver.tally.fairness(now)
             seen = self._wal.last_seq
         self._wal.wait_durable(seen)
         accounting = self._accounting
@@ -213,6 +245,8 @@ class SchedulerActor:
             "outside_leases": summarize(accounting) if accounting is not None else None,
             "serve_pool": serve_pool,
             "waits": waits,
+            "cordoned_nodes": cordoned,
+            "fairness": fairness,
         }
 
     def ping(self) -> float:
@@ -246,6 +280,8 @@ class SchedulerActor:
         with self._lock:
             state = self._driver.state
             pool_changed = replicas is not None and self._serve_pool.reconcile(state, replicas, now)
+            if pool_changed:
+                self._driver.changed_outside(now)  # the gauges' counts catch up with the pool's changes
             started = time.perf_counter()
 
             def decided(decisions: Decisions) -> None:
@@ -260,21 +296,45 @@ class SchedulerActor:
                 # The Serve pool changes the core outside the driver's events (its settle timers
                 # are not state the log replays): a snapshot covers the change instead.
                 self._snapshot()
-            self._metrics.show(views.gauge_readings(state, now))
+            self._metrics.show(views.gauge_readings(state, self._driver.tally, now))
         self._wal.wait_durable(seq)
+        self._hold_grants(now)  # before any launch: a launch waits for its grant's hold
         self._carry_out(actions)
         if now - self._last_capacity >= self.NODE_REFRESH_S:
             self._last_capacity = now
             self._request_capacity()
         self._snapshot_if_due()
 
+    def _hold_grants(self, now: float) -> None:
+        """Make the holds match the grants, launch the jobs whose holds formed, and displace the
+        grants whose holds could not form. Tick thread only."""
+        if self._holds is None:
+            return
+        with self._lock:
+            wanted = views.held_grants(self._driver.state, is_pool_workload)
+        failed = self._holds.reconcile(wanted)  # Ray I/O: unlocked
+        for lease_id, launch in list(self._awaiting_hold.items()):
+            if lease_id not in wanted or lease_id in failed:
+                del self._awaiting_hold[lease_id]  # ended, or displaced below: never launched
+            elif self._holds.formed(lease_id):
+                del self._awaiting_hold[lease_id]
+                self._launch(launch)
+        for lease_id in failed:
+            with self._lock:
+                workload = next((w for w, g in self._driver.state.grants.items() if g.lease_id == lease_id), None)
+            if workload is not None:
+                error = "a Serve replica took the granted GPUs before their hold formed"
+                log.warning("workload %s: lease %s displaced: %s", workload, lease_id, error)
+                self._record(inputs.grant_displaced(workload, lease_id, error, now))
+
     def _refresh_nodes(self, now: float) -> None:
         with self._nodes_lock:
             nodes = self._fixed_nodes if self._fixed_nodes is not None else cluster_gpu_nodes()
             with self._lock:
-                if inputs.nodes_unchanged(self._driver, nodes):
+                if self._node_refresh.unchanged(self._driver, nodes):
                     return
             self._record(inputs.nodes_seen(nodes, now))
+            self._node_refresh.recorded(nodes)
 
     # ------------------------------------------------------------------ the log
     def _record(self, record: inputs.Record) -> inputs.Answer:
@@ -361,6 +421,9 @@ class SchedulerActor:
     def _launch(self, action: LaunchJob) -> None:
         """Submit the job; its outcome goes back to the driver (a failed one is journaled, and its
         grant is the claim timeout's to take back)."""
+        if self._holds is not None and not self._holds.formed(action.lease_id):
+            self._awaiting_hold[action.lease_id] = action  # launched by `_hold_grants` once it forms
+            return
         if self._launcher is None:
             error = "the scheduler has no dashboard address"
             log.error("workload %s wants launching but %s", action.workload_id, error)

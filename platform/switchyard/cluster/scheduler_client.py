@@ -8,8 +8,10 @@ actor restarted is answered from its log, not done twice:
 - `submit` and `cancel` carry a fresh request id (uuid4) that the driver remembers;
 - `claim` is idempotent by its arguments (the same job claiming the same lease gets the grant
   again), `release` by its lease id (the driver remembers each answer);
-- `report_checkpoint` and `report_resume` are advisory (a repeat moves the checkpoint time,
-  or writes the event row again); reads are safe to repeat.
+- `report_checkpoint` and `report_resume` carry one too (a retried report neither moves the
+  checkpoint time again nor writes the event row twice), even when sent without waiting;
+- `cordon`, `uncordon` and `drain` carry one (a retried drain reports the node as it is then,
+  sending no notice twice); reads are safe to repeat.
 
 A call the actor refused (a bad request: it raised) is not retried; its error reaches the caller.
 """
@@ -23,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from switchyard.scheduler.api import LeaseGrant, Notice, WorkloadSubmission
+from switchyard.scheduler.driver.node_cordons import DrainReport
 
 
 class SchedulerUnavailable(RuntimeError):
@@ -116,16 +119,34 @@ class SchedulerClient:
 
     def report_checkpoint(self, workload_id: str, wait: bool = True) -> None:
         """`wait=False`: sent, not waited for (a job's checkpoint hook must not block on it)."""
+        args = (workload_id, _request_id())
         if wait:
-            self._call("report_checkpoint", workload_id)
+            self._call("report_checkpoint", *args)
         else:
-            self._transport.send("report_checkpoint", (workload_id,))
+            self._transport.send("report_checkpoint", args)
 
     def report_resume(self, workload_id: str, step: int, checkpoint: str, wait: bool = True) -> None:
+        args = (workload_id, step, checkpoint, _request_id())
         if wait:
-            self._call("report_resume", workload_id, step, checkpoint)
+            self._call("report_resume", *args)
         else:
-            self._transport.send("report_resume", (workload_id, step, checkpoint))
+            self._transport.send("report_resume", args)
+
+    # ------------------------------------------------------------------ operators' node commands
+    def cordon(self, node: str) -> str:
+        """No new lease on `node` (an id or a prefix of one); returns the node id."""
+        found: str = self._call("cordon", node, _request_id())
+        return found
+
+    def uncordon(self, node: str) -> str:
+        found: str = self._call("uncordon", node, _request_id())
+        return found
+
+    def drain(self, node: str, force: bool = False) -> DrainReport:
+        """Cordon `node` and notice the leases there that may move (`force`: non-preemptible
+        ones too); the report names what blocks the drain."""
+        report: DrainReport = self._call("drain", node, force, _request_id())
+        return report
 
     # ------------------------------------------------------------------ reads
     def lease(self, workload_id: str) -> LeaseGrant | None:
@@ -142,6 +163,11 @@ class SchedulerClient:
 
     def events(self, workload_id: str | None = None) -> list[dict[str, Any]]:
         rows: list[dict[str, Any]] = self._call("events", workload_id)
+        return rows
+
+    def nodes(self) -> list[dict[str, Any]]:
+        """Each node's cordon state and what runs there (`views.node_rows`)."""
+        rows: list[dict[str, Any]] = self._call("nodes")
         return rows
 
     def status(self) -> dict[str, Any]:

@@ -54,6 +54,33 @@ class SchedulerMetrics:
         self.over_lease_gpus = Gauge(
             "switchyard_scheduler_over_lease_gpus", description="GPUs leased jobs hold beyond their leases."
         )
+        self.team_gpus = Gauge(
+            "switchyard_scheduler_team_gpus",
+            description="A team's GPUs: guaranteed, in use, borrowed (used above its guarantees).",
+            tag_keys=("team", "kind"),
+        )
+        self.fair_share_ratio = Gauge(
+            "switchyard_scheduler_fair_share_ratio",
+            description="GPU-seconds received / max-min fair GPU-seconds in the last full hour (1: none asked).",
+            tag_keys=("team",),
+        )
+        self.jain_index = Gauge(
+            "switchyard_scheduler_jain_index",
+            description="Jain's index over the teams' fair-share ratios in the last full hour.",
+        )
+        self.inversion = Counter(
+            "switchyard_scheduler_priority_inversion_gpu_seconds_total",
+            description="GPU-seconds queued past the bound within the guarantee while lower priorities held the GPUs.",
+            tag_keys=("team",),
+        )
+        self.quota_wait = Counter(
+            "switchyard_scheduler_quota_wait_gpu_seconds_total",
+            description="GPU-seconds queued past the bound, needing to borrow, while lower priorities held the GPUs.",
+            tag_keys=("team",),
+        )
+        # What the two counters have been given so far: the readings are totals, a counter
+        # takes increments.
+        self._counted: dict[tuple[str, str], float] = {}
 
     def admitted(self, team: str, priority_class: str, gpus: int, waited_s: float) -> None:
         self.queue_wait.observe(
@@ -76,3 +103,19 @@ class SchedulerMetrics:
             self.leases.set(count, tags={"state": state})
         for team, queued in readings.queued.items():
             self.queued.set(queued, tags={"team": team})
+        for team, gpus in readings.team_gpus.items():
+            self.team_gpus.set(gpus.guaranteed, tags={"team": team, "kind": "guaranteed"})
+            self.team_gpus.set(gpus.used, tags={"team": team, "kind": "used"})
+            self.team_gpus.set(gpus.borrowed, tags={"team": team, "kind": "borrowed"})
+        for team, ratio in readings.share_ratio.items():
+            self.fair_share_ratio.set(ratio, tags={"team": team})
+        self.jain_index.set(readings.jain)
+        self._count_up("inversion", self.inversion, readings.inversion_gpu_s)
+        self._count_up("quota_wait", self.quota_wait, readings.quota_wait_gpu_s)
+
+    def _count_up(self, name: str, counter: Counter, totals: dict[str, float]) -> None:
+        for team, value in totals.items():
+            grown = value - self._counted.get((name, team), 0.0)
+            if grown > 0:
+                counter.inc(grown, tags={"team": team})
+                self._counted[(name, team)] = value

@@ -26,6 +26,7 @@ from typing import Any
 
 import yaml
 
+from switchyard.cluster.grant_holds import serve_gpu_options
 from switchyard.cluster.record import GATEWAY_APP
 from switchyard.config_file import read_yaml
 from switchyard.scheduler.core import SchedulerPolicy, WorkloadClass
@@ -152,12 +153,20 @@ def load_configs(paths: Sequence[str | Path]) -> dict[str, dict[str, Any]]:
 
 def merge_team_configs(paths: Sequence[str | Path], policy: SchedulerPolicy) -> dict[str, Any]:
     """One `serve deploy` config holding every team's apps, after the quota check (ValueError
-    listing every problem otherwise)."""
+    listing every problem otherwise); every GPU deployment asks for its Serve slots
+    (`grant_holds.serve_gpu_options`)."""
     configs = load_configs(paths)
     problems = check_team_configs(configs, policy)
     if problems:
         raise ValueError("\n".join(problems))
-    return {"applications": [app for config in configs.values() for app in config["applications"]]}
+    apps = [app for config in configs.values() for app in config["applications"]]
+    for app in apps:
+        for deployment in app.get("deployments") or []:
+            options = deployment.get("ray_actor_options") or {}
+            gpus = int(float(options.get("num_gpus", 0) or 0))  # whole: checked above
+            if gpus > 0:  # its Serve slots: it never lands on GPUs granted to a starting job
+                deployment["ray_actor_options"] = serve_gpu_options(gpus, options)
+    return {"applications": apps}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 from ray.util.metrics import Gauge
 
+from switchyard.cluster.grant_holds import SERVE_GPU_RESOURCE
 from switchyard.cluster.scheduler_journal import SchedulerJournal
 from switchyard.cluster.serve_configs import INFERENCE_PRIORITY, TEAM_SEPARATOR, app_team, inference_teams
 from switchyard.scheduler.api import LeaseGrant, Placement, WorkloadSubmission
@@ -54,6 +55,9 @@ class ServeReplica:
     gpus: int
     node_id: str | None
     """The node Ray placed it on; None while it waits for resources."""
+    slots: int | None = None
+    """The Serve slots it asks for (`grant_holds`); fewer than its GPUs: nothing keeps it off
+    GPUs granted to a starting job. None: not known."""
 
     @property
     def replica_id(self) -> str:
@@ -87,8 +91,9 @@ def replica_from_actor(actor: Any) -> ServeReplica | None:
         node_id = None  # a restarting actor may still name its dead node
     else:
         return None
-    gpus = math.ceil(float((actor.required_resources or {}).get("GPU", 0.0)))
-    return ServeReplica(app, deployment, unique_id, gpus, node_id)
+    required = actor.required_resources or {}
+    gpus = math.ceil(float(required.get("GPU", 0.0)))
+    return ServeReplica(app, deployment, unique_id, gpus, node_id, int(required.get(SERVE_GPU_RESOURCE, 0)))
 
 
 # -- the decision, pure ------------------------------------------------------------------------
@@ -267,6 +272,7 @@ class ServePool:
         self._running: set[str] = set()  # workloads whose replica was seen on its lease
         self._waiting_since: dict[str, float] = {}  # replica workload -> first seen waiting
         self._outside: dict[str, dict[str, Any]] = {}  # replica id -> why it runs without a lease
+        self._unheld: list[str] = []  # GPU replicas that ask for no Serve slots
         self._replicas = Gauge(
             "switchyard_scheduler_serve_replicas",
             description="Serve GPU replicas by state: running (leased), pending, outside_lease.",
@@ -332,6 +338,14 @@ class ServePool:
                     "Serve replica %s (node %s) outside the pool: %s", replica_id, row["node_id"], row["reason"]
                 )
         self._outside = outside
+        unheld = sorted(r.replica_id for r in replicas if r.gpus and r.slots is not None and r.slots < r.gpus)
+        for replica_id in set(unheld) - set(self._unheld):
+            log.warning(
+                "Serve replica %s asks for fewer %s than GPUs: it may take GPUs granted to a starting job",
+                replica_id,
+                SERVE_GPU_RESOURCE,
+            )
+        self._unheld = unheld
         self._export(state)
         return changed
 
@@ -364,7 +378,8 @@ class ServePool:
 
     def report(self, state: LiveState, now: float) -> dict[str, Any]:
         """For `status`: leased replicas, pending ones (and whether their team is at its quota),
-        and GPU replicas running outside any lease."""
+        GPU replicas running outside any lease, and GPU replicas that ask for no Serve slots
+        (deployed without `grant_holds.serve_gpu_options`)."""
         leased = []
         for wid, grant in state.grants.items():
             if is_pool_workload(wid):
@@ -389,7 +404,12 @@ class ServePool:
                         "reserved": dict(state.core.reservations().get(wid, {})),
                     }
                 )
-        return {"leased": leased, "pending": pending, "outside_lease": list(self._outside.values())}
+        return {
+            "leased": leased,
+            "pending": pending,
+            "outside_lease": list(self._outside.values()),
+            "without_serve_slots": list(self._unheld),
+        }
 
     # -- helpers (lock held) -------------------------------------------------------------------
     def _submission(self, replica: ServeReplica, team: str) -> WorkloadSubmission:

@@ -84,6 +84,8 @@ class StopReason(StrEnum):
     GRACE_PERIOD_OVER = "grace period over"
     CLAIM_TIMEOUT = "claim_timeout"  # a launch that started after its grant was taken back
     NODE_LOST = "node_lost"  # its workers on other nodes would keep their GPUs
+    DRAIN = "drain"  # its grace period ran out on a node an operator drains
+    GRANT_DISPLACED = "grant_displaced"  # Ray gave the granted GPUs to a Serve replica first
 
 
 class ReleaseOutcome(StrEnum):

@@ -78,12 +78,17 @@ class _Hour:
 
 
 class ShareLedger:
-    """Received and fair GPU-seconds per team and hour, from piecewise-constant intervals."""
+    """Received and fair GPU-seconds per team and hour, from piecewise-constant intervals.
 
-    def __init__(self, start_s: float, weights: Mapping[str, float]) -> None:
+    `keep_hours`: how many of the newest hours to keep (the live scheduler keeps a day, so its
+    memory is bounded); None keeps all (a simulation reports over its whole window). Hour i
+    covers [start_s + i h, start_s + (i + 1) h); intervals must come in time order."""
+
+    def __init__(self, start_s: float, weights: Mapping[str, float], keep_hours: int | None = None) -> None:
         self.start_s = start_s
         self.weights = dict(weights)
-        self._hours: list[_Hour] = []
+        self.keep_hours = keep_hours
+        self._hours: dict[int, _Hour] = {}  # hour index -> its sums, oldest first
         self._last: tuple[tuple[tuple[str, int], ...], float, dict[str, float]] | None = None
 
     def observe(
@@ -99,11 +104,13 @@ class ShareLedger:
             fair = water_fill(capacity, {t: float(d) for t, d in key}, self.weights)
             self._last = (key, capacity, fair)
         while lo < hi:
-            index = int((lo - self.start_s) // HOUR_S)
+            index = self.hour_of(lo)
             edge = min(hi, self.start_s + (index + 1) * HOUR_S)
-            while len(self._hours) <= index:
-                self._hours.append(_Hour())
-            hour, span = self._hours[index], edge - lo
+            hour = self._hours.get(index)
+            if hour is None:
+                hour = self._hours[index] = _Hour()
+                self._forget_old(index)
+            span = edge - lo
             for team, gpus in allocated.items():
                 if gpus:
                     hour.received[team] = hour.received.get(team, 0.0) + gpus * span
@@ -112,21 +119,45 @@ class ShareLedger:
                     hour.fair[team] = hour.fair.get(team, 0.0) + share * span
             lo = edge
 
+    def hour_of(self, t: float) -> int:
+        return int((t - self.start_s) // HOUR_S)
+
+    def _forget_old(self, newest: int) -> None:
+        if self.keep_hours is None:
+            return
+        for index in [i for i in self._hours if i <= newest - self.keep_hours]:
+            del self._hours[index]
+
     def hourly_jain(self) -> list[float]:
         """Jain's index per hour over the uncapped ratios of the teams that had a fair share
         in it; hours with fewer than two such teams have nothing to compare and are left out."""
         out = []
-        for hour in self._hours:
-            ratios = [hour.received.get(t, 0.0) / f for t, f in hour.fair.items() if f > 0]
-            if len(ratios) >= 2:
-                out.append(jain(ratios))
+        for index in self._hours:
+            value = self.hour_jain(index)
+            if value is not None:
+                out.append(value)
         return out
 
-    def share_ratios(self) -> dict[str, float]:
-        """Per team: GPU-seconds received / fair GPU-seconds, over the hours it had a share."""
+    def hour_jain(self, index: int) -> float | None:
+        """Jain's index of hour `index`; None when fewer than two teams had a fair share in it."""
+        ratios = list(self.hour_ratios(index).values())
+        return jain(ratios) if len(ratios) >= 2 else None
+
+    def hour_ratios(self, index: int) -> dict[str, float]:
+        """Per team with a fair share in hour `index`: GPU-seconds received / fair in it."""
+        hour = self._hours.get(index)
+        if hour is None:
+            return {}
+        return {t: hour.received.get(t, 0.0) / f for t, f in hour.fair.items() if f > 0}
+
+    def share_ratios(self, hours: range | None = None) -> dict[str, float]:
+        """Per team: GPU-seconds received / fair GPU-seconds, over the hours it had a share
+        (of the hour indices in `hours`, if given)."""
         received: dict[str, float] = {}
         fair: dict[str, float] = {}
-        for hour in self._hours:
+        for index, hour in self._hours.items():
+            if hours is not None and index not in hours:
+                continue
             for team, f in hour.fair.items():
                 fair[team] = fair.get(team, 0.0) + f
                 received[team] = received.get(team, 0.0) + hour.received.get(team, 0.0)

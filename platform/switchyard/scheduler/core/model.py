@@ -43,6 +43,7 @@ class HoldKind(StrEnum):
 class PreemptionReason(StrEnum):
     RECLAIM = "reclaim"  # the victim borrowed quota its owner now needs back
     PRIORITY = "priority"  # a higher-priority workload needs the GPUs
+    DRAIN = "drain"  # an operator drains the node it runs on (`core.cordon`)
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,8 +15,18 @@ from collections.abc import Callable, Iterable
 
 from switchyard.scheduler.api import LeaseGrant, Notice, ReleaseOutcome, StopReason, WorkloadSubmission
 from switchyard.scheduler.claims import ClaimOutcome, ClaimPolicy, after_timeout, unclaimed
-from switchyard.scheduler.core import Decisions, LeaseState, Node, Scheduler, SchedulerPolicy, WorkloadClass
+from switchyard.scheduler.core import (
+    Decisions,
+    LeaseState,
+    Node,
+    PreemptionNotice,
+    Scheduler,
+    SchedulerPolicy,
+    WorkloadClass,
+)
+from switchyard.scheduler.core.cordon import hold_node, leases_on, release_node
 from switchyard.scheduler.core.state_codec import forget_ended_workloads
+from switchyard.scheduler.driver import node_cordons
 from switchyard.scheduler.driver.effects import (
     ClearNotice,
     Diagnostic,
@@ -31,7 +41,9 @@ from switchyard.scheduler.driver.effects import (
     StopClaimedJob,
     StopLaunchedJob,
 )
+from switchyard.scheduler.driver.node_cordons import DrainReport
 from switchyard.scheduler.driver.state import LaunchedJob, LiveState
+from switchyard.scheduler.driver.tally import LiveTally
 
 HISTORY_RETENTION_S = 86_400.0
 
@@ -49,6 +61,7 @@ class Driver:
         self._state = state
         self._claims = claims or ClaimPolicy()
         self._retention_s = retention_s
+        self._tally = LiveTally.of(state)  # derived from the state: rebuilt, never persisted
 
     @classmethod
     def empty(
@@ -65,6 +78,16 @@ class Driver:
     def state(self) -> LiveState:
         """The state, for the journal to persist and for readers (`views`, the Serve pool)."""
         return self._state
+
+    @property
+    def tally(self) -> LiveTally:
+        """The counts the gauges read and the live fairness timeline (`tally`)."""
+        return self._tally
+
+    def changed_outside(self, now: float) -> None:
+        """The state changed other than through these events (the Serve pool adopted or
+        dropped replicas): the tally catches up."""
+        self._tally.rebuild(self._state, now)
 
     # ------------------------------------------------------------------ what callers see
     def lease(self, workload_id: str) -> LeaseGrant | None:
@@ -86,7 +109,8 @@ class Driver:
         s.finished_at.pop(submission.workload_id, None)
         s.remember_request(request_id, submission.workload_id)
         details = {"gpus": sum(submission.bundles), "priority_class": submission.priority_class}
-        return [SaveState(), JournalEvent(EventKind.SUBMITTED, submission.workload_id, submission.team, now, details)]
+        submitted = JournalEvent(EventKind.SUBMITTED, submission.workload_id, submission.team, now, details)
+        return self._tallied(now, [SaveState(), submitted])
 
     def cancel(self, workload_id: str, now: float, request_id: str | None = None) -> list[Effect]:
         """A queued workload is withdrawn now; a running one gets a stop order on the next tick.
@@ -99,7 +123,8 @@ class Driver:
         if workload_id not in s.grants:
             s.drop_workload(workload_id, now)
         s.remember_request(request_id, workload_id)
-        return [SaveState(), JournalEvent(EventKind.CANCELLED, workload_id, s.team_of(workload_id), now)]
+        cancelled = JournalEvent(EventKind.CANCELLED, workload_id, s.team_of(workload_id), now)
+        return self._tallied(now, [SaveState(), cancelled])
 
     def claim(self, workload_id: str, ray_job_id: str) -> tuple[LeaseGrant | None, list[Effect]]:
         """A job says it is using its lease (so its GPU use is accounted to the lease)."""
@@ -120,24 +145,77 @@ class Driver:
         if workload is None:
             requeued, effects = self._release_ended(lease_id, finished, now)
             s.remember_release(lease_id, requeued)
-            return ReleaseOutcome.of(requeued), [SaveState(), *effects]
+            return ReleaseOutcome.of(requeued), self._tallied(now, [SaveState(), *effects])
         requeued = s.core.release(lease_id, now, finished=finished)
         s.remember_release(lease_id, requeued)
         s.forget_lease(workload, requeued, now)
         outcome = ReleaseOutcome.of(requeued)
-        return outcome, [SaveState(), self._lease_event(outcome, workload, lease_id, now)]
+        return outcome, self._tallied(now, [SaveState(), self._lease_event(outcome, workload, lease_id, now)])
 
-    def checkpoint_reported(self, workload_id: str, now: float) -> list[Effect]:
+    def checkpoint_reported(self, workload_id: str, now: float, request_id: str | None = None) -> list[Effect]:
+        """A retried report (same request id) does not move the checkpoint time again."""
         s = self._state
-        if s.core.lease_of(workload_id) is None:
+        if (request_id is not None and request_id in s.answered) or s.core.lease_of(workload_id) is None:
             return []
         s.core.report_checkpoint(workload_id, now)
+        s.remember_request(request_id, workload_id)
         return [SaveState()]
 
-    def resume_reported(self, workload_id: str, step: int, checkpoint: str, now: float) -> list[Effect]:
-        """Where a preempted or requeued job picked up, for the event log (no state changes)."""
+    def resume_reported(
+        self, workload_id: str, step: int, checkpoint: str, now: float, request_id: str | None = None
+    ) -> list[Effect]:
+        """Where a preempted or requeued job picked up, for the event log; a retried report (same
+        request id) is not journaled twice."""
+        s = self._state
+        if request_id is not None and request_id in s.answered:
+            return []
+        s.remember_request(request_id, workload_id)
         details = {"step": step, "checkpoint": checkpoint}
-        return [JournalEvent(EventKind.RESUMED, workload_id, self._state.team_of(workload_id), now, details)]
+        return [JournalEvent(EventKind.RESUMED, workload_id, s.team_of(workload_id), now, details)]
+
+    # ------------------------------------------------------------------ operators' node commands
+    def cordon(self, node: str, now: float, request_id: str | None = None) -> tuple[str, list[Effect]]:
+        """No new lease on `node` (an id, or a prefix of one: `NodeLookupError` when it names no
+        node or several); its leases run on. Returns the node id."""
+        return self._set_cordon(node, True, now, request_id)
+
+    def uncordon(self, node: str, now: float, request_id: str | None = None) -> tuple[str, list[Effect]]:
+        """Placements may land on `node` again (notices a drain sent stand). Returns the node id."""
+        return self._set_cordon(node, False, now, request_id)
+
+    def _set_cordon(self, node: str, on: bool, now: float, request_id: str | None) -> tuple[str, list[Effect]]:
+        s = self._state
+        if request_id is not None and request_id in s.answered:
+            return s.answered[request_id], []
+        name = node_cordons.resolve(s, node)
+        s.remember_request(request_id, name)
+        if not (node_cordons.cordon(s, name, now) if on else node_cordons.uncordon(s, name)):
+            return name, [SaveState()]  # as it was already
+        kind = EventKind.NODE_CORDONED if on else EventKind.NODE_UNCORDONED
+        return name, [SaveState(), JournalEvent(kind, "", "", now, {"node": name})]
+
+    def drain(
+        self, node: str, force: bool, now: float, request_id: str | None = None
+    ) -> tuple[DrainReport, list[Effect]]:
+        """Cordon `node` and give each lease there that may move a preemption notice (see
+        `node_cordons`). A retried call (same request id) reports the node as it is now."""
+        s = self._state
+        if request_id is not None and request_id in s.answered:
+            name = s.answered[request_id]
+            return node_cordons.survey(s, name, force, leases_on(s.core, name))[0], []
+        name = node_cordons.resolve(s, node)
+        report, notices = node_cordons.drain(s, name, force, now)
+        s.remember_request(request_id, name)
+        details = {
+            "node": name,
+            "noticed": list(report.noticed),
+            "blocking": [b.workload_id for b in report.blocking],
+            "force": force,
+        }
+        effects: list[Effect] = [SaveState(), JournalEvent(EventKind.NODE_DRAINED, "", "", now, details)]
+        for notice in notices:
+            self._send_notice(notice, now, effects)
+        return report, self._tallied(now, effects)
 
     # ------------------------------------------------------------------ events from Ray
     def nodes_seen(self, nodes: Iterable[Node], now: float) -> list[Effect]:
@@ -149,6 +227,8 @@ class Driver:
         effects: list[Effect] = []
         changed = False
         for name in sorted(set(s.nodes) - set(seen)):
+            if name in s.cordons:
+                release_node(s.core, name)  # the cordon stays, for the node's return
             lost = s.core.remove_node(name, now)
             effects.append(Diagnostic(f"node {name} left the cluster; leases {lost} requeued"))
             for lease_id in lost:
@@ -166,9 +246,11 @@ class Driver:
         for name, node in seen.items():
             if name not in s.nodes:
                 s.core.add_node(node, now)
+                if name in s.cordons:
+                    hold_node(s.core, name)  # a cordoned node that came back takes no lease either
                 changed = True
         s.nodes = seen
-        return [SaveState(), *effects] if changed else effects
+        return self._tallied(now, [SaveState(), *effects] if changed else effects)
 
     def job_launched(self, workload_id: str, submission_id: str) -> list[Effect]:
         """The adapter's `LaunchJob` went through: stopped as this Ray job from now on."""
@@ -187,6 +269,33 @@ class Driver:
         details = {"lease_id": lease_id, "error": error}
         return [JournalEvent(EventKind.LAUNCH_FAILED, workload_id, s.team_of(workload_id), now, details)]
 
+    def grant_displaced(self, workload_id: str, lease_id: str, error: str, now: float) -> list[Effect]:
+        """The adapter could not hold a grant's GPUs against Serve: Ray placed a Serve replica
+        on them before the hold formed (docs/live_scheduler.md, "Granted GPUs are held"). The
+        grant is void before any job used it: its GPUs go back (the Serve pool adopts the
+        replica on them), a launch that went ahead is stopped, and the workload is queued again
+        (its next admission is a new attempt: a Ray job's submission id is per attempt). Not a
+        claim-timeout strike: nothing is wrong with the workload.
+        A grant already claimed keeps its lease: its job is running, and the replica counts
+        as GPU use outside any lease."""
+        s = self._state
+        grant = s.grants.get(workload_id)
+        if grant is None or grant.lease_id != lease_id or workload_id in s.claims:
+            why = "ended since" if grant is None or grant.lease_id != lease_id else "claimed already: kept"
+            return [Diagnostic(f"hold of workload {workload_id}'s lease {lease_id} failed ({error}); {why}")]
+        effects: list[Effect] = []
+        self._stop_job_of(workload_id, StopReason.GRANT_DISPLACED, effects)
+        s.core.release(lease_id, now, finished=True)
+        s.forget_lease(workload_id, requeued=True, now=now)
+        s.launched.pop(workload_id, None)  # launched again on its next admission
+        s.core.submit(s.submissions[workload_id].gang(), now)
+        team = s.team_of(workload_id)
+        displaced = {"lease_id": lease_id, "error": error}
+        effects.append(JournalEvent(EventKind.GRANT_DISPLACED, workload_id, team, now, displaced))
+        requeued = {"lease_id": lease_id, "reason": "grant_displaced"}
+        effects.append(JournalEvent(EventKind.REQUEUED, workload_id, team, now, requeued))
+        return self._tallied(now, [SaveState(), *effects])
+
     # ------------------------------------------------------------------ the clock
     def tick(self, now: float, on_decisions: Callable[[Decisions], None] | None = None) -> list[Effect]:
         """One scheduling pass: the core's decisions applied, then grants left unclaimed past
@@ -200,7 +309,7 @@ class Driver:
         pruned = self._state.prune_finished(now - self._retention_s)
         if pruned:
             forget_ended_workloads(self._state.core, set(pruned))
-        return [SaveState(), *effects] if decisions or timed_out or pruned else effects
+        return self._tallied(now, [SaveState(), *effects] if decisions or timed_out or pruned else effects)
 
     # ------------------------------------------------------------------ the rules
     def _apply(self, decisions: Decisions, now: float) -> list[Effect]:
@@ -221,25 +330,30 @@ class Driver:
             if sub.entrypoint is not None:
                 effects.append(LaunchJob(wid, start.lease_id, s.attempts[wid], sub.entrypoint, sub.runtime_env))
         for notice in decisions.notices:
-            sub = s.submissions[notice.workload_id]
-            sent = Notice(
-                workload_id=notice.workload_id,
-                lease_id=notice.lease_id,
-                reason=f"{notice.reason.value} for {notice.preemptor}",
-                stop_deadline=notice.stop_deadline,
-            )
-            s.notices[notice.workload_id] = sent
-            effects.append(SendNotice(sent))
-            effects.append(RecordPreemption(sub.team, notice.reason.value, notice.lost_gpu_seconds))
-            details = {
-                "reason": sent.reason,
-                "preemptor": notice.preemptor,
-                "lost_gpu_s": round(notice.lost_gpu_seconds, 1),
-            }
-            effects.append(JournalEvent(EventKind.PREEMPTION_NOTICE, notice.workload_id, sub.team, now, details))
+            self._send_notice(notice, now, effects)
         for stop in decisions.stops:
-            self._stop(stop.workload_id, stop.lease_id, StopReason(stop.reason), now, effects)
+            self._stop(stop.workload_id, stop.lease_id, node_cordons.stop_reason(s, stop), now, effects)
         return effects
+
+    def _send_notice(self, notice: PreemptionNotice, now: float, effects: list[Effect]) -> None:
+        """A notice the core put a lease under (a preemption's victim, or a drained node's lease)."""
+        s = self._state
+        sub = s.submissions[notice.workload_id]
+        sent = Notice(
+            workload_id=notice.workload_id,
+            lease_id=notice.lease_id,
+            reason=f"{notice.reason.value} for {notice.preemptor}",
+            stop_deadline=notice.stop_deadline,
+        )
+        s.notices[notice.workload_id] = sent
+        effects.append(SendNotice(sent))
+        effects.append(RecordPreemption(sub.team, notice.reason.value, notice.lost_gpu_seconds))
+        details = {
+            "reason": sent.reason,
+            "preemptor": notice.preemptor,
+            "lost_gpu_s": round(notice.lost_gpu_seconds, 1),
+        }
+        effects.append(JournalEvent(EventKind.PREEMPTION_NOTICE, notice.workload_id, sub.team, now, details))
 
     def _stop(self, workload_id: str, lease_id: str, reason: StopReason, now: float, effects: list[Effect]) -> None:
         """A stop order (grace period over, or cancelled): stop the Ray job, and give the GPUs
@@ -330,6 +444,14 @@ class Driver:
         s.queued_since[workload] = now
         requeued = {"lease_id": grant.lease_id, "reason": "claim_timeout"}
         effects.append(JournalEvent(EventKind.REQUEUED, workload, sub.team, now, requeued))
+
+    def _tallied(self, now: float, effects: list[Effect]) -> list[Effect]:
+        """The tally follows the workloads this event journaled: every change to a workload's
+        queue or lease is journaled (a rule the randomized tally test checks)."""
+        self._tally.advance(now)
+        touched = [e.workload_id for e in effects if isinstance(e, JournalEvent) and e.workload_id]
+        self._tally.follow(self._state, touched)
+        return effects
 
     def _lease_event(self, outcome: ReleaseOutcome, workload: str, lease_id: str, now: float) -> JournalEvent:
         kind = EventKind.REQUEUED if outcome is ReleaseOutcome.REQUEUED else EventKind.RELEASED

@@ -32,7 +32,12 @@ class EventKind(StrEnum):
     NODE_LOST = "node_lost"
     CLAIM_TIMEOUT = "claim_timeout"
     LAUNCH_FAILED = "launch_failed"
+    GRANT_DISPLACED = "grant_displaced"
     ENDED = "ended"
+    # An operator's node commands (`switchyard nodes ...`): journaled with no workload.
+    NODE_CORDONED = "node_cordoned"
+    NODE_UNCORDONED = "node_uncordoned"
+    NODE_DRAINED = "node_drained"
 
 
 # -- bookkeeping: inside the lock ------------------------------------------------------------

@@ -17,9 +17,10 @@ from switchyard.scheduler.api import LeaseGrant, ReleaseOutcome, WorkloadSubmiss
 from switchyard.scheduler.core import Decisions, Node
 from switchyard.scheduler.driver.driver import Driver
 from switchyard.scheduler.driver.effects import Effect
+from switchyard.scheduler.driver.node_cordons import DrainReport
 
 Record = dict[str, Any]
-Answer = str | LeaseGrant | ReleaseOutcome | None
+Answer = str | LeaseGrant | ReleaseOutcome | DrainReport | None
 
 
 class InputRecordError(ValueError):
@@ -42,8 +43,31 @@ def release(lease_id: str, finished: bool, now: float) -> Record:
     return {"event": "release", "now": now, "lease_id": lease_id, "finished": finished}
 
 
-def checkpoint_reported(workload_id: str, now: float) -> Record:
-    return {"event": "checkpoint_reported", "now": now, "workload_id": workload_id}
+def checkpoint_reported(workload_id: str, now: float, request_id: str | None = None) -> Record:
+    return {"event": "checkpoint_reported", "now": now, "workload_id": workload_id, "request_id": request_id}
+
+
+def resume_reported(workload_id: str, step: int, checkpoint: str, now: float, request_id: str | None) -> Record:
+    return {
+        "event": "resume_reported",
+        "now": now,
+        "workload_id": workload_id,
+        "step": step,
+        "checkpoint": checkpoint,
+        "request_id": request_id,
+    }
+
+
+def cordon(node: str, now: float, request_id: str | None) -> Record:
+    return {"event": "cordon", "now": now, "node": node, "request_id": request_id}
+
+
+def uncordon(node: str, now: float, request_id: str | None) -> Record:
+    return {"event": "uncordon", "now": now, "node": node, "request_id": request_id}
+
+
+def drain(node: str, force: bool, now: float, request_id: str | None) -> Record:
+    return {"event": "drain", "now": now, "node": node, "force": force, "request_id": request_id}
 
 
 def nodes_seen(nodes: Iterable[Node], now: float) -> Record:
@@ -56,6 +80,10 @@ def job_launched(workload_id: str, submission_id: str) -> Record:
 
 def launch_failed(workload_id: str, lease_id: str, error: str, now: float) -> Record:
     return {"event": "launch_failed", "now": now, "workload_id": workload_id, "lease_id": lease_id, "error": error}
+
+
+def grant_displaced(workload_id: str, lease_id: str, error: str, now: float) -> Record:
+    return {"event": "grant_displaced", "now": now, "workload_id": workload_id, "lease_id": lease_id, "error": error}
 
 
 def tick(now: float) -> Record:
@@ -75,7 +103,21 @@ def apply(
         raise
 
 
-_FIELDS = {"event", "now", "request_id", "submission", "workload_id", "ray_job_id", "lease_id", "finished", "nodes"}
+_FIELDS = {
+    "event",
+    "now",
+    "request_id",
+    "submission",
+    "workload_id",
+    "ray_job_id",
+    "lease_id",
+    "finished",
+    "nodes",
+    "node",
+    "force",
+    "step",
+    "checkpoint",
+}
 
 
 def _dispatch(
@@ -91,14 +133,24 @@ def _dispatch(
         return driver.claim(r["workload_id"], r["ray_job_id"])
     if event == "release":
         return driver.release(r["lease_id"], r["finished"], r["now"])
-    if event == "checkpoint_reported":
-        return None, driver.checkpoint_reported(r["workload_id"], r["now"])
+    if event == "checkpoint_reported":  # records from before request ids have none
+        return None, driver.checkpoint_reported(r["workload_id"], r["now"], r.get("request_id"))
+    if event == "resume_reported":
+        return None, driver.resume_reported(r["workload_id"], r["step"], r["checkpoint"], r["now"], r["request_id"])
+    if event == "cordon":
+        return driver.cordon(r["node"], r["now"], r["request_id"])
+    if event == "uncordon":
+        return driver.uncordon(r["node"], r["now"], r["request_id"])
+    if event == "drain":
+        return driver.drain(r["node"], r["force"], r["now"], r["request_id"])
     if event == "nodes_seen":
         return None, driver.nodes_seen([Node(**n) for n in r["nodes"]], r["now"])
     if event == "job_launched":
         return None, driver.job_launched(r["workload_id"], r["submission_id"])
     if event == "launch_failed":
         return None, driver.launch_failed(r["workload_id"], r["lease_id"], r["error"], r["now"])
+    if event == "grant_displaced":
+        return None, driver.grant_displaced(r["workload_id"], r["lease_id"], r["error"], r["now"])
     if event == "tick":
         return None, driver.tick(r["now"], on_decisions)
     raise InputRecordError(f"unknown event {event!r} in record {r}")

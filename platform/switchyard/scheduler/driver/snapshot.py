@@ -7,7 +7,7 @@ message naming both versions; one from a newer version is refused (this code can
 it added).
 
 Version history: 1, the first JSON snapshot (before it: a pickle in `scheduler.db`, migrated
-once by the actor).
+once by the actor); 2, node cordons (`LiveState.cordons`, and the core's holds for them).
 """
 
 from __future__ import annotations
@@ -19,10 +19,17 @@ from typing import Any
 from switchyard.scheduler.core.state_codec import StateCodecError, decode_state, encode_state
 from switchyard.scheduler.driver.state import LiveState
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+
+
+def _cordons_added(doc: dict[str, Any]) -> dict[str, Any]:
+    """1 -> 2: no node was cordoned then; the codec gives the state's missing `cordons` its
+    default (none), and the core held nothing for a cordon."""
+    return {**doc, "schema_version": 2}
+
 
 # from-version -> a function rewriting a document of that version into the next one
-MIGRATIONS: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {}
+MIGRATIONS: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {1: _cordons_added}
 
 
 class SnapshotVersionError(ValueError):

@@ -28,6 +28,16 @@ class LaunchedJob:
     submission_id: str
 
 
+@dataclass(frozen=True)
+class NodeCordon:
+    """An operator's cordon of a node (`switchyard nodes cordon | drain`): no new lease there.
+    Kept while the node is away from the cluster, so a node that comes back is still cordoned."""
+
+    node: str
+    since: float
+    drain_requested_at: float | None = None  # set by a drain: its leases were put under notice
+
+
 @dataclass
 class LiveState:
     """Everything the actor must get back after a restart (pickled by the journal)."""
@@ -51,12 +61,14 @@ class LiveState:
     # per attempt. Booleans, not `ReleaseOutcome`s: journals already hold them so.
     released: dict[str, bool] = field(default_factory=dict)
     claim_timeouts: dict[str, int] = field(default_factory=dict)  # workload id -> grants it lost in a row
-    # Request ids of the submits and cancels done, with the workload each was for: a call
-    # retried after an actor restart (or by the client) is answered, not done twice.
+    # Request ids of the submits, cancels and node commands done, with the workload (or node)
+    # each was for: a call retried after an actor restart (or by the client) is answered, not
+    # done twice.
     answered: dict[str, str] = field(default_factory=dict)
     # Workloads that are over (released finished, cancelled, ended), oldest first: pruned from
     # `submissions` and the attempt counters after the retention period.
     finished_at: dict[str, float] = field(default_factory=dict)
+    cordons: dict[str, NodeCordon] = field(default_factory=dict)  # node name -> its cordon
 
     def remember_release(self, lease_id: str, requeued: bool, keep: int = RELEASES_KEPT) -> bool:
         self.released[lease_id] = requeued

@@ -3,12 +3,15 @@ GPU audit are computed from. Pure; the adapter calls them with its lock held."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from switchyard.scheduler.core import GangRequest, LeaseState
+from switchyard.scheduler.core import GangRequest
+from switchyard.scheduler.core.cordon import leases_by_node
+from switchyard.scheduler.driver import node_cordons
 from switchyard.scheduler.driver.state import LiveState
+from switchyard.scheduler.driver.tally import LiveTally, TeamGpus
 from switchyard.scheduler.queue_view import queue_rows
 
 
@@ -38,6 +41,46 @@ def workload_rows(state: LiveState, now: float) -> list[dict[str, Any]]:
             }
         )
     return out
+
+
+def node_rows(state: LiveState, cordoned_only: bool = False) -> list[dict[str, Any]]:
+    """One row per node Ray reports, and per cordoned node away from the cluster: its cordon
+    state and what still runs there (`switchyard nodes list`; `status`: the cordoned only)."""
+    names = set(state.cordons) if cordoned_only else set(state.nodes) | set(state.cordons)
+    if not names:
+        return []  # `status` on a cluster with nothing cordoned: no pass over the leases
+    core = state.core
+    by_node = leases_by_node(core)
+    rows = []
+    for name in sorted(names):
+        node, cordon, alive = state.nodes.get(name), state.cordons.get(name), name in state.nodes
+        leases = by_node.get(name, []) if alive else []
+        blocking = {b.workload_id: b.reason for b in node_cordons.survey(state, name, False, leases)[0].blocking}
+        rows.append(
+            {
+                "node_id": name,
+                "alive": alive,
+                "node_group": node.node_group if node else None,
+                "gpu_type": node.gpu_type if node else None,
+                "gpus": node.gpus if node else 0,
+                "free_gpus": core.pool.free(name) if alive else 0,
+                "state": node_cordons.node_state(state, name, leases).value,
+                "cordoned_at": cordon.since if cordon else None,
+                "drain_requested_at": cordon.drain_requested_at if cordon else None,
+                "leases": [
+                    {
+                        "workload_id": lease.request.workload_id,
+                        "team": lease.request.team,
+                        "priority_class": lease.request.priority_class,
+                        "gpus": lease.gpus_by_node()[name],
+                        "state": lease.state.value,
+                        "blocks_drain": blocking.get(lease.request.workload_id),
+                    }
+                    for lease in leases
+                ],
+            }
+        )
+    return rows
 
 
 def cluster_view(state: LiveState, now: float) -> dict[str, Any]:
@@ -71,6 +114,18 @@ def leased_gpus_by_job(state: LiveState) -> dict[str, int]:
     return leased
 
 
+def held_grants(state: LiveState, is_replica: Callable[[str], bool]) -> dict[str, tuple[tuple[str, int], ...]]:
+    """Lease id -> (node, GPUs) of every grant whose GPUs Serve must not take: all but those of
+    Serve's own replicas (`is_replica(workload id)`), whose lease is where Ray already put the
+    replica, on slots it holds itself. The adapter holds these nodes' Serve slots for as long
+    as the grant lasts (`cluster.grant_holds`)."""
+    return {
+        grant.lease_id: tuple((p.node_id, p.gpus) for p in grant.placements)
+        for workload, grant in state.grants.items()
+        if not is_replica(workload)
+    }
+
+
 def leased_bundles(state: LiveState) -> Iterable[tuple[int, ...]]:
     """Every leased gang's bundles; with `waiting_for_capacity`, the autoscaler request's input."""
     return [lease.request.bundles for lease in state.core.leases().values()]
@@ -86,16 +141,28 @@ class GaugeReadings:
     leased_gpus: int
     leases: dict[str, int]  # lease state -> count, every state present
     queued: dict[str, int]  # team -> workloads waiting
+    team_gpus: dict[str, TeamGpus]  # team -> GPUs guaranteed, used, borrowed
+    share_ratio: dict[str, float]
+    """Team -> GPU-seconds received / fair in the last full hour; 1.0 for a team that asked
+    for none (it got all it asked for), as Jain's index of no values is 1."""
+    jain: float  # Jain's index over the teams' share ratios in the last full hour
+    inversion_gpu_s: dict[str, float]  # team -> priority-inversion GPU-seconds since the tally began
+    quota_wait_gpu_s: dict[str, float]  # team -> quota-wait GPU-seconds since the tally began
 
 
-def gauge_readings(state: LiveState, now: float) -> GaugeReadings:
-    snap = state.core.snapshot(now, explain_pending=False)  # every tick: counts only
-    leases = {s.value: 0 for s in LeaseState}
-    for lease in snap.leases:
-        leases[lease.state] = leases.get(lease.state, 0) + 1
+def gauge_readings(state: LiveState, tally: LiveTally, now: float) -> GaugeReadings:
+    """Every tick: counts the tally keeps as events happen, no pass over leases or the queue."""
+    pool = state.core.pool
+    fairness = tally.fairness(now)
+    teams = fairness["teams"]
     return GaugeReadings(
-        free_gpus=snap.free_gpus,
-        leased_gpus=snap.total_gpus - snap.free_gpus,
-        leases=leases,
-        queued={team.team: team.queued for team in snap.teams},
+        free_gpus=pool.free_gpus,
+        leased_gpus=pool.total_gpus - pool.free_gpus,
+        leases=tally.leases(),
+        queued=tally.queued(),
+        team_gpus=tally.team_gpus(),
+        share_ratio={t: 1.0 if row["share_ratio_1h"] is None else row["share_ratio_1h"] for t, row in teams.items()},
+        jain=1.0 if fairness["jain_1h"] is None else fairness["jain_1h"],
+        inversion_gpu_s={t: row["inversion_gpu_s"] for t, row in teams.items()},
+        quota_wait_gpu_s={t: row["quota_wait_gpu_s"] for t, row in teams.items()},
     )

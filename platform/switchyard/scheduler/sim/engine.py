@@ -25,8 +25,8 @@ from switchyard.scheduler.core.policy import SchedulerPolicy
 from switchyard.scheduler.core.scheduler import Scheduler
 from switchyard.scheduler.core.snapshot import PendingStatus
 from switchyard.scheduler.fairness import InversionLedger, ShareLedger
+from switchyard.scheduler.fairness_timeline import FairnessTimeline
 from switchyard.scheduler.sim.inference import InferenceDemand
-from switchyard.scheduler.sim.overdue import OverdueWaits
 from switchyard.scheduler.sim.teams import INFERENCE_TEAM
 from switchyard.scheduler.sim.trace import TraceJob
 
@@ -140,13 +140,11 @@ class Simulation:
         self._jobs = {j.workload_id: j for j in jobs}
         self.trace = SimTrace(window, self._core.pool.total_gpus)
         guarantees = {team.name: sum(q.guaranteed_gpus for q in team.quotas) for team in policy.teams}
-        self.trace.shares = ShareLedger(window.start_s, guarantees)
-        self.trace.inversions = InversionLedger(guarantees)
-        self._overdue = OverdueWaits(inversion_bound_s)
-        self._pending_gpus_by_team: dict[str, int] = {}
+        # The same bookkeeping as the live driver's (switchyard.scheduler.fairness_timeline).
+        self._fairness = FairnessTimeline(guarantees, self.trace.capacity, inversion_bound_s, window.start_s)
+        self.trace.shares = self._fairness.shares
+        self.trace.inversions = self._fairness.inversions
         self._now = start
-        self._alloc_by_team: dict[str, int] = {}
-        self._running_by_prio: dict[int, int] = {}
         self._replicas_running: list[str] = []
         self._replicas_pending: list[str] = []
         self._replica_seq = 0
@@ -354,39 +352,13 @@ class Simulation:
         return self._policy.priority(record.priority_class).value
 
     def _running_change(self, record: JobRecord, sign: int) -> None:
-        gpus = sign * record.gpus
-        self._alloc_by_team[record.team] = self._alloc_by_team.get(record.team, 0) + gpus
-        value = self._prio(record)
-        self._running_by_prio[value] = self._running_by_prio.get(value, 0) + gpus
+        self._fairness.hold(record.team, self._prio(record), sign * record.gpus)
 
     def _pending_change(self, record: JobRecord, sign: int) -> None:
-        team = record.team
-        self._pending_gpus_by_team[team] = self._pending_gpus_by_team.get(team, 0) + sign * record.gpus
         if sign > 0:
-            self._overdue.add(record.workload_id, self._prio(record), team, record.gpus, record.queued_since)
+            self._fairness.queue(record.workload_id, record.team, self._prio(record), record.gpus, record.queued_since)
         else:
-            self._overdue.remove(record.workload_id)
-
-    def _observe_fairness(self, lo: float, hi: float) -> None:
-        assert self.trace.shares is not None and self.trace.inversions is not None
-        alloc = self._alloc_by_team
-        demand = dict(alloc)
-        for team, gpus in self._pending_gpus_by_team.items():
-            if gpus:
-                demand[team] = demand.get(team, 0) + gpus
-        self.trace.shares.observe(lo, hi, self.trace.capacity, alloc, demand)
-        # Nothing starts or stops inside [lo, hi), but requests cross the bound: split there.
-        while lo < hi:
-            self._overdue.advance(lo)
-            due = self._overdue.next_due()
-            edge = hi if due is None or due >= hi else max(due, lo)
-            levels = self._overdue.by_level
-            if levels:
-                held_below = {
-                    p: sum(g for v, g in self._running_by_prio.items() if v < p) for p in {p for p, _ in levels}
-                }
-                self.trace.inversions.observe(edge - lo, levels, held_below, alloc)
-            lo = edge
+            self._fairness.dequeue(record.workload_id, record.team, record.gpus)
 
     def _advance(self, t: float) -> None:
         if t <= self._now:
@@ -395,12 +367,12 @@ class Simulation:
         hi = min(t, self._window.end_s)
         if hi > lo:
             span = hi - lo
-            allocated = sum(self._alloc_by_team.values())
+            allocated = sum(self._fairness.allocated.values())
             self.trace.allocated_gpu_s += allocated * span
-            for team, gpus in self._alloc_by_team.items():
+            for team, gpus in self._fairness.allocated.items():
                 if gpus:
                     self.trace.served_gpu_s[team] = self.trace.served_gpu_s.get(team, 0.0) + gpus * span
-            self._observe_fairness(lo, hi)
+            self._fairness.observe(lo, hi)
             self._add_hourly(lo, hi, allocated)
         self._now = t
 

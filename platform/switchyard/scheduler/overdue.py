@@ -1,6 +1,6 @@
 """Queued requests past the inversion bound, counted by (priority, team) and size, as the
 fairness module's `InversionLedger` reads them; kept incrementally, because the simulator
-asks at every event and the queue can hold thousands."""
+and the live driver ask at every event and the queue can hold thousands."""
 
 from __future__ import annotations
 
