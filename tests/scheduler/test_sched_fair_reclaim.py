@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import random
 from collections import Counter
+from dataclasses import replace
 
 from sched_support import ALL_CLASSES, gang, nodes
 
@@ -129,3 +130,19 @@ def test_two_borrowing_teams_converge_without_ping_pong() -> None:
         preempted = _run_two_borrowers(seed, margin=4.0)
         worst = max(preempted.values(), default=0)
         assert worst <= 3, f"seed {seed}: {preempted.most_common(3)}"
+
+
+def test_multi_node_only_fair_reclaim_is_for_gangs_of_several_bundles() -> None:
+    """`fair_share_reclaim_multi_node_only`: in the first test's cluster a one-node 8-GPU gang of
+    a finds no fair-share victim; a 2x4 gang of the same team and share takes one of b's."""
+    for bundles, reclaims in (((8,), False), ((4, 4), True)):
+        policy = fair_policy({"a": 8, "b": 8, "c": 24})
+        knobs = replace(policy.knobs, fair_share_reclaim_multi_node_only=True)
+        s = Scheduler(replace(policy, knobs=knobs), nodes(5))
+        fill_with_b(s, 4)
+        s.submit(gang("a-0", "a", (8,), "exploratory"), 1)
+        s.submit(gang("a-1", "a", bundles, "exploratory"), 1)
+        d = s.schedule(1)
+        assert len(d.starts) == 1
+        taken = {(n.reason, n.preemptor) for n in d.notices}
+        assert taken == ({(PreemptionReason.RECLAIM, "a-1")} if reclaims else set())

@@ -58,6 +58,7 @@ class KnobsSpec(_Strict):
     when_can_borrow: WhenCanBorrow = WhenCanBorrow.BORROW  # Kueue's flavorFungibility.whenCanBorrow
     fair_share_reclaim: bool = False  # borrowers below their share take from those above it
     fair_share_margin_gpus: float = Field(8.0, ge=0)  # its hysteresis, borrowed GPUs / weight
+    fair_share_reclaim_multi_node_only: bool = False  # only gangs of several bundles reclaim fairly
 
     @model_validator(mode="after")
     def _escalation_after_aging(self) -> KnobsSpec:
@@ -82,13 +83,16 @@ class PriorityClassSpec(_Strict):
     preemption_backoff_s: float = Field(0.0, ge=0)
     """Protection after the n-th preemption: this x 2^(n-1), at most max_preemption_backoff_s."""
     max_preemption_backoff_s: float = Field(0.0, ge=0)
+    max_preemptions: int | None = Field(None, ge=1)
+    """Settled after this many preemptions: no one's victim any more (docs/scheduler.md)."""
 
     @model_validator(mode="after")
     def _protection_is_coherent(self) -> PriorityClassSpec:
-        protects = self.min_runtime_s or self.reclaim_min_runtime_s or self.preemption_backoff_s
+        protects = self.min_runtime_s or self.reclaim_min_runtime_s or self.preemption_backoff_s or self.max_preemptions
         if not self.preemptible and protects:
             raise ValueError(
-                f"priority class {self.name!r} is not preemptible: a minimum runtime or backoff means nothing for it"
+                f"priority class {self.name!r} is not preemptible: "
+                "a minimum runtime, backoff or preemption cap means nothing for it"
             )
         if self.max_preemption_backoff_s and self.max_preemption_backoff_s < self.preemption_backoff_s:
             raise ValueError(

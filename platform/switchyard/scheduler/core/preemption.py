@@ -2,7 +2,9 @@
 
 Who may be a victim (KUEUE and CHECKPOINT_AWARE modes):
   0. never a lease of a non-preemptible priority class, whatever its quota entry borrows
-     through other classes;
+     through other classes, nor an immune settled one (`settled.py`: its workload was
+     preempted its class's `max_preemptions` times), whoever asks; any other settled lease
+     only by inference reclaim, as its last resort;
   1. only a running lease (not one already preempting);
   2. of the preemptor's own quota entry: only a preemptible, lower-priority lease past its
      protection for priority preemption (`protection.py`: minimum runtime, backoff);
@@ -49,7 +51,9 @@ from switchyard.scheduler.core.model import (
 )
 from switchyard.scheduler.core.placement import NodePool
 from switchyard.scheduler.core.policy import PreemptionMode, SchedulerPolicy
+from switchyard.scheduler.core.protection import is_settled
 from switchyard.scheduler.core.quota import QuotaBook, QuotaKey
+from switchyard.scheduler.core.settled import SettledLeases
 from switchyard.scheduler.core.victim_index import VictimEntry, VictimIndex
 
 
@@ -111,17 +115,31 @@ class VictimSelector:
         self._index = VictimIndex(policy.knobs.restart_cost_s)
         weights = {t.name: t.weight for t in policy.teams}
         self._fair = FairShares(book, weights, policy.knobs.fair_share_margin_gpus)
+        self.settled = SettledLeases(book)
 
     # -- upkeep ---------------------------------------------------------------------------
     def track(self, lease: Lease, key: QuotaKey) -> None:
         """`lease` runs: a possible victim if its class is preemptible."""
         priority = self._priority[lease.request.priority_class]
-        if priority.preemptible:  # never a victim otherwise (finding 6)
+        if not priority.preemptible:
+            return  # never a victim (finding 6)
+        if not is_settled(priority, lease.prior_preemptions):
             self._index.add(lease, key, priority)
+        elif self.settled.fits(key, lease.gpus):
+            self.settled.add(lease, key)  # immune: runs to the end
+        else:
+            self.settled.expose(lease, key)
+            self._index.add(lease, key, priority, last_resort=True)
 
     def untrack(self, lease: Lease) -> None:
-        if lease.lease_id in self._index:
+        entry = self._index.get(lease.lease_id)
+        if entry is not None:
             self._index.remove(lease.lease_id)
+            if entry.last_resort:
+                self.settled.unexpose(lease, entry.key)
+        elif lease.lease_id in self.settled:
+            for promoted in self.settled.remove(lease.lease_id):
+                self._index.remove(promoted.lease_id)  # immune now: no one's victim
 
     def checkpointed(self, lease: Lease) -> None:
         self._index.checkpointed(lease.lease_id)
@@ -172,7 +190,7 @@ class VictimSelector:
         mine = self._priority[request.priority_class].value
         out: list[_Candidate] = []
         for entry in self._index.entries():
-            if entry.key in running and entry.value < mine and now >= entry.priority_from:
+            if entry.key in running and entry.value < mine and now >= entry.priority_from and not entry.last_resort:
                 # Not `cross_team`: escalation takes it whatever its team's guarantee.
                 out.append(self._candidate(entry, False, PreemptionReason.PRIORITY, now))
         by_node = self._by_node(self._rank(out))
@@ -195,7 +213,7 @@ class VictimSelector:
         reclaiming = my_key is not None and self._book.reclaiming(my_key, request.gpus)
         bar: float | None = None
         fair: frozenset[QuotaKey] = frozenset()
-        if my_key is not None and not reclaiming and self._policy.knobs.fair_share_reclaim:
+        if my_key is not None and not reclaiming and self._fair_reclaims(request):
             bar = self._fair.bar(my_key, request.gpus)
             fair = frozenset(k for k, cross in entries.items() if cross and self._fair.share(k) > bar)
         return _Asker(
@@ -207,10 +225,15 @@ class VictimSelector:
             fair,
         )
 
+    def _fair_reclaims(self, request: GangRequest) -> bool:
+        """Whether fair-share reclaim applies to `request` at all (knobs)."""
+        knobs = self._policy.knobs
+        return knobs.fair_share_reclaim and (len(request.bundles) > 1 or not knobs.fair_share_reclaim_multi_node_only)
+
     def may_reclaim_fairly(self, request: GangRequest, running: Mapping[QuotaKey, object]) -> bool:
         """Cheap test before a search: may fair-share reclaim give `request` (as tried on one GPU
         type) any victim at all? Some other entry must be above its bar now."""
-        if not (self._quota_rules and self._policy.knobs.fair_share_reclaim):
+        if not (self._quota_rules and self._fair_reclaims(request)):
             return False
         return bool(self._asker(request, running).fair_entries)
 
@@ -219,7 +242,7 @@ class VictimSelector:
         Protection (`core.protection`) as thresholds the index keeps; inference reclaim
         ignores it."""
         cross = asker.entries.get(entry.key)
-        if cross is None:
+        if cross is None or (entry.last_resort and not asker.inference):
             return None
         # `cross`: the team borrows, and its gang goes whole.
         if cross and asker.reclaiming and (asker.inference or now >= entry.reclaim_from):

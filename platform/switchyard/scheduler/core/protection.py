@@ -6,6 +6,9 @@ Rules (pure; docs/scheduler.md, "Preemption: who may be a victim"):
   * a workload preempted n times before is protected from both for
     `preemption_backoff_s x 2^(n-1)` (at most `max_preemption_backoff_s`) from its start, so a
     just-restarted job is not the cheapest victim again and again;
+  * a workload preempted `max_preemptions` times is *settled* (`is_settled`): no longer a
+    victim of priority preemption or of a team's reclaim, and of inference reclaim only as
+    described in `core.settled`;
   * inference reclaiming its guarantee ignores both (applied where victims are judged,
     `preemption.py`): its GPUs come back within one grace period, which keeps inference
     inside its SLO bound.
@@ -32,3 +35,9 @@ def protected_until(lease: Lease, priority: PriorityClass, reason: PreemptionRea
     """The earliest time `lease` may be preempted for `reason` (not by inference reclaim)."""
     floor = priority.min_runtime_s if reason is PreemptionReason.PRIORITY else priority.reclaim_min_runtime_s
     return lease.started_at + max(floor, backoff_s(priority, lease.prior_preemptions))
+
+
+def is_settled(priority: PriorityClass, preemptions: int) -> bool:
+    """Whether a workload preempted `preemptions` times has reached its class's cap."""
+    cap = priority.max_preemptions
+    return cap is not None and preemptions >= cap

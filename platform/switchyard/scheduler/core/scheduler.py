@@ -524,7 +524,7 @@ class Scheduler:
         return out
 
     def _reserve(self, request: GangRequest, held: dict[str, int], kind: HoldKind, gpu_type: str = "") -> None:
-        held = self._typed_held(held, gpu_type)
+        held = dict(self._victims.settled.pinned(self._typed_held(held, gpu_type)))  # immune GPUs never free up
         group = request.node_group
         if group is None and request.same_node_group and len(request.bundles) > 1:
             groups = [g for g in self._pool.group_names() if not self._typed or self._pool.group_type(g) == gpu_type]

@@ -42,6 +42,7 @@ from switchyard.scheduler.core.quota import QuotaKey
 
 Cell = tuple[QuotaKey, int]  # (quota entry, priority value)
 _Where = TypeVar("_Where", bound=Hashable)
+LAST_RESORT_S = 1e12  # per GPU: one such victim outweighs any plan of others (1,000 GPUs x 3 years: 1e11)
 _LAST_ID = "\U0010ffff"  # sorts after every lease id: bisect past all entries of one key
 
 
@@ -65,6 +66,8 @@ class VictimEntry:
     """Earliest time reclaim may take it (none of this applies to inference reclaim)."""
     tie: tuple[int, float, str]
     """The victim order after the cost: lower priority, most recently started, lease id."""
+    last_resort: bool = False
+    """A settled lease that is not immune (`core.settled`): inference reclaim's alone, last."""
 
 
 class VictimIndex:
@@ -84,20 +87,26 @@ class VictimIndex:
         return lease_id in self._entries
 
     # -- upkeep -----------------------------------------------------------------------------
-    def add(self, lease: Lease, key: QuotaKey, priority: PriorityClass) -> None:
-        """A running lease of a preemptible class."""
+    def add(self, lease: Lease, key: QuotaKey, priority: PriorityClass, *, last_resort: bool = False) -> None:
+        """A running lease of a preemptible class. `last_resort` (a settled lease that is not
+        immune, `core.settled`): only inference reclaim may take it, and it costs
+        `LAST_RESORT_S` per GPU and earlier preemption more, so a plan takes it only when no
+        plan without it exists, and the least preempted first."""
         lease_id = lease.lease_id
         if lease_id in self._entries:
             raise AssertionError(f"lease {lease_id!r} is already a possible victim")
+        # Exposed leases preempted more often cost more, so inference spreads its last resorts.
+        restart_s = self._restart_cost_s + (LAST_RESORT_S * lease.prior_preemptions if last_resort else 0.0)
         entry = VictimEntry(
             lease,
             key,
             priority.value,
             lease.gpus,
-            lease.gpus * self._restart_cost_s,
+            lease.gpus * restart_s,
             protected_until(lease, priority, PreemptionReason.PRIORITY),
             protected_until(lease, priority, PreemptionReason.RECLAIM),
             (priority.value, -lease.started_at, lease_id),
+            last_resort,
         )
         self._entries[lease_id] = entry
         self._cells.setdefault((key, priority.value), {})[lease_id] = entry
@@ -152,6 +161,9 @@ class VictimIndex:
 
     def entries(self) -> Iterable[VictimEntry]:
         return self._entries.values()
+
+    def get(self, lease_id: str) -> VictimEntry | None:
+        return self._entries.get(lease_id)
 
     def cheapest(self, now: float, need: int) -> Iterator[tuple[float, VictimEntry]]:
         """(lower bound on the cost of clearing `need` or more GPUs on a node whose cheapest

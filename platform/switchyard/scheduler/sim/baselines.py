@@ -26,11 +26,15 @@ def knobs_for(name: PolicyName, switchyard: PolicyKnobs) -> PolicyKnobs:
 def classes_for(name: PolicyName, classes: tuple[PriorityClass, ...]) -> tuple[PriorityClass, ...]:
     """The priority classes a policy runs with: the baselines keep minimum runtimes against
     priority preemption (Kueue and strict priority have none of switchyard's reclaim
-    protection or backoff), switchyard keeps everything."""
+    protection, backoff or preemption cap), switchyard keeps everything."""
     if name is PolicyName.SWITCHYARD:
         return classes
-    return tuple(
-        replace(c, reclaim_min_runtime_s=0.0, preemption_backoff_s=0.0, max_preemption_backoff_s=0.0) for c in classes
+    return tuple(_min_runtime_only(c) for c in classes)
+
+
+def _min_runtime_only(c: PriorityClass) -> PriorityClass:
+    return replace(
+        c, reclaim_min_runtime_s=0.0, preemption_backoff_s=0.0, max_preemption_backoff_s=0.0, max_preemptions=None
     )
 
 
