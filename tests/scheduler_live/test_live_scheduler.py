@@ -59,7 +59,7 @@ def test_gang_that_cannot_fit_waits_without_holding_anything(scheduler_factory: 
 
 
 def test_preemption_notice_requeue_and_resume(scheduler_factory: Callable[..., Any]) -> None:
-    from switchyard.train.ray_preemption import GcsPreemptionChannel
+    from switchyard.cluster.preemption_channel import GcsPreemptionChannel
 
     actor = scheduler_factory()
     # research: 4 GPUs inside its guarantee on one node, 8 borrowed on the other.

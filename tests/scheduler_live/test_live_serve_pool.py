@@ -63,7 +63,7 @@ def test_pending_replica_reclaims_a_borrowed_gpu(
     from ray import serve
     from ray.util.placement_group import placement_group, remove_placement_group
 
-    from switchyard.train.ray_preemption import GcsPreemptionChannel
+    from switchyard.cluster.preemption_channel import GcsPreemptionChannel
 
     gcs = ray_cluster["gcs_address"]
     actor = scheduler_factory()
@@ -74,7 +74,7 @@ def test_pending_replica_reclaims_a_borrowed_gpu(
         # 1. One replica runs: the scheduler adopts it where Ray put it.
         _deploy()
         first = wait_for(lambda: (n := _replica_nodes(gcs)) and all(n.values()) and n, timeout=60)
-        (first_wid, first_node), = first.items()
+        ((first_wid, first_node),) = first.items()
         pool = wait_for(
             lambda: (p := ray.get(actor.status.remote())["serve_pool"])["leased"] and p["leased"][0]["running"] and p,
             timeout=30,
@@ -114,7 +114,7 @@ def test_pending_replica_reclaims_a_borrowed_gpu(
         assert victim in borrowers and notice.reason == f"reclaim for {pending_wid}"
         assert _replica_nodes(gcs)[pending_wid] is None  # still waiting: no GPU is free in Ray
         # A job learns of its notice through the training preemption channel, not the actor.
-        from switchyard.train.ray_preemption import GcsPreemptionChannel
+        from switchyard.cluster.preemption_channel import GcsPreemptionChannel
 
         assert wait_for(lambda: GcsPreemptionChannel().poll(victim), timeout=10).reason == notice.reason
 

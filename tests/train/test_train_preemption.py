@@ -6,13 +6,9 @@ import _workers
 import pytest
 import torch
 
+from switchyard.scheduler.preemption_channel import PreemptionNotice
 from switchyard.train.launch import spawn_group
-from switchyard.train.preemption import (
-    FilePreemptionChannel,
-    PreemptionNotice,
-    PreemptionWatcher,
-    SigtermFlag,
-)
+from switchyard.train.preemption import FilePreemptionChannel, PreemptionWatcher, SigtermFlag
 
 
 def test_notice_round_trips_through_json() -> None:

@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 from _workers import tiny_spec
 
+from switchyard.cluster.preemption_channel import GcsPreemptionChannel, send_notice
 from switchyard.train.checkpoint import CheckpointStore
-from switchyard.train.ray_preemption import GcsPreemptionChannel, send_notice
 from switchyard.train.ray_trainer import _DriverSigterm, run_on_ray
 from switchyard.train.sweep import run_sweep
 

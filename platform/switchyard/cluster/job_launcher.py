@@ -69,6 +69,10 @@ class JobLauncher:
                 return submission_id
         return None
 
+    def statuses(self) -> dict[str, JobStatus]:
+        """Every submitted job's status, by submission id (one Jobs API call)."""
+        return {info.submission_id: info.status for info in self.client.list_jobs() if info.submission_id}
+
     def status(self, job: LaunchedJob) -> JobStatus | None:
         try:
             return self.client.get_job_status(job.submission_id)

@@ -31,6 +31,7 @@ from switchyard.cluster.autoscale import CapacityRequest, capacity_request
 from switchyard.cluster.enforcement import GpuAccounting, account, stop_unleased, summarize
 from switchyard.cluster.grant_holds import GrantHolds
 from switchyard.cluster.job_launcher import JobLauncher, LaunchedJob
+from switchyard.cluster.preemption_channel import GcsPreemptionChannel
 from switchyard.cluster.scheduler_journal import SchedulerJournal
 from switchyard.cluster.scheduler_metrics import SchedulerMetrics
 from switchyard.cluster.scheduler_recovery import recover, snapshot_document, write_snapshot
@@ -268,9 +269,26 @@ class SchedulerActor:
     def _run_audit(self) -> None:
         while not self._stopping.wait(self.AUDIT_S):
             try:
+                self._watch_launched_jobs()
                 self._audit_gpu_use()
             except Exception:  # as for a tick: logged, and the next audit runs
                 log.exception("GPU audit failed")
+
+    def _watch_launched_jobs(self) -> None:
+        """A launched job that ended while holding its claimed lease (it crashed, or its release
+        was lost) gives the lease back through the driver (`job_exited`): nothing else would."""
+        if self._launcher is None:
+            return
+        with self._lock:
+            watched = views.launched_jobs_on_claimed_leases(self._driver.state)
+        if not watched:
+            return
+        statuses = self._launcher.statuses()  # Jobs API: unlocked
+        for submission_id, workload in watched.items():
+            status = statuses.get(submission_id)
+            if status is not None and status.is_terminal():
+                log.warning("workload %s: its Ray job %s ended (%s) holding its lease", workload, submission_id, status)
+                self._record(inputs.job_exited(workload, submission_id, status.value, time.time()))
 
     def _tick(self, now: float) -> None:
         if now - self._last_nodes >= self.NODE_REFRESH_S:
@@ -388,8 +406,6 @@ class SchedulerActor:
                 log.exception("scheduler: %s failed", type(action).__name__)  # not its repr: runtime envs hold secrets
 
     def _carry_out_one(self, action: ClusterAction) -> None:
-        from switchyard.train.ray_preemption import GcsPreemptionChannel
-
         if isinstance(action, ClearNotice):
             # Serve replicas have no channel (and ids a channel key cannot hold).
             if not is_pool_workload(action.workload_id):

@@ -40,6 +40,7 @@ import torch
 import torch.distributed as dist
 
 from switchyard.models import GPT
+from switchyard.scheduler.preemption_channel import PreemptionChannel, PreemptionNotice
 from switchyard.train.activation import apply_activation_checkpointing
 from switchyard.train.batch_thread import BackgroundBatches
 from switchyard.train.checkpoint import (
@@ -67,7 +68,7 @@ from switchyard.train.materialize import init_sharded_weights, meta_model
 from switchyard.train.memory import peak_memory
 from switchyard.train.metrics_log import METRICS_FILE, MetricsRecord, run_output_dir
 from switchyard.train.parallelize import compile_blocks
-from switchyard.train.preemption import PreemptionChannel, PreemptionNotice, PreemptionWatcher, SigtermFlag
+from switchyard.train.preemption import PreemptionWatcher, SigtermFlag
 from switchyard.train.prefetch import DevicePrefetcher, map_tensors
 from switchyard.train.profiling import StepProfiler
 from switchyard.train.spec import JobSpec, OptimSpec

@@ -5,68 +5,28 @@ Inside the job, `PreemptionWatcher.check()` runs on every rank after the same st
 every `preempt_check_s` seconds: rank 0 reads the channel, any rank may have received
 SIGTERM (Ray node drain, `ray job stop`, Kubernetes), and one all-reduce (MAX) of that flag
 makes every rank see the same answer at the same step. The loop then checkpoints and ends
-with status "preempted" (resumable). This module is pure: the Ray GCS channel lives in
-`ray_preemption`.
+with status "preempted" (resumable). The notice and the channel contract are
+`switchyard.scheduler.preemption_channel` (pure); the Ray GCS channel is
+`switchyard.cluster.preemption_channel`.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import signal
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from types import FrameType
-from typing import Protocol
 
 import torch
 import torch.distributed as dist
 
+from switchyard.scheduler.preemption_channel import PreemptionChannel, PreemptionNotice, check_job_id
+
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class PreemptionNotice:
-    """A request to stop job `job_id`: checkpoint, then exit resumable."""
-
-    job_id: str
-    reason: str
-    deadline: float | None = None
-    """Unix time by which the job should have exited; None: no hard deadline."""
-    sent_at: float = field(default_factory=time.time)
-
-    def to_json(self) -> str:
-        return json.dumps(asdict(self), sort_keys=True)
-
-    @classmethod
-    def from_json(cls, raw: str | bytes) -> PreemptionNotice:
-        data = json.loads(raw)
-        return cls(
-            job_id=str(data["job_id"]),
-            reason=str(data["reason"]),
-            deadline=None if data.get("deadline") is None else float(data["deadline"]),
-            sent_at=float(data["sent_at"]),
-        )
-
-
-class PreemptionChannel(Protocol):
-    """Where notices are posted (by the scheduler) and read (by the job's rank 0)."""
-
-    def send_notice(self, job_id: str, reason: str, deadline: float | None = None) -> PreemptionNotice: ...
-
-    def poll(self, job_id: str) -> PreemptionNotice | None: ...
-
-    def clear(self, job_id: str) -> None: ...
-
-
-def _check_job_id(job_id: str) -> str:
-    if not job_id or "/" in job_id or job_id.startswith("."):
-        raise ValueError(f"invalid job id {job_id!r}")
-    return job_id
 
 
 class FilePreemptionChannel:
@@ -76,7 +36,7 @@ class FilePreemptionChannel:
         self.directory = Path(directory)
 
     def _path(self, job_id: str) -> Path:
-        return self.directory / f"{_check_job_id(job_id)}.json"
+        return self.directory / f"{check_job_id(job_id)}.json"
 
     def send_notice(self, job_id: str, reason: str, deadline: float | None = None) -> PreemptionNotice:
         notice = PreemptionNotice(job_id, reason, deadline)

@@ -22,11 +22,11 @@ import torch
 from ray.train import Checkpoint, CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
 from ray.train.torch import TorchConfig, TorchTrainer, get_device
 
+from switchyard.cluster.preemption_channel import GcsPreemptionChannel
 from switchyard.state import state_dir
 from switchyard.train.checkpoint import CheckpointStore, FileTable
 from switchyard.train.launch import process_group_backend
 from switchyard.train.loop import LINE_FIELDS, RunContext, Trainer, TrainResult
-from switchyard.train.ray_preemption import GcsPreemptionChannel
 from switchyard.train.spec import JobSpec
 from switchyard.train.step_sync import NonFiniteLossError
 

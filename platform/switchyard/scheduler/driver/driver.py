@@ -296,6 +296,23 @@ class Driver:
         effects.append(JournalEvent(EventKind.REQUEUED, workload_id, team, now, requeued))
         return self._tallied(now, [SaveState(), *effects])
 
+    def job_exited(self, workload_id: str, submission_id: str, status: str, now: float) -> list[Effect]:
+        """The Ray job launched for the workload's current, claimed lease has ended (`status`:
+        SUCCEEDED, FAILED or STOPPED) without releasing it: a crash, or a release lost with the
+        process. The scheduler releases the lease on its behalf, as the job would have: the
+        workload is over (its own exit), or requeued when it was under a preemption notice
+        (the job stopped for the notice; it is launched again). A job that released first
+        (the usual case) has no lease left, and nothing happens."""
+        s = self._state
+        job, grant = s.launched.get(workload_id), s.grants.get(workload_id)
+        if job is None or job.submission_id != submission_id or grant is None or workload_id not in s.claims:
+            return []
+        noticed = workload_id in s.notices
+        details = {"lease_id": grant.lease_id, "ray_job": submission_id, "status": status}
+        exited = JournalEvent(EventKind.JOB_EXITED, workload_id, s.team_of(workload_id), now, details)
+        _, effects = self.release(grant.lease_id, finished=not noticed, now=now)
+        return [exited, *effects]
+
     # ------------------------------------------------------------------ the clock
     def tick(self, now: float, on_decisions: Callable[[Decisions], None] | None = None) -> list[Effect]:
         """One scheduling pass: the core's decisions applied, then grants left unclaimed past
@@ -328,6 +345,7 @@ class Driver:
             details = {"lease_id": start.lease_id, "waited_s": round(waited, 3), "nodes": list(start.placement)}
             effects.append(JournalEvent(EventKind.ADMITTED, wid, sub.team, now, details))
             if sub.entrypoint is not None:
+                s.launched.pop(wid, None)  # a job of an earlier attempt is not this lease's job
                 effects.append(LaunchJob(wid, start.lease_id, s.attempts[wid], sub.entrypoint, sub.runtime_env))
         for notice in decisions.notices:
             self._send_notice(notice, now, effects)

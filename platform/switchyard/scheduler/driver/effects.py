@@ -33,6 +33,7 @@ class EventKind(StrEnum):
     CLAIM_TIMEOUT = "claim_timeout"
     LAUNCH_FAILED = "launch_failed"
     GRANT_DISPLACED = "grant_displaced"
+    JOB_EXITED = "job_exited"
     ENDED = "ended"
     # An operator's node commands (`switchyard nodes ...`): journaled with no workload.
     NODE_CORDONED = "node_cordoned"

@@ -86,6 +86,16 @@ def grant_displaced(workload_id: str, lease_id: str, error: str, now: float) -> 
     return {"event": "grant_displaced", "now": now, "workload_id": workload_id, "lease_id": lease_id, "error": error}
 
 
+def job_exited(workload_id: str, submission_id: str, status: str, now: float) -> Record:
+    return {
+        "event": "job_exited",
+        "now": now,
+        "workload_id": workload_id,
+        "submission_id": submission_id,
+        "status": status,
+    }
+
+
 def tick(now: float) -> Record:
     return {"event": "tick", "now": now}
 
@@ -117,6 +127,9 @@ _FIELDS = {
     "force",
     "step",
     "checkpoint",
+    "submission_id",
+    "error",
+    "status",
 }
 
 
@@ -151,6 +164,8 @@ def _dispatch(
         return None, driver.launch_failed(r["workload_id"], r["lease_id"], r["error"], r["now"])
     if event == "grant_displaced":
         return None, driver.grant_displaced(r["workload_id"], r["lease_id"], r["error"], r["now"])
+    if event == "job_exited":
+        return None, driver.job_exited(r["workload_id"], r["submission_id"], r["status"], r["now"])
     if event == "tick":
         return None, driver.tick(r["now"], on_decisions)
     raise InputRecordError(f"unknown event {event!r} in record {r}")

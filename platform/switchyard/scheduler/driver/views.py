@@ -103,6 +103,16 @@ def wait_summary(state: LiveState, now: float) -> dict[str, Any]:
     return state.waits.summary(now, [(p.request.team, now - p.queued_at) for p in queued])
 
 
+def launched_jobs_on_claimed_leases(state: LiveState) -> dict[str, str]:
+    """Submission id -> workload of each job the scheduler launched that holds a claimed lease:
+    the jobs whose end the adapter watches for (`Driver.job_exited`)."""
+    return {
+        job.submission_id: workload
+        for workload, job in state.launched.items()
+        if workload in state.grants and workload in state.claims
+    }
+
+
 def leased_gpus_by_job(state: LiveState) -> dict[str, int]:
     """Ray job id -> GPUs its claimed leases grant (a Tune sweep's driver job claims one lease per
     trial): what the audit compares each job's GPU holdings with."""

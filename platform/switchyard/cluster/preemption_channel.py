@@ -9,14 +9,14 @@ from __future__ import annotations
 
 from ray.experimental import internal_kv
 
-from switchyard.train.preemption import PreemptionNotice, _check_job_id
+from switchyard.scheduler.preemption_channel import PreemptionNotice, check_job_id
 
 NAMESPACE = "switchyard"
 KEY_PREFIX = "train/preempt/"
 
 
 def notice_key(job_id: str) -> bytes:
-    return f"{KEY_PREFIX}{_check_job_id(job_id)}".encode()
+    return f"{KEY_PREFIX}{check_job_id(job_id)}".encode()
 
 
 def _require_ray() -> None:
