@@ -12,6 +12,7 @@ import heapq
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 
+from switchyard.scheduler.core import explain
 from switchyard.scheduler.core.fairshare import DecayedUsage
 from switchyard.scheduler.core.model import (
     Decisions,
@@ -28,7 +29,7 @@ from switchyard.scheduler.core.model import (
     StopOrder,
     WorkloadClass,
 )
-from switchyard.scheduler.core.pending import PendingExplanation, PendingReason, furthest
+from switchyard.scheduler.core.pending import PendingExplanation
 from switchyard.scheduler.core.placement import NodePool
 from switchyard.scheduler.core.policy import Ordering, PreemptionMode, SchedulerPolicy, WhenCanBorrow
 from switchyard.scheduler.core.preemption import VictimPlan, VictimSelector
@@ -839,48 +840,10 @@ class Scheduler:
         )
 
     def explain_pending(self, pending: PendingWorkload) -> PendingExplanation:
-        """Why `pending` has not started, judged on the state now (see core.pending). A request
-        that may take several GPU types gets the reason of the type it came closest on, and a
-        detail naming each type's."""
-        request = pending.request
-        workload = request.workload_id
-        if self._awaiting.get(workload):
-            return PendingExplanation(PendingReason.PREEMPTING, f"{len(self._awaiting[workload])} victim(s) leaving")
-        if not self._typed:
-            return self._explain_on(request, "")
-        per_type = [(t, self._explain_on(request, t)) for t in self._types(request)]
-        best = furthest([why for _, why in per_type])
-        detail = "; ".join(f"{t}: {why.reason.value} ({why.detail})" for t, why in per_type)
-        return PendingExplanation(best.reason, detail)
-
-    def _explain_on(self, request: GangRequest, gpu_type: str) -> PendingExplanation:
-        workload = request.workload_id
-        admission = self._admission(request, gpu_type=gpu_type)
-        if admission.reason == NO_LENDABLE_CAPACITY:
-            return PendingExplanation(PendingReason.CAPACITY, admission.reason)
-        if not admission.allowed:
-            return PendingExplanation(PendingReason.QUOTA, admission.reason)
-        free = self._pool.type_free(gpu_type) if self._typed else self._pool.free_gpus
-        if free < request.gpus:
-            return PendingExplanation(PendingReason.CAPACITY, f"needs {request.gpus} GPUs, {free} free")
-        if self._find(request, {}, {}, gpu_type) is None:
-            shape = "+".join(str(b) for b in request.bundles)
-            return PendingExplanation(PendingReason.GANG_FIT, f"{free} GPUs free, not as bundles {shape}")
-        if self._find(request, self._held, self._waived_for(workload, self._value(request)), gpu_type) is None:
-            holders = len([w for w in self._reserved if w != workload])
-            return PendingExplanation(PendingReason.RESERVATION, f"free GPUs held for {holders} reserved gang(s)")
-        return PendingExplanation(PendingReason.QUEUE_ORDER, "fits now")
+        """Why `pending` has not started, judged on the state now (`core.explain`)."""
+        return explain.explain_pending(self, pending)
 
     def waiting_for_capacity(self) -> list[GangRequest]:
-        """Queued gangs that more GPUs would let start: within their quota (or refused only
-        because the cluster has no capacity left to lend) and not already waiting for
-        preemption victims to leave. What a driver asks an autoscaler for."""
-        out = []
-        for pending in self._queues.items():
-            request = pending.request
-            if self._awaiting.get(request.workload_id):
-                continue  # its GPUs are on their way: the victims are leaving
-            if all(not a.allowed and a.reason != NO_LENDABLE_CAPACITY for _, a in self._admissions(request)):
-                continue  # held back by its quota on every type: more nodes would not admit it
-            out.append(request)
-        return out
+        """Queued gangs that more GPUs would let start (`core.explain`): what a driver asks an
+        autoscaler for."""
+        return explain.waiting_for_capacity(self)
