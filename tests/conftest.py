@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
+import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -93,6 +95,10 @@ def ray_cluster() -> Iterator[dict[str, Any]]:
     from switchyard.cluster.grant_holds import node_resources
     from switchyard.ports import listener_port
 
+    # `Cluster` starts a GCS that needs a token and, unlike `ray.init` or `ray start`, makes none:
+    # on a fresh machine (no ~/.ray/auth_token) a suite run alone would fail to start it.
+    ray_cli = Path(sys.executable).with_name("ray")
+    subprocess.run([str(ray_cli), "get-auth-token", "--generate"], check=True, capture_output=True)
     temp_dir = tempfile.mkdtemp(prefix="syt-", dir="/tmp")  # short: Ray's socket paths must fit 107 bytes
     # Ray writes "the current cluster" file under $RAY_TMPDIR/ray; ours must not be the machine's.
     os.environ["RAY_TMPDIR"] = temp_dir

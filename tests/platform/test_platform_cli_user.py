@@ -129,7 +129,7 @@ def test_the_readme_commands_work_from_a_fresh_shell(platform: Any) -> None:
     one_clear_line(run(env, sy, "keys", "create", "--team", "nosuchteam"), "unknown team 'nosuchteam'")
 
 
-def test_an_operator_cordons_and_uncordons_a_node(platform: Any) -> None:
+def test_an_operator_cordons_drains_and_uncordons_a_node(platform: Any) -> None:
     env, _, _ = platform
     sy = str(SWITCHYARD)
     rows = json.loads(ok(run(env, sy, "nodes", "list", "--json")))
@@ -143,3 +143,21 @@ def test_an_operator_cordons_and_uncordons_a_node(platform: Any) -> None:
     finally:
         assert f"node {node[:12]} uncordoned" in ok(run(env, sy, "nodes", "uncordon", node))
     one_clear_line(run(env, sy, "nodes", "cordon", "no-such-node"), "unknown node 'no-such-node'")
+
+    # A drain cordons the node and notices what may move; what may not (a Serve replica, a
+    # non-preemptible lease) blocks it, named on one line, and the node stays cordoned.
+    try:
+        drained = run(env, sy, "nodes", "drain", node[:12], "--json")
+        assert "Traceback" not in drained.stderr, drained.stderr
+        report = json.loads(drained.stdout)
+        assert report["node"] == node
+        if report["blocking"]:
+            assert drained.returncode == 1, drained.stdout
+            [line] = [x for x in drained.stderr.splitlines() if x.strip()]
+            assert line.startswith("switchyard: error: ") and "blocked by" in line, line
+        else:
+            assert drained.returncode == 0, drained.stderr
+        [listed] = [r for r in json.loads(ok(run(env, sy, "nodes", "list", "--json"))) if r["node_id"] == node]
+        assert listed["state"] in {"draining", "drained", "cordoned"}, listed
+    finally:
+        ok(run(env, sy, "nodes", "uncordon", node))

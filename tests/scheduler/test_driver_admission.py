@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from driver_support import GRACE_S, admit, details, driver, journal, of, submission
 
-from switchyard.scheduler.api import Notice, Placement, StopReason
+from switchyard.scheduler.api import Placement, StopReason
 from switchyard.scheduler.driver.effects import (
     ClearNotice,
     LaunchJob,
@@ -18,6 +18,7 @@ from switchyard.scheduler.driver.effects import (
     split,
 )
 from switchyard.scheduler.driver.state import LaunchedJob
+from switchyard.scheduler.preemption_channel import PreemptionNotice
 
 
 def test_an_admission_grants_the_chosen_nodes_and_journals_the_wait() -> None:
@@ -69,8 +70,7 @@ def test_a_preemption_notice_is_kept_sent_counted_and_journaled() -> None:
     d.submit(submission("b0", "b", 8, "exploratory"), 50)
     effects = d.tick(50)
     notice = d.notice("a0")
-    assert notice is not None and notice.stop_deadline == 50 + GRACE_S
-    assert (notice.workload_id, notice.lease_id, notice.reason) == ("a0", grant.lease_id, "reclaim for b0")
+    assert notice == PreemptionNotice("a0", "reclaim for b0", 50 + GRACE_S, sent_at=50, lease_id=grant.lease_id)
     assert of(effects, SendNotice) == [SendNotice(notice)]
     [counted] = of(effects, RecordPreemption)
     assert (counted.team, counted.reason, counted.lost_gpu_s) == ("a", "reclaim", 8 * 50)
@@ -88,7 +88,7 @@ def test_decisions_are_shown_before_they_are_applied() -> None:
 
 def test_cluster_actions_come_out_in_carry_out_order() -> None:
     """Old notices are cleared before new ones go out; stops come before launches."""
-    notice = Notice(workload_id="w", lease_id="l", reason="r", stop_deadline=1.0)
+    notice = PreemptionNotice("w", "r", 1.0, sent_at=0.0, lease_id="l")
     launch = LaunchJob("w", "l", 1, "e", None)
     stop = StopLaunchedJob(LaunchedJob("v", "v-1"), "t", StopReason.CANCELLED)
     claimed = StopClaimedJob("u", "job", "t", StopReason.CANCELLED)

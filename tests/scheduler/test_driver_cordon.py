@@ -86,7 +86,7 @@ def test_a_preemptor_takes_no_victim_on_a_cordoned_node() -> None:
     admit(d, submission("e1", "a", 8, "exploratory"), 1)
     d.cordon(node_of(d, "e1"), 2)
     d.submit(submission("t", "a", 8, "training"), 3)
-    noticed = [e.notice.workload_id for e in of(d.tick(4), SendNotice)]
+    noticed = [e.notice.job_id for e in of(d.tick(4), SendNotice)]
     assert noticed == ["e0"]
 
 
@@ -98,8 +98,9 @@ def test_drain_notices_each_preemptible_lease_and_requeues_it_elsewhere() -> Non
     report, effects = d.drain(node, False, 10)
     assert (report.node, report.noticed, report.leaving, report.blocking) == (node, ("w",), (), ())
     [sent] = of(effects, SendNotice)
-    assert sent.notice.workload_id == "w" and sent.notice.reason == f"drain for node {node}"
-    assert sent.notice.stop_deadline == 10 + GRACE_S
+    assert sent.notice.job_id == "w" and sent.notice.reason == f"drain for node {node}"
+    assert (sent.notice.deadline, sent.notice.sent_at, sent.notice.lease_id) == (10 + GRACE_S, 10, grant.lease_id)
+    assert d.notice("w") is sent.notice
     assert journal(effects) == ["node_drained", "preemption_notice"]
     assert d.state.core.lease_of("w").state is LeaseState.PREEMPTING  # type: ignore[union-attr]
     assert row(d, node)["state"] == "draining"
@@ -153,7 +154,7 @@ def test_drain_reports_non_preemptible_leases_and_serve_replicas_as_blocking() -
     assert row(d, node)["leases"][0]["blocks_drain"] == report.blocking[0].reason  # type: ignore[index]
     # --force notices the non-preemptible lease; a Serve replica still blocks.
     forced, effects = d.drain(node, True, 6)
-    assert forced.noticed == ("c",) and [e.notice.workload_id for e in of(effects, SendNotice)] == ["c"]
+    assert forced.noticed == ("c",) and [e.notice.job_id for e in of(effects, SendNotice)] == ["c"]
     assert forced.blocking == (DrainBlocker("serve:r", report.blocking[1].reason),)
     assert d.drain(node, True, 7)[0].leaving == ("c",)
 
@@ -230,7 +231,7 @@ def test_a_cordon_survives_a_snapshot_round_trip() -> None:
 def test_a_snapshot_from_before_cordons_loads_with_no_node_cordoned() -> None:
     d = driver({"a": 16}, node_count=2)
     doc = json.loads(json.dumps(to_document(d.state, 3, 2.0)))
-    assert doc["schema_version"] == SCHEMA_VERSION == 2
+    assert doc["schema_version"] == SCHEMA_VERSION
     del doc["state"]["v"]["cordons"]  # what version 1 wrote
     snap = from_document({**doc, "schema_version": 1}, "old.json")
     assert snap.state.cordons == {} and snap.wal_seq == 3

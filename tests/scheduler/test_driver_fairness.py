@@ -82,21 +82,6 @@ def test_fairness_keeps_the_last_day_of_hours_only() -> None:
     assert len(shares._hours) <= 25  # the hour being filled and the last day's full hours
 
 
-def test_the_serve_pool_changing_the_core_outside_the_events_is_caught_up() -> None:
-    """The Serve pool submits and adopts replicas itself; `changed_outside` makes the tally
-    follow, so the gauges count the replica's GPUs."""
-    d = driver({"a": 8, "b": 8}, node_count=1)
-    sub = submission("pool-r1", "a", 1, "production-inference")
-    s = d.state
-    start = s.core.adopt(sub.gang(), ("n0",), 10)
-    s.submissions[sub.workload_id] = sub
-    s.grants[sub.workload_id] = s.grant(start.lease_id, sub, start.placement, start.borrowing, 10)
-    assert d.tally.team_gpus()["a"].used == 0  # not seen yet
-    d.changed_outside(10)
-    assert d.tally.team_gpus()["a"] == TeamGpus(8, 1, 0)
-    assert d.tally.leases() == {"running": 1, "preempting": 0}
-
-
 def test_status_prints_each_teams_fairness(capsys: pytest.CaptureFixture[str]) -> None:
     """`switchyard status`'s fairness block, from the scripted hour above."""
     d = driver({"a": 8, "b": 8}, node_count=2)
@@ -111,7 +96,29 @@ def test_status_prints_each_teams_fairness(capsys: pytest.CaptureFixture[str]) -
     rows = {line.split()[0]: line.split()[1:] for line in out.splitlines()[4:]}
     # Second half: b asks 4 (all of it fair), a 12 of its 16: a 57600 / (16 + 12) x 1800 = 8/7.
     # b's inversion: 4 GPUs x 1500 s = 1.7 GPU-h.
-    assert rows == {"a": ["1.14", "1.14", "0.0", "0.0"], "b": ["0.00", "0.00", "1.7", "0.0"]}
+    # Over the last day, and (in parentheses) since the tally started: the same here.
+    assert rows == {
+        "a": ["1.14", "1.14", "0.0", "(0.0)", "0.0", "(0.0)"],
+        "b": ["0.00", "0.00", "1.7", "(1.7)", "0.0", "(0.0)"],
+    }
+
+
+def test_inversion_over_the_last_day_forgets_older_hours_while_the_total_keeps_them() -> None:
+    """`status` reads inversion over the last day: b's inversion of hour 0 (4 GPUs x 1500 s)
+    counts at the end of hour 0 and in the day's sum 23 hours later, and not 25 hours later;
+    the total since the tally started keeps it (issue 19: it counted from the start only)."""
+    d = driver({"a": 8, "b": 8}, node_count=2)
+    for wid in ("a1", "a2"):
+        d.submit(submission(wid, "a", 8, "exploratory"), 0)
+    d.tick(0)
+    d.submit(submission("b-small", "b", 4, "training"), 1800)
+    d.tick(HOUR)
+    d.cancel("b-small", HOUR)  # nothing waits from here on
+    for now, in_day in ((HOUR + 1, 6000), (23 * HOUR + 1, 6000), (25 * HOUR + 1, 0)):
+        d.tick(now)
+        b = d.tally.fairness(now)["teams"]["b"]
+        assert b["inversion_gpu_s_1d"] == pytest.approx(in_day), now
+        assert b["inversion_gpu_s"] == pytest.approx(6000), now
 
 
 # ---------------------------------------------------------------------------- same as the simulator

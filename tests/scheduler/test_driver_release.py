@@ -73,3 +73,12 @@ def test_only_the_latest_releases_are_remembered() -> None:
     for i in range(5):
         state.remember_release(f"l{i}", i % 2 == 0, keep=3)
     assert state.released == {"l2": True, "l3": False, "l4": True}
+
+
+def test_a_lease_is_found_by_its_id_for_a_workload_whose_id_holds_a_hash() -> None:
+    d = driver({"a": 8})
+    grant = admit(d, submission("sweep#trial#3", "a", 8), 0)
+    assert grant.lease_id == "sweep#trial#3#1"
+    assert d.state.workload_of(grant.lease_id) == "sweep#trial#3"
+    assert d.state.workload_of("sweep#trial#3#2") is None  # not its current lease
+    assert d.state.workload_of("sweep#trial#1") is None

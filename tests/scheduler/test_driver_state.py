@@ -1,17 +1,25 @@
-"""The driver's state survives the journal: old journals load, and a restored driver carries on."""
+"""The driver's state survives the journal: old journals and snapshots load, and a restored
+driver carries on."""
 
 from __future__ import annotations
 
 import json
 import pickle
+import sqlite3
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 import pytest
-from driver_support import admit, driver, submission
+from driver_support import GRACE_S, admit, driver, submission
+from pydantic import BaseModel
 
+from switchyard.cluster.scheduler_journal import SchedulerJournal
+from switchyard.scheduler import api
 from switchyard.scheduler.api import ReleaseOutcome
 from switchyard.scheduler.driver import Driver, LaunchedJob, LiveState
-from switchyard.scheduler.driver.snapshot import from_document, to_document
+from switchyard.scheduler.driver.snapshot import SCHEMA_VERSION, SnapshotVersionError, from_document, to_document
+from switchyard.scheduler.preemption_channel import PreemptionNotice
 
 
 @dataclass(frozen=True)
@@ -70,3 +78,95 @@ def test_a_driver_restored_from_a_snapshot_carries_on() -> None:
     again.tick(62)
     assert again.lease("b0") is not None and again.lease("a0") is None
     assert [p.request.workload_id for p in again.state.core.pending()] == ["a0"]
+
+
+class Notice(BaseModel):
+    """`switchyard.scheduler.api.Notice` as it was before there was one preemption-notice type:
+    what old snapshots and pickled journals hold."""
+
+    workload_id: str
+    lease_id: str
+    reason: str
+    stop_deadline: float
+
+
+def a_noticed_driver() -> tuple[Driver, str]:
+    """A driver whose workload a0 is under a preemption notice (sent at 50); its lease id."""
+    d = driver({"a": 0, "b": 8})
+    grant = admit(d, submission("a0", "a", 8), 0)  # borrows all of b's guarantee
+    d.submit(submission("b0", "b", 8, "exploratory"), 50)
+    d.tick(50)
+    assert d.notice("a0") == PreemptionNotice("a0", "reclaim for b0", 50 + GRACE_S, sent_at=50, lease_id=grant.lease_id)
+    return d, grant.lease_id
+
+
+def as_version_2(node: Any) -> Any:
+    """An encoded state as schema version 2 wrote it: a notice was the api's `Notice` model,
+    written as its `model_dump(mode="json")` (and took no object id)."""
+    if isinstance(node, list):
+        return [as_version_2(v) for v in node]
+    if not isinstance(node, dict):
+        return node
+    if node.get("c") == "switchyard.scheduler.preemption_channel:PreemptionNotice":
+        v = node["v"]
+        old = Notice(workload_id=v["job_id"], lease_id=v["lease_id"], reason=v["reason"], stop_deadline=v["deadline"])
+        return {"t": "model", "c": "switchyard.scheduler.api:Notice", "v": old.model_dump(mode="json")}
+    return {k: as_version_2(v) for k, v in node.items()}
+
+
+def test_a_version_2_snapshot_loads_its_notices_as_preemption_notices() -> None:
+    d, lease_id = a_noticed_driver()
+    current = json.loads(json.dumps(to_document(d.state, 7, 60.0)))
+    assert current["schema_version"] == SCHEMA_VERSION == 3
+    old = {**as_version_2(current), "schema_version": 2}
+    assert "switchyard.scheduler.api:Notice" in json.dumps(old) and "PreemptionNotice" not in json.dumps(old)
+    snap = from_document(old, "old.json")
+    assert snap.state.notices == d.state.notices  # sent at its lease's notice_at
+    # The same state as this version's snapshot of it, object ids and all.
+    assert json.loads(json.dumps(to_document(snap.state, 7, 60.0))) == current
+    restored = Driver(snap.state)
+    assert restored.release(lease_id, False, 61)[0] is ReleaseOutcome.REQUEUED
+    assert restored.notice("a0") is None
+
+
+def test_a_version_2_notice_without_its_lease_is_sent_by_the_snapshot_time() -> None:
+    d, lease_id = a_noticed_driver()
+    old = {**as_version_2(json.loads(json.dumps(to_document(d.state, 7, 60.0)))), "schema_version": 2}
+    text = json.dumps(old).replace(f'"lease_id": "{lease_id}", "reason"', '"lease_id": "gone", "reason"')
+    notice = from_document(json.loads(text), "old.json").state.notices["a0"]
+    assert (notice.lease_id, notice.sent_at) == ("gone", 60.0)
+
+
+def test_a_version_2_snapshot_that_does_not_migrate_is_refused_by_name() -> None:
+    d, _ = a_noticed_driver()
+    old = {**as_version_2(json.loads(json.dumps(to_document(d.state, 7, 60.0)))), "schema_version": 2}
+    text = json.dumps(old).replace('"stop_deadline"', '"deadline_s"')
+    with pytest.raises(SnapshotVersionError, match=r"old.json: snapshot schema version 2 does not migrate to 3"):
+        from_document(json.loads(text), "old.json")
+
+
+def test_a_pickled_journal_with_a_notice_loads_it_as_a_preemption_notice(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Journals from before the write-ahead log pickled the state, its notices as `api.Notice`s."""
+    d, lease_id = a_noticed_driver()
+    state, sent = d.state, d.state.notices["a0"]
+    assert sent.deadline is not None
+    state.notices = {"a0": Notice(workload_id="a0", lease_id=lease_id, reason=sent.reason, stop_deadline=sent.deadline)}  # type: ignore[dict-item]
+    monkeypatch.setattr(Notice, "__module__", "switchyard.scheduler.api")
+    monkeypatch.setattr(api, "Notice", Notice, raising=False)
+    blob = pickle.dumps(state)  # names the class as the old code did
+    monkeypatch.undo()
+    assert not hasattr(api, "Notice")
+    db = sqlite3.connect(tmp_path / "scheduler.db")
+    db.execute("CREATE TABLE snapshot (id INTEGER PRIMARY KEY, state BLOB NOT NULL)")
+    db.execute("INSERT INTO snapshot (id, state) VALUES (1, ?)", (blob,))
+    db.commit()
+    db.close()
+    journal = SchedulerJournal(tmp_path / "scheduler.db")
+    try:
+        restored = journal.legacy_state()
+    finally:
+        journal.close()
+    assert isinstance(restored, LiveState) and restored.notices == {"a0": sent}
+    assert Driver(restored).notice("a0") == sent

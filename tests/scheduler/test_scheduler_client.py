@@ -205,7 +205,7 @@ def test_a_drain_retried_after_a_lost_answer_sends_each_notice_once() -> None:
     actor.lose_answers = 1
     report = client.drain(node)
     assert report.node == node and report.leaving == ("w1",)  # the retry's answer: noticed by the first try
-    assert [e.notice.workload_id for _, es in actor.effects for e in es if isinstance(e, SendNotice)] == ["w1"]
+    assert [e.notice.job_id for _, es in actor.effects for e in es if isinstance(e, SendNotice)] == ["w1"]
     drained = [
         e for _, es in actor.effects for e in es if isinstance(e, JournalEvent) and e.kind is EventKind.NODE_DRAINED
     ]

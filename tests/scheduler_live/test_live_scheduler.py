@@ -87,7 +87,7 @@ def test_preemption_notice_requeue_and_resume(scheduler_factory: Callable[..., A
     victim, notice = wait_for(noticed)
     assert notice.lease_id == leases[victim].lease_id and "for " + serve.workload_id in notice.reason
     sent = wait_for(lambda: GcsPreemptionChannel().poll(victim))  # the training channel got it
-    assert sent.job_id == victim
+    assert sent == notice and sent.job_id == victim  # the very notice the actor keeps, lease id and all
     # The job checkpoints and gives its GPUs back unfinished: it is requeued, inference gets its GPUs.
     ray.get(actor.report_checkpoint.remote(victim))
     assert ray.get(actor.release.remote(leases[victim].lease_id, False)) is True

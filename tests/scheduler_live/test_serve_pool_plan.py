@@ -3,6 +3,7 @@ the reconciler on a real core and journal, the cause chain, and the quota-derive
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -11,7 +12,6 @@ import pytest
 import yaml
 
 from switchyard.cluster.grant_holds import SERVE_GPU_RESOURCE
-from switchyard.cluster.scheduler_actor import LiveState
 from switchyard.cluster.scheduler_journal import SchedulerJournal
 from switchyard.cluster.serve_configs import (
     app_team,
@@ -45,6 +45,9 @@ from switchyard.scheduler.core import (
     WorkloadClass,
 )
 from switchyard.scheduler.core.config import load_policy_file
+from switchyard.scheduler.driver import Driver, LiveState, inputs
+from switchyard.scheduler.driver.effects import JournalEvent
+from switchyard.scheduler.driver.serve_replicas import ReplicaChange
 
 REPO = Path(__file__).resolve().parents[2]
 TEAMS = {"prod", "inference"}
@@ -130,17 +133,32 @@ def test_replicas_from_rays_actor_table() -> None:
     assert replica_from_actor(_actor(required_resources={"GPU": 0.5})).gpus == 1  # type: ignore[union-attr]
 
 
+def logged(driver: Driver, journal: SchedulerJournal, now: float) -> Callable[[list[ReplicaChange]], Mapping[str, str]]:
+    """What the actor does with the pool's changes: one driver event, its rows journaled."""
+
+    def apply(changes: list[ReplicaChange]) -> Mapping[str, str]:
+        refused, effects = inputs.apply(driver, inputs.serve_replicas(changes, now))
+        for e in effects:
+            if isinstance(e, JournalEvent):
+                journal.event(e.kind.value, e.workload_id, e.team, e.at, **e.details)
+        assert isinstance(refused, dict)
+        return refused
+
+    return apply
+
+
 def test_gpu_replicas_without_serve_slots_are_reported(tmp_path: Path) -> None:
     policy = _policy()
     node = Node("n1", 8, "a", "r")
     state = LiveState(Scheduler(policy, (node,), 0), nodes={"n1": node})
-    pool = ServePool(policy, SchedulerJournal(tmp_path / "scheduler.db"))
+    d, journal = Driver(state), SchedulerJournal(tmp_path / "scheduler.db")
+    pool = ServePool(policy, journal)
     held = replica_from_actor(_actor(required_resources={"GPU": 1.0, SERVE_GPU_RESOURCE: 1.0}))
     bare = replica_from_actor(_actor(name="SERVE_REPLICA::prod--echo#echo#u2"))
     assert held is not None and bare is not None
-    pool.reconcile(state, [held, bare], 0)
+    pool.reconcile(state, [held, bare], 0, logged(d, journal, 0))
     assert pool.report(state, 0)["without_serve_slots"] == [bare.replica_id]
-    pool.reconcile(state, [held], 1)
+    pool.reconcile(state, [held], 1, logged(d, journal, 1))
     assert pool.report(state, 1)["without_serve_slots"] == []
 
 
@@ -158,6 +176,7 @@ def test_reconciler_on_a_real_core(tmp_path: Path) -> None:
     state = LiveState(Scheduler(policy, (node,), 0), nodes={"n1": node})
     journal = SchedulerJournal(tmp_path / "scheduler.db")
     pool = ServePool(policy, journal)
+    d = Driver(state)
     core = state.core
     for wid in ("own", "borrower"):  # research fills the node, borrowing prod's idle guarantee
         core.submit(GangRequest(wid, "research", WorkloadClass.TRAINING, "training", (4,)), 0)
@@ -165,14 +184,19 @@ def test_reconciler_on_a_real_core(tmp_path: Path) -> None:
 
     # A replica Ray placed on GPUs the ledger gave to training is reported, not adopted.
     squatter = replica("s", "n1")
-    assert pool.reconcile(state, [squatter], 0) is False
+    assert pool.reconcile(state, [squatter], 0, logged(d, journal, 0), d.generation) is True  # asked once
     report = pool.report(state, 0)
     assert report["leased"] == [] and "0 GPUs free in the ledger" in report["outside_lease"][0]["reason"]
+    assert squatter.workload_id not in state.submissions and core.lease_of(squatter.workload_id) is None
+    # Nothing happened since: not asked again (no event logged every refresh), still reported.
+    assert pool.reconcile(state, [squatter], 0.5, logged(d, journal, 0.5), d.generation) is False
+    assert "0 GPUs free in the ledger" in pool.report(state, 0.5)["outside_lease"][0]["reason"]
 
     # A waiting replica is queued; the core reclaims the borrowed GPUs for it.
     waiting = replica("w", None)
-    assert pool.reconcile(state, [waiting], 2 - pool.SETTLE_S) is False  # first seen: maybe starting
-    assert pool.reconcile(state, [waiting], 2) is True
+    first_seen = 2 - pool.SETTLE_S  # first seen: maybe starting
+    assert pool.reconcile(state, [waiting], first_seen, logged(d, journal, first_seen)) is False
+    assert pool.reconcile(state, [waiting], 2, logged(d, journal, 2)) is True
     decisions = core.schedule(2)
     assert [(n.workload_id, n.preemptor) for n in decisions.notices] == [("borrower", waiting.workload_id)]
     pool.record(state, decisions, 2)
@@ -181,7 +205,7 @@ def test_reconciler_on_a_real_core(tmp_path: Path) -> None:
     # The borrower checkpoints and releases; Ray places the replica before the core's next tick.
     core.release(leases["borrower"].lease_id, 3)
     placed = replica("w", "n1")
-    assert pool.reconcile(state, [placed], 3) is True
+    assert pool.reconcile(state, [placed], 3, logged(d, journal, 3)) is True
     assert state.grants[placed.workload_id].placements[0].node_id == "n1"
     assert core.lease_of(placed.workload_id) is not None
     kinds = [e["kind"] for e in journal.events(placed.workload_id)]
@@ -190,7 +214,7 @@ def test_reconciler_on_a_real_core(tmp_path: Path) -> None:
     assert decision["victims"][0]["workload_id"] == "borrower" and decision["victims"][0]["reason"] == "reclaim"
 
     # Scaled down: the replica goes away and its GPU goes back.
-    assert pool.reconcile(state, [], 4) is True
+    assert pool.reconcile(state, [], 4, logged(d, journal, 4)) is True
     assert core.lease_of(placed.workload_id) is None and placed.workload_id not in state.submissions
     assert core.pool.free("n1") == 4
 
@@ -272,12 +296,18 @@ def test_teams_serve_configs_stay_within_their_quotas(tmp_path: Path) -> None:
 
     greedy = {
         "applications": [
-            {"name": "vision--big", "deployments": [{"name": "d", "ray_actor_options": {"num_gpus": 1},
-                                                     "autoscaling_config": {"max_replicas": 5}}]},
+            {
+                "name": "vision--big",
+                "deployments": [
+                    {"name": "d", "ray_actor_options": {"num_gpus": 1}, "autoscaling_config": {"max_replicas": 5}}
+                ],
+            },
             {"name": "speech--x", "deployments": []},
             {"name": "nameless", "deployments": []},
-            {"name": "vision--auto", "deployments": [{"name": "d", "ray_actor_options": {"num_gpus": 1},
-                                                      "num_replicas": "auto"}]},
+            {
+                "name": "vision--auto",
+                "deployments": [{"name": "d", "ray_actor_options": {"num_gpus": 1}, "num_replicas": "auto"}],
+            },
         ]
     }
     problems = check_team_configs({"configs/vision.yaml": greedy}, policy)

@@ -13,7 +13,24 @@ from switchyard.train.preemption import FilePreemptionChannel, PreemptionWatcher
 
 def test_notice_round_trips_through_json() -> None:
     n = PreemptionNotice("job-1", "higher priority", deadline=123.5)
-    assert PreemptionNotice.from_json(n.to_json()) == n
+    assert PreemptionNotice.from_json(n.to_json()) == n and n.lease_id is None
+    leased = PreemptionNotice("wl-1", "reclaim for wl-2", 200.0, sent_at=80.0, lease_id="lease-7")
+    assert PreemptionNotice.from_json(leased.to_json()) == leased
+
+
+def test_a_notice_written_before_lease_ids_reads_without_one() -> None:
+    """The JSON the channel held before a notice carried its lease id (a job or scheduler of an
+    older version may have written it)."""
+    old = '{"deadline": 123.5, "job_id": "job-1", "reason": "reclaim for wl-2", "sent_at": 100.25}'
+    assert PreemptionNotice.from_json(old) == PreemptionNotice("job-1", "reclaim for wl-2", 123.5, sent_at=100.25)
+    assert PreemptionNotice.from_json(old.replace("123.5", "null").encode()).deadline is None
+
+
+def test_file_channel_posts_a_notice_as_it_is(tmp_path: Path) -> None:
+    channel = FilePreemptionChannel(tmp_path)
+    notice = PreemptionNotice("wl-1", "drain for node n0", 70.0, sent_at=10.0, lease_id="lease-1")
+    channel.post(notice)
+    assert channel.poll("wl-1") == notice
 
 
 def test_file_channel_send_poll_clear(tmp_path: Path) -> None:

@@ -128,15 +128,22 @@ def render_fairness(fairness: dict[str, Any] | None) -> None:
     counted = "" if since is None else f" since {datetime.fromtimestamp(since, UTC):%Y-%m-%d %H:%M} UTC"
     print(
         f"\n  fair share (received / fair GPU-s; Jain's index last hour: {ratio(fairness['jain_1h'])}); "
-        f"inversion and quota wait past {fairness['inversion_bound_s']:.0f} s, GPU-h{counted}"
+        f"inversion and quota wait past {fairness['inversion_bound_s']:.0f} s, GPU-h over the last day "
+        f"(and in all{counted})"
     )
+
+    def gpu_h(row: dict[str, Any], key: str) -> str:
+        day = row.get(f"{key}_1d")  # a scheduler from before the last-day sums has totals only
+        total = f"{row[key] / 3600:.1f}"
+        return total if day is None else f"{day / 3600:.1f} ({total})"
+
     rows = [
         (
             team,
             ratio(row["share_ratio_1h"]),
             ratio(row["share_ratio_1d"]),
-            f"{row['inversion_gpu_s'] / 3600:.1f}",
-            f"{row['quota_wait_gpu_s'] / 3600:.1f}",
+            gpu_h(row, "inversion_gpu_s"),
+            gpu_h(row, "quota_wait_gpu_s"),
         )
         for team, row in fairness["teams"].items()
     ]

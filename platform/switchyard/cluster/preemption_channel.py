@@ -1,8 +1,9 @@
 """The preemption channel on a Ray cluster: notices in the GCS key-value store.
 
-Any process connected to the cluster (the scheduler, an operator's CLI, a drain hook, the
-job's own driver on SIGTERM) posts with `send_notice`; rank 0 of the job reads it. The GCS
-outlives workers and drivers, so a notice sent before a worker starts is still seen.
+Any process connected to the cluster (an operator's CLI, a drain hook, the job's own driver on
+SIGTERM) posts with `send_notice`; the scheduler posts the notice it keeps, lease id and all,
+with `post`. Rank 0 of the job reads it. The GCS outlives workers and drivers, so a notice sent
+before a worker starts is still seen.
 """
 
 from __future__ import annotations
@@ -28,10 +29,14 @@ class GcsPreemptionChannel:
     """`PreemptionChannel` over `ray.experimental.internal_kv` (one key per job id)."""
 
     def send_notice(self, job_id: str, reason: str, deadline: float | None = None) -> PreemptionNotice:
-        _require_ray()
         notice = PreemptionNotice(job_id, reason, deadline)
-        internal_kv._internal_kv_put(notice_key(job_id), notice.to_json().encode(), overwrite=True, namespace=NAMESPACE)
+        self.post(notice)
         return notice
+
+    def post(self, notice: PreemptionNotice) -> None:
+        _require_ray()
+        key = notice_key(notice.job_id)
+        internal_kv._internal_kv_put(key, notice.to_json().encode(), overwrite=True, namespace=NAMESPACE)
 
     def poll(self, job_id: str) -> PreemptionNotice | None:
         _require_ray()

@@ -22,13 +22,15 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 import ray
 
 from switchyard.cluster.autoscale import CapacityRequest, capacity_request
-from switchyard.cluster.enforcement import GpuAccounting, account, stop_unleased, summarize
+from switchyard.cluster.enforcement import GpuAccounting, summarize
+from switchyard.cluster.gpu_audit import GpuAudit
 from switchyard.cluster.grant_holds import GrantHolds
 from switchyard.cluster.job_launcher import JobLauncher, LaunchedJob
 from switchyard.cluster.preemption_channel import GcsPreemptionChannel
@@ -37,7 +39,7 @@ from switchyard.cluster.scheduler_metrics import SchedulerMetrics
 from switchyard.cluster.scheduler_recovery import recover, snapshot_document, write_snapshot
 from switchyard.cluster.scheduler_wal import SnapshotFiles
 from switchyard.cluster.serve_pool import ServePool, is_pool_workload
-from switchyard.scheduler.api import LeaseGrant, Notice, ReleaseOutcome, StopReason, WorkloadSubmission
+from switchyard.scheduler.api import LeaseGrant, ReleaseOutcome, StopReason, WorkloadSubmission
 from switchyard.scheduler.claims import CLAIM_TIMEOUT_S, ClaimPolicy
 from switchyard.scheduler.core import Decisions, Node
 from switchyard.scheduler.core.config import load_policy_file
@@ -59,6 +61,8 @@ from switchyard.scheduler.driver.effects import (
 )
 from switchyard.scheduler.driver.node_cordons import DrainReport
 from switchyard.scheduler.driver.node_refresh import NodeRefresh
+from switchyard.scheduler.driver.serve_replicas import ReplicaChange
+from switchyard.scheduler.preemption_channel import PreemptionNotice
 
 # LiveState is re-exported: journals written before the driver existed pickled it by this name.
 __all__ = ["LiveState", "SchedulerActor", "cluster_gpu_nodes"]
@@ -110,7 +114,6 @@ class SchedulerActor:
         self._snapshot_every_s = snapshot_every_s
         self._snapshot_every_records = snapshot_every_records
         self._launcher = JobLauncher(dashboard_url) if dashboard_url else None
-        self._stop_unleased = stop_unleased_gpus
         self._metrics = SchedulerMetrics()
         self._serve_pool = ServePool(self._policy, self._journal)  # Serve's GPU replicas as inference workloads
         # Granted GPUs held against Serve (none on a logical cluster: no Ray nodes to hold on).
@@ -145,6 +148,7 @@ class SchedulerActor:
         if recovered.migrated_legacy:  # the pickle is read once: from now on a snapshot is the base
             self._snapshot()
         self._accounting: GpuAccounting | None = None
+        self._audit = GpuAudit(self._launcher, self._metrics, stop_unleased_gpus)
         self._last_nodes = 0.0
         self._last_capacity = 0.0
         self._capacity_requested: CapacityRequest | None = None  # None: not asked yet in this incarnation
@@ -180,7 +184,7 @@ class SchedulerActor:
         self._refresh_nodes(time.time())
         return self._record(inputs.release(lease_id, finished, time.time())) is ReleaseOutcome.REQUEUED
 
-    def preemption_notice(self, workload_id: str) -> Notice | None:
+    def preemption_notice(self, workload_id: str) -> PreemptionNotice | None:
         with self._lock:
             notice, seen = self._driver.notice(workload_id), self._wal.last_seq
         self._wal.wait_durable(seen)
@@ -275,47 +279,44 @@ class SchedulerActor:
                 log.exception("GPU audit failed")
 
     def _watch_launched_jobs(self) -> None:
-        """A launched job that ended while holding its claimed lease (it crashed, or its release
-        was lost) gives the lease back through the driver (`job_exited`): nothing else would."""
-        if self._launcher is None:
-            return
+        """A launched job that ended while holding its claimed lease gives the lease back
+        through the driver (`job_exited`): nothing else would."""
         with self._lock:
             watched = views.launched_jobs_on_claimed_leases(self._driver.state)
-        if not watched:
-            return
-        statuses = self._launcher.statuses()  # Jobs API: unlocked
-        for submission_id, workload in watched.items():
-            status = statuses.get(submission_id)
-            if status is not None and status.is_terminal():
-                log.warning("workload %s: its Ray job %s ended (%s) holding its lease", workload, submission_id, status)
-                self._record(inputs.job_exited(workload, submission_id, status.value, time.time()))
+        for ended in self._audit.ended_jobs(watched):  # Jobs API: unlocked
+            self._record(inputs.job_exited(ended.workload_id, ended.submission_id, ended.status, time.time()))
 
     def _tick(self, now: float) -> None:
         if now - self._last_nodes >= self.NODE_REFRESH_S:
             self._refresh_nodes(now)
             self._last_nodes = now
         replicas = self._serve_pool.observe(now)  # Ray's view of Serve's replicas, when due (I/O: unlocked)
+        actions: list[ClusterAction] = []
+        seq = None
         with self._lock:
             state = self._driver.state
-            pool_changed = replicas is not None and self._serve_pool.reconcile(state, replicas, now)
-            if pool_changed:
-                self._driver.changed_outside(now)  # the gauges' counts catch up with the pool's changes
-            started = time.perf_counter()
+            if replicas is not None:
 
-            def decided(decisions: Decisions) -> None:
-                self._metrics.decided(time.perf_counter() - started)
-                self._serve_pool.record(state, decisions, now)  # before the notices it causes
+                def log_changes(changes: list[ReplicaChange]) -> Mapping[str, str]:
+                    nonlocal seq
+                    refused, more, seq = self._log(inputs.serve_replicas(changes, now))
+                    actions.extend(more)
+                    assert isinstance(refused, dict)
+                    return refused
 
-            record = inputs.tick(now)
-            _, effects = inputs.apply(self._driver, record, decided)
-            seq = self._wal.append(record)
-            actions = self._commit(effects, seq)
-            if pool_changed:
-                # The Serve pool changes the core outside the driver's events (its settle timers
-                # are not state the log replays): a snapshot covers the change instead.
-                self._snapshot()
+                self._serve_pool.reconcile(state, replicas, now, log_changes, self._driver.generation)
+            if self._driver.pass_due(now):  # event-driven: see `scheduler.driver.passes`
+                started = time.perf_counter()
+
+                def decided(decisions: Decisions) -> None:
+                    self._metrics.decided(time.perf_counter() - started)
+                    self._serve_pool.record(state, decisions, now)  # before the notices it causes
+
+                _, more, seq = self._log(inputs.tick(now), decided)
+                actions.extend(more)
             self._metrics.show(views.gauge_readings(state, self._driver.tally, now))
-        self._wal.wait_durable(seq)
+        if seq is not None:
+            self._wal.wait_durable(seq)
         self._hold_grants(now)  # before any launch: a launch waits for its grant's hold
         self._carry_out(actions)
         if now - self._last_capacity >= self.NODE_REFRESH_S:
@@ -339,7 +340,7 @@ class SchedulerActor:
                 self._launch(launch)
         for lease_id in failed:
             with self._lock:
-                workload = next((w for w, g in self._driver.state.grants.items() if g.lease_id == lease_id), None)
+                workload = self._driver.state.workload_of(lease_id)
             if workload is not None:
                 error = "a Serve replica took the granted GPUs before their hold formed"
                 log.warning("workload %s: lease %s displaced: %s", workload, lease_id, error)
@@ -359,12 +360,20 @@ class SchedulerActor:
         """One event: applied, logged and committed in the lock; answered once durable, its
         cluster actions carried out after that. A refused call (the driver raised) is not logged."""
         with self._lock:
-            answer, effects = inputs.apply(self._driver, record)
-            seq = self._wal.append(record)
-            actions = self._commit(effects, seq)
+            answer, actions, seq = self._log(record)
         self._wal.wait_durable(seq)
         self._carry_out(actions)
         return answer
+
+    def _log(
+        self, record: inputs.Record, on_decisions: Callable[[Decisions], None] | None = None
+    ) -> tuple[inputs.Answer, list[ClusterAction], int]:
+        """Lock held: apply the event, append it to the log, and do its bookkeeping. Returns the
+        answer, the cluster actions (for after the log is durable and the lock released) and
+        the record's sequence number."""
+        answer, effects = inputs.apply(self._driver, record, on_decisions)
+        seq = self._wal.append(record)
+        return answer, self._commit(effects, seq), seq
 
     def _snapshot_if_due(self) -> None:
         at, seq = self._last_snapshot
@@ -411,8 +420,7 @@ class SchedulerActor:
             if not is_pool_workload(action.workload_id):
                 GcsPreemptionChannel().clear(action.workload_id)
         elif isinstance(action, SendNotice):
-            n = action.notice
-            GcsPreemptionChannel().send_notice(n.workload_id, n.reason, n.stop_deadline)
+            GcsPreemptionChannel().post(action.notice)  # the notice `preemption_notice` answers with
         elif isinstance(action, StopLaunchedJob):
             job = LaunchedJob(action.job.workload_id, action.job.submission_id)
             if self._launcher is not None and self._launcher.stop(job):
@@ -475,26 +483,4 @@ class SchedulerActor:
     def _audit_gpu_use(self) -> None:
         with self._lock:
             leased = views.leased_gpus_by_job(self._driver.state)
-            address = ray.get_runtime_context().gcs_address
-        accounting = account(address, leased)
-        self._accounting = accounting
-        self._metrics.unleased_gpus.set(accounting.unleased_gpus)
-        self._metrics.over_lease_gpus.set(accounting.over_lease_gpus)
-        for over in accounting.over_lease:
-            log.warning(
-                "Ray job %s holds %.0f GPUs, %.0f more than its leases grant",
-                over.holding.job_id,
-                over.holding.gpus,
-                over.excess_gpus,
-            )
-        for holding in accounting.unleased:
-            log.warning("GPU use outside any lease: Ray job %s holds %.0f GPUs", holding.job_id, holding.gpus)
-            if self._stop_unleased:
-                for action in stop_unleased(holding):
-                    log.warning("enforcement: %s (job %s)", action, holding.job_id)
-                # Removing its placement groups frees the GPUs now, but Ray Train would retry
-                # forever with new ones: a submitted job is stopped as a whole.
-                if self._launcher is not None:
-                    stopped = self._launcher.stop_ray_job(holding.job_id)
-                    if stopped is not None:
-                        log.warning("enforcement: stopped Ray job %s (%s)", stopped, holding.job_id)
+        self._accounting = self._audit.gpu_use(ray.get_runtime_context().gcs_address, leased)

@@ -24,8 +24,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from switchyard.scheduler.api import LeaseGrant, Notice, WorkloadSubmission
+from switchyard.scheduler.api import LeaseGrant, WorkloadSubmission
 from switchyard.scheduler.driver.node_cordons import DrainReport
+from switchyard.scheduler.preemption_channel import PreemptionNotice
 
 
 class SchedulerUnavailable(RuntimeError):
@@ -153,8 +154,8 @@ class SchedulerClient:
         grant: LeaseGrant | None = self._call("lease", workload_id)
         return grant
 
-    def preemption_notice(self, workload_id: str) -> Notice | None:
-        notice: Notice | None = self._call("preemption_notice", workload_id)
+    def preemption_notice(self, workload_id: str) -> PreemptionNotice | None:
+        notice: PreemptionNotice | None = self._call("preemption_notice", workload_id)
         return notice
 
     def list_workloads(self) -> list[dict[str, Any]]:

@@ -9,19 +9,23 @@ connection: a commit survives the process being killed (WAL mode), and what a po
 take from this table the replay writes again.
 
 The database also holds the snapshot row of journals from before the write-ahead log (a
-pickle), read once by `legacy_state` to migrate.
+pickle), read once by `legacy_state` to migrate. Its notices were the api's `Notice` models, a
+class since replaced by `PreemptionNotice`: `legacy_state` reads them as that.
 """
 
 from __future__ import annotations
 
+import io
 import json
 import pickle
 import sqlite3
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
 from switchyard import sqlite_db
+from switchyard.scheduler.preemption_channel import PreemptionNotice
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS events (
@@ -34,6 +38,44 @@ CREATE TABLE IF NOT EXISTS events (
 );
 CREATE INDEX IF NOT EXISTS events_by_workload ON events (workload_id, seq);
 """
+
+
+class _PickledNotice:
+    """A `switchyard.scheduler.api.Notice` (a pydantic model: workload_id, lease_id, reason,
+    stop_deadline) as an old pickle holds it: its fields, until `_load_legacy` converts it."""
+
+    fields: dict[str, Any]
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.fields = dict(state["__dict__"])  # a pydantic model pickles its fields under "__dict__"
+
+    def notice(self, sent_at: float) -> PreemptionNotice:
+        f = self.fields
+        return PreemptionNotice(
+            f["workload_id"], f["reason"], f["stop_deadline"], sent_at=sent_at, lease_id=f["lease_id"]
+        )
+
+
+class _LegacyUnpickler(pickle.Unpickler):
+    def find_class(self, module: str, name: str) -> Any:
+        if (module, name) == ("switchyard.scheduler.api", "Notice"):
+            return _PickledNotice
+        return super().find_class(module, name)
+
+
+def _load_legacy(blob: bytes) -> Any:
+    """The pickled state (our own file, written by an older version), its notices converted: each
+    sent when the core put its lease under notice (the lease's `notice_at`, set in the same call),
+    or, without that lease, now (it was sent by then)."""
+    state = _LegacyUnpickler(io.BytesIO(blob)).load()
+    notices = getattr(state, "notices", {})
+    leases = state.core.leases() if notices else {}
+    for workload_id, old in notices.items():
+        if isinstance(old, _PickledNotice):
+            lease = leases.get(old.fields["lease_id"])
+            sent_at = lease.notice_at if lease is not None else None
+            notices[workload_id] = old.notice(time.time() if sent_at is None else sent_at)
+    return state
 
 
 class SchedulerJournal:
@@ -57,7 +99,7 @@ class SchedulerJournal:
         with self._lock:
             table = self._db.execute("SELECT name FROM sqlite_master WHERE name = 'snapshot'").fetchone()
             row = None if table is None else self._db.execute("SELECT state FROM snapshot WHERE id = 1").fetchone()
-        return None if row is None else pickle.loads(row[0])  # our own file, written by an older version
+        return None if row is None else _load_legacy(row[0])
 
     def last_wal_seq(self) -> int:
         with self._lock:

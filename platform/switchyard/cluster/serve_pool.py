@@ -13,29 +13,29 @@ class `inference`; priority `production-inference`; one bundle of the replica's 
 - a replica that went away releases its workload.
 
 `plan` is that decision, pure: Ray's replicas against the core's pool workloads in, actions
-out. `ServePool` reads Ray's state API and applies the actions to the scheduler actor's state
-(its lock held), and journals the cause chain of each reclaim (`reclaim_chains`). See
-docs/live_scheduler.md, "Serve in the inference pool".
+out. `ServePool` reads Ray's state API, turns the actions that change the core into
+`ReplicaChange`s, which the actor logs as one driver event (`Driver.serve_replicas`: replayed
+from the write-ahead log like every other event), and journals the cause chain of each reclaim
+(`reclaim_chains`). See docs/live_scheduler.md, "Serve in the inference pool".
 """
 
 from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Collection, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ray.util.metrics import Gauge
 
 from switchyard.cluster.grant_holds import SERVE_GPU_RESOURCE
 from switchyard.cluster.scheduler_journal import SchedulerJournal
 from switchyard.cluster.serve_configs import INFERENCE_PRIORITY, TEAM_SEPARATOR, app_team, inference_teams
-from switchyard.scheduler.api import LeaseGrant, Placement, WorkloadSubmission
+from switchyard.scheduler.api import WorkloadSubmission
 from switchyard.scheduler.core import Decisions, SchedulerPolicy, WorkloadClass
-
-if TYPE_CHECKING:
-    from switchyard.cluster.scheduler_actor import LiveState
+from switchyard.scheduler.driver import LiveState
+from switchyard.scheduler.driver.serve_replicas import ReplicaAction, ReplicaChange
 
 log = logging.getLogger(__name__)
 
@@ -273,6 +273,8 @@ class ServePool:
         self._waiting_since: dict[str, float] = {}  # replica workload -> first seen waiting
         self._outside: dict[str, dict[str, Any]] = {}  # replica id -> why it runs without a lease
         self._unheld: list[str] = []  # GPU replicas that ask for no Serve slots
+        # Adoptions the core refused: workload -> (node, why, the driver's generation after)
+        self._refused: dict[str, tuple[str | None, str, int]] = {}
         self._replicas = Gauge(
             "switchyard_scheduler_serve_replicas",
             description="Serve GPU replicas by state: running (leased), pending, outside_lease.",
@@ -298,39 +300,68 @@ class ServePool:
         self._unreadable = False
         return [r for r in (replica_from_actor(a) for a in actors) if r is not None]
 
-    def reconcile(self, state: LiveState, replicas: list[ServeReplica], now: float) -> bool:
-        """Apply `plan` to the scheduler's state; True when something changed (save it)."""
+    def reconcile(
+        self,
+        state: LiveState,
+        replicas: list[ServeReplica],
+        now: float,
+        apply: Callable[[list[ReplicaChange]], Mapping[str, str]],
+        generation: int = 0,
+    ) -> bool:
+        """Plan Ray's replicas against the scheduler's state, and hand the changes to `apply`
+        (the actor logs them as one driver event, `Driver.serve_replicas`, and returns the
+        adoptions the core refused). Caller holds the actor's lock. True when there were changes.
+
+        `generation`: the driver's count of events applied (`Driver.generation`). An adoption
+        the core refused is not asked again until another event may have freed GPUs, so a
+        replica running outside any lease does not log an event every refresh."""
         held: dict[str, tuple[str, ...] | None] = {}
-        queued = {p.request.workload_id for p in state.core.pending()}
         for wid in state.submissions:
             if not is_pool_workload(wid):
                 continue
             lease = state.core.lease_of(wid)
             if lease is not None:
                 held[wid] = lease.placement
-            elif wid in queued:
+            elif state.core.is_queued(wid):
                 held[wid] = None
         waiting = {r.workload_id for r in replicas if r.node_id is None}
         self._waiting_since = {w: self._waiting_since.get(w, now) for w in waiting}
         starting = {w for w, since in self._waiting_since.items() if now - since < self.SETTLE_S}
         outside: dict[str, dict[str, Any]] = {}
-        changed = False
+        changes: list[ReplicaChange] = []
+        adopted: list[Adopt] = []
         for action in plan(replicas, held, self._teams, starting):
             if isinstance(action, Running):
                 self._mark_running(state, action.replica.workload_id, action.node, now)
             elif isinstance(action, Unowned):
                 outside[action.replica.replica_id] = self._outside_row(action.replica, action.reason)
             elif isinstance(action, Adopt):
-                touched, problem = self._adopt(state, action, now)
-                changed = changed or touched
-                if problem is not None:
-                    outside[action.replica.replica_id] = self._outside_row(action.replica, problem)
+                wid = action.replica.workload_id
+                node, why, at = self._refused.get(wid, (None, "", -1))
+                if node == action.node and at == generation:  # refused, and nothing happened since
+                    outside[action.replica.replica_id] = self._outside_row(action.replica, why)
+                    continue
+                adopted.append(action)
+                sub = self._submission(action.replica, action.team)
+                changes.append(
+                    ReplicaChange(ReplicaAction.ADOPT, sub.workload_id, sub, action.node, app=action.replica.app)
+                )
             elif isinstance(action, Submit):
-                changed = True
-                self._submit(state, action, now)
+                sub = self._submission(action.replica, action.team)
+                changes.append(ReplicaChange(ReplicaAction.QUEUE, sub.workload_id, sub, app=action.replica.app))
             else:
-                changed = True
-                self._drop(state, action, now)
+                kind = ReplicaAction.RELEASE if isinstance(action, Release) else ReplicaAction.CANCEL
+                changes.append(ReplicaChange(kind, action.workload_id, reason=action.reason))
+        refused = apply(changes) if changes else {}
+        after = generation + 1 if changes else generation
+        self._refused = {w: r for w, r in self._refused.items() if w in waiting or w in self._placed(replicas)}
+        for action in adopted:
+            wid = action.replica.workload_id
+            if wid in refused:
+                self._refused[wid] = (action.node, refused[wid], after)
+                outside[action.replica.replica_id] = self._outside_row(action.replica, refused[wid])
+            elif wid in state.grants:
+                self._mark_running(state, wid, action.node, now)
         self._running &= {wid for wid in state.grants if is_pool_workload(wid)}
         for replica_id, row in outside.items():
             if replica_id not in self._outside:
@@ -347,7 +378,7 @@ class ServePool:
             )
         self._unheld = unheld
         self._export(state)
-        return changed
+        return bool(changes)
 
     def record(self, state: LiveState, decisions: Decisions, now: float) -> None:
         """Journal each reclaim the core decided for a pool workload: its victims, one event."""
@@ -422,67 +453,9 @@ class ServePool:
             description=replica.replica_id,
         )
 
-    def _submit(self, state: LiveState, action: Submit, now: float) -> None:
-        sub = self._submission(action.replica, action.team)
-        state.core.submit(sub.gang(), now)
-        state.submissions[sub.workload_id] = sub
-        state.queued_since[sub.workload_id] = now
-        r = action.replica
-        self._journal.event(
-            "replica_pending", sub.workload_id, action.team, now, replica=r.replica_id, app=r.app, gpus=r.gpus
-        )
-
-    def _adopt(self, state: LiveState, action: Adopt, now: float) -> tuple[bool, str | None]:
-        """Lease the GPUs a placed replica runs on. Returns whether the state changed, and why
-        not when the ledger or the quota refuses."""
-        sub = self._submission(action.replica, action.team)
-        was_queued = any(p.request.workload_id == sub.workload_id for p in state.core.pending())
-        try:
-            start = state.core.adopt(sub.gang(), (action.node,), now)
-        except ValueError as err:
-            if was_queued:  # it runs already: a grant now would book GPUs nobody uses
-                state.core.cancel(sub.workload_id, now)
-                why = f"placed outside a lease: {err}"
-                self._journal.event("cancelled", sub.workload_id, sub.team, now, reason=why)
-                self._forget(state, sub.workload_id)
-            return was_queued, str(err)
-        state.submissions[sub.workload_id] = sub
-        state.queued_since.pop(sub.workload_id, None)
-        node = state.nodes[action.node]
-        state.grants[sub.workload_id] = LeaseGrant(
-            lease_id=start.lease_id,
-            workload_id=sub.workload_id,
-            team=sub.team,
-            granted_at=now,
-            borrowing=start.borrowing,
-            placements=(Placement(node_id=action.node, node_group=node.node_group, gpus=action.replica.gpus),),
-        )
-        self._journal.event(
-            "adopted", sub.workload_id, sub.team, now, lease_id=start.lease_id, node=action.node, was_queued=was_queued
-        )
-        self._mark_running(state, sub.workload_id, action.node, now)
-        return True, None
-
-    def _drop(self, state: LiveState, action: Release | Cancel, now: float) -> None:
-        wid = action.workload_id
-        team = state.submissions[wid].team if wid in state.submissions else ""
-        if isinstance(action, Release):
-            lease = state.core.lease_of(wid)
-            if lease is not None:
-                state.core.release(lease.lease_id, now, finished=True)
-            self._journal.event("released", wid, team, now, reason=action.reason)
-        else:
-            state.core.cancel(wid, now)
-            self._journal.event("cancelled", wid, team, now, reason=action.reason)
-        self._forget(state, wid)
-        self._running.discard(wid)
-
-    def _forget(self, state: LiveState, wid: str) -> None:
-        state.submissions.pop(wid, None)
-        state.grants.pop(wid, None)
-        state.notices.pop(wid, None)
-        state.claims.pop(wid, None)
-        state.queued_since.pop(wid, None)
+    @staticmethod
+    def _placed(replicas: list[ServeReplica]) -> set[str]:
+        return {r.workload_id for r in replicas if r.node_id is not None}
 
     def _mark_running(self, state: LiveState, wid: str, node: str, now: float) -> None:
         if wid in self._running:

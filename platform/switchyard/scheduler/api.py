@@ -2,7 +2,9 @@
 
 The live scheduler (a named Ray actor, `switchyard.cluster.scheduler_actor`) implements
 `SchedulerService`; these pydantic models are what crosses the actor boundary, validated on
-the way in so a malformed request fails at the caller with a message naming the field.
+the way in so a malformed request fails at the caller with a message naming the field. A
+preemption notice is `switchyard.scheduler.preemption_channel.PreemptionNotice`, the type a
+job's preemption channel carries too.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from typing import Any, Protocol
 from pydantic import BaseModel, ConfigDict, Field
 
 from switchyard.scheduler.core.model import GangRequest, PlacementStrategy, WorkloadClass
+from switchyard.scheduler.preemption_channel import PreemptionNotice
 
 
 class WorkloadSubmission(BaseModel):
@@ -67,15 +70,6 @@ class LeaseGrant(BaseModel):
     borrowing: bool
 
 
-class Notice(BaseModel):
-    """Checkpoint and release by `stop_deadline`, or be stopped then."""
-
-    workload_id: str
-    lease_id: str
-    reason: str
-    stop_deadline: float
-
-
 class StopReason(StrEnum):
     """Why the scheduler stops the job running on a lease. The first two are the core's
     `StopOrder.reason`s; the others are the live scheduler's own."""
@@ -112,8 +106,9 @@ class SchedulerService(Protocol):
         """Give the GPUs back: finished, or preempted-and-checkpointed (then it requeues)."""
         ...
 
-    def preemption_notice(self, workload_id: str) -> Notice | None:
-        """A pending preemption notice for this workload, if any."""
+    def preemption_notice(self, workload_id: str) -> PreemptionNotice | None:
+        """The preemption notice the workload's lease is under, if any: checkpoint and release by
+        its `deadline`, or be stopped then. Its `job_id` is the workload id."""
         ...
 
     def report_checkpoint(self, workload_id: str) -> None: ...

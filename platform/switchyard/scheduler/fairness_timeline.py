@@ -11,9 +11,10 @@ requests queued past the inversion bound while lower priorities held GPUs they c
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Mapping
 
-from switchyard.scheduler.fairness import InversionLedger, ShareLedger
+from switchyard.scheduler.fairness import HOUR_S, InversionLedger, ShareLedger
 from switchyard.scheduler.overdue import OverdueWaits
 
 
@@ -37,6 +38,10 @@ class FairnessTimeline:
         """Team -> GPUs its queued requests ask for."""
         self._held_by_priority: dict[int, int] = {}
         self._overdue = OverdueWaits(inversion_bound_s)
+        self._keep_hours = keep_hours
+        self._hourly_inversions: dict[int, InversionLedger] = {}
+        """With `keep_hours`: the same sums per hour, the newest `keep_hours` (the live
+        scheduler's "last day"); the totals above cover everything since the start."""
 
     def hold(self, team: str, priority: int, gpus: int) -> None:
         """`gpus` more held (negative: given back) by a lease of `team` at priority value `priority`."""
@@ -72,4 +77,39 @@ class FairnessTimeline:
                     p: sum(g for v, g in self._held_by_priority.items() if v < p) for p in {p for p, _ in levels}
                 }
                 self.inversions.observe(edge - lo, levels, held_below, alloc)
+                if self._keep_hours is not None:
+                    self._observe_hourly(lo, edge, levels, held_below, alloc)
+            lo = edge
+
+    def recent_inversions(self, now: float, hours: int) -> InversionLedger:
+        """Inversion and quota-wait GPU-seconds of the `hours` hours up to `now` (whole hours:
+        the one `now` is in and the `hours - 1` before it). Needs `keep_hours`."""
+        newest = self.shares.hour_of(now)
+        out = InversionLedger(self.inversions.guarantees)
+        for index, ledger in self._hourly_inversions.items():
+            if newest - hours < index <= newest:
+                for team, gpu_s in ledger.inversion_gpu_s.items():
+                    out.inversion_gpu_s[team] = out.inversion_gpu_s.get(team, 0.0) + gpu_s
+                for team, gpu_s in ledger.quota_wait_gpu_s.items():
+                    out.quota_wait_gpu_s[team] = out.quota_wait_gpu_s.get(team, 0.0) + gpu_s
+        return out
+
+    def _observe_hourly(
+        self,
+        lo: float,
+        hi: float,
+        levels: Mapping[tuple[int, str], Counter[int]],
+        held_below: Mapping[int, int],
+        alloc: Mapping[str, int],
+    ) -> None:
+        assert self._keep_hours is not None
+        while lo < hi:
+            index = self.shares.hour_of(lo)
+            edge = min(hi, self.shares.start_s + (index + 1) * HOUR_S)
+            ledger = self._hourly_inversions.get(index)
+            if ledger is None:
+                ledger = self._hourly_inversions[index] = InversionLedger(self.inversions.guarantees)
+                for old in [i for i in self._hourly_inversions if i <= index - self._keep_hours]:
+                    del self._hourly_inversions[old]
+            ledger.observe(edge - lo, levels, held_below, alloc)
             lo = edge

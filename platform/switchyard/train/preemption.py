@@ -1,6 +1,7 @@
 """How a running job learns it must stop, and how all its ranks agree on when.
 
-The scheduler (or an operator) calls `channel.send_notice(job_id, reason, deadline)`.
+An operator (or a test) calls `channel.send_notice(job_id, reason, deadline)`; the scheduler
+posts the `PreemptionNotice` it keeps with `channel.post(notice)`.
 Inside the job, `PreemptionWatcher.check()` runs on every rank after the same steps, about
 every `preempt_check_s` seconds: rank 0 reads the channel, any rank may have received
 SIGTERM (Ray node drain, `ray job stop`, Kubernetes), and one all-reduce (MAX) of that flag
@@ -40,11 +41,15 @@ class FilePreemptionChannel:
 
     def send_notice(self, job_id: str, reason: str, deadline: float | None = None) -> PreemptionNotice:
         notice = PreemptionNotice(job_id, reason, deadline)
-        self.directory.mkdir(parents=True, exist_ok=True)
-        tmp = self._path(job_id).with_suffix(".tmp")
-        tmp.write_text(notice.to_json())
-        tmp.replace(self._path(job_id))  # atomic: a reader sees all of it or nothing
+        self.post(notice)
         return notice
+
+    def post(self, notice: PreemptionNotice) -> None:
+        path = self._path(notice.job_id)
+        self.directory.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(notice.to_json())
+        tmp.replace(path)  # atomic: a reader sees all of it or nothing
 
     def poll(self, job_id: str) -> PreemptionNotice | None:
         path = self._path(job_id)

@@ -19,7 +19,7 @@ for pruning) so that the scheduler module does not grow; mypy checks every name 
 
 from __future__ import annotations
 
-from switchyard.scheduler.core.model import Lease, LeaseState, PreemptionNotice, PreemptionReason
+from switchyard.scheduler.core.model import Lease, LeaseState, PreemptionDecision, PreemptionReason
 from switchyard.scheduler.core.scheduler import Scheduler
 
 
@@ -53,7 +53,7 @@ def is_preemptible(core: Scheduler, lease: Lease) -> bool:
     return core.policy.priority(lease.request.priority_class).preemptible
 
 
-def drain_notice(core: Scheduler, lease: Lease, node: str, now: float) -> PreemptionNotice:
+def drain_notice(core: Scheduler, lease: Lease, node: str, now: float) -> PreemptionDecision:
     """Put a running lease under notice because its node is drained (see the module doc)."""
     if lease.state is not LeaseState.RUNNING:
         raise AssertionError(f"lease {lease.lease_id} is {lease.state.value}, not running")
@@ -65,7 +65,7 @@ def drain_notice(core: Scheduler, lease: Lease, node: str, now: float) -> Preemp
     core._count_preemptible(lease, -1)
     if core._knobs.enforce_quota:
         core._book.mark_leaving(core._lease_key(lease), lease.gpus)  # as a victim's: undone on release
-    return PreemptionNotice(
+    return PreemptionDecision(
         lease.lease_id,
         lease.request.workload_id,
         PreemptionReason.DRAIN,

@@ -159,8 +159,10 @@ class LeaseStart:
 
 
 @dataclass(frozen=True, slots=True)
-class PreemptionNotice:
-    """Ask a victim to checkpoint and release; it is stopped at `stop_deadline` regardless."""
+class PreemptionDecision:
+    """The core's decision to put a lease under notice: its job is asked to checkpoint and
+    release, and it is stopped at `stop_deadline` regardless. A decision, not the notice: the
+    driver sends the job a `switchyard.scheduler.preemption_channel.PreemptionNotice` for it."""
 
     lease_id: str
     workload_id: str
@@ -195,9 +197,19 @@ class Decisions:
     """What the driver must carry out after one `schedule(now)` call."""
 
     starts: list[LeaseStart] = field(default_factory=list)
-    notices: list[PreemptionNotice] = field(default_factory=list)
+    notices: list[PreemptionDecision] = field(default_factory=list)
     stops: list[StopOrder] = field(default_factory=list)
     reservations: list[Reservation] = field(default_factory=list)
 
     def __bool__(self) -> bool:
         return bool(self.starts or self.notices or self.stops)
+
+
+def lease_name(workload_id: str, attempt: int) -> str:
+    """A lease's id: `<workload>#<attempt>`, unique per attempt (ids are never reused)."""
+    return f"{workload_id}#{attempt}"
+
+
+def workload_of_lease(lease_id: str) -> str:
+    """The workload a lease id (`lease_name`) belongs to."""
+    return lease_id.rpartition("#")[0]

@@ -24,10 +24,11 @@ from switchyard.scheduler.core.model import (
     Node,
     PendingWorkload,
     PlacementStrategy,
-    PreemptionNotice,
+    PreemptionDecision,
     Reservation,
     StopOrder,
     WorkloadClass,
+    lease_name,
 )
 from switchyard.scheduler.core.pending import PendingExplanation
 from switchyard.scheduler.core.placement import NodePool
@@ -691,7 +692,7 @@ class Scheduler:
                 self._book.mark_leaving(self._lease_key(lease), lease.gpus)
             waiting.add(lease.lease_id)
             decisions.notices.append(
-                PreemptionNotice(
+                PreemptionDecision(
                     lease.lease_id,
                     lease.request.workload_id,
                     victim.reason,
@@ -730,7 +731,7 @@ class Scheduler:
         attempt = self._attempts.get(workload, 0) + 1
         self._attempts[workload] = attempt
         lease = Lease(
-            f"{workload}#{attempt}",
+            lease_name(workload, attempt),
             request,
             placement,
             now,
@@ -812,6 +813,9 @@ class Scheduler:
 
     def pending(self) -> list[PendingWorkload]:
         return list(self._queues.items())
+
+    def is_queued(self, workload_id: str) -> bool:
+        return workload_id in self._queues
 
     def pending_count(self) -> int:
         return len(self._queues)

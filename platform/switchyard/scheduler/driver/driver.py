@@ -13,13 +13,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 
-from switchyard.scheduler.api import LeaseGrant, Notice, ReleaseOutcome, StopReason, WorkloadSubmission
+from switchyard.scheduler.api import LeaseGrant, ReleaseOutcome, StopReason, WorkloadSubmission
 from switchyard.scheduler.claims import ClaimOutcome, ClaimPolicy, after_timeout, unclaimed
 from switchyard.scheduler.core import (
     Decisions,
     LeaseState,
     Node,
-    PreemptionNotice,
+    PreemptionDecision,
     Scheduler,
     SchedulerPolicy,
     WorkloadClass,
@@ -42,8 +42,11 @@ from switchyard.scheduler.driver.effects import (
     StopLaunchedJob,
 )
 from switchyard.scheduler.driver.node_cordons import DrainReport
+from switchyard.scheduler.driver.passes import PassTrigger
+from switchyard.scheduler.driver.serve_replicas import ReplicaChange, apply_changes
 from switchyard.scheduler.driver.state import LaunchedJob, LiveState
 from switchyard.scheduler.driver.tally import LiveTally
+from switchyard.scheduler.preemption_channel import PreemptionNotice
 
 HISTORY_RETENTION_S = 86_400.0
 
@@ -62,6 +65,8 @@ class Driver:
         self._claims = claims or ClaimPolicy()
         self._retention_s = retention_s
         self._tally = LiveTally.of(state)  # derived from the state: rebuilt, never persisted
+        self._passes = PassTrigger()  # derived too: a restarted driver passes at once
+        self._generation = 0
 
     @classmethod
     def empty(
@@ -84,16 +89,27 @@ class Driver:
         """The counts the gauges read and the live fairness timeline (`tally`)."""
         return self._tally
 
-    def changed_outside(self, now: float) -> None:
-        """The state changed other than through these events (the Serve pool adopted or
-        dropped replicas): the tally catches up."""
-        self._tally.rebuild(self._state, now)
+    # ------------------------------------------------------------------ when a pass is due
+    @property
+    def generation(self) -> int:
+        """How many events this driver has applied since it was built (ticks that passed
+        included): a reader's cheap "did anything happen since"."""
+        return self._generation
+
+    def changed(self) -> None:
+        """An event other than a tick was applied: the next pass may decide something new."""
+        self._generation += 1
+        self._passes.changed()
+
+    def pass_due(self, now: float) -> bool:
+        """Whether a tick at `now` should run a scheduling pass (see `passes`)."""
+        return self._passes.due(self._state, now, self._claims, self._retention_s)
 
     # ------------------------------------------------------------------ what callers see
     def lease(self, workload_id: str) -> LeaseGrant | None:
         return self._state.grants.get(workload_id)
 
-    def notice(self, workload_id: str) -> Notice | None:
+    def notice(self, workload_id: str) -> PreemptionNotice | None:
         return self._state.notices.get(workload_id)
 
     # ------------------------------------------------------------------ events from callers
@@ -252,6 +268,13 @@ class Driver:
         s.nodes = seen
         return self._tallied(now, [SaveState(), *effects] if changed else effects)
 
+    def serve_replicas(self, changes: Iterable[ReplicaChange], now: float) -> tuple[dict[str, str], list[Effect]]:
+        """Serve's GPU replicas queued, adopted where Ray placed them, released or withdrawn, as
+        the Serve pool planned (`serve_replicas`). Returns the adoptions refused (workload id ->
+        why: those replicas run outside any lease)."""
+        refused, effects = apply_changes(self._state, changes, now)
+        return refused, self._tallied(now, [SaveState(), *effects])
+
     def job_launched(self, workload_id: str, submission_id: str) -> list[Effect]:
         """The adapter's `LaunchJob` went through: stopped as this Ray job from now on."""
         self._state.launched[workload_id] = LaunchedJob(workload_id, submission_id)
@@ -318,6 +341,8 @@ class Driver:
         """One scheduling pass: the core's decisions applied, then grants left unclaimed past
         the claim timeout taken back. `on_decisions` sees the decisions before they are applied
         (the Serve pool journals each reclaim before the notices it causes)."""
+        self._passes.passed(now)
+        self._generation += 1
         decisions = self._state.core.schedule(now)
         if on_decisions is not None:
             on_decisions(decisions)
@@ -353,25 +378,28 @@ class Driver:
             self._stop(stop.workload_id, stop.lease_id, node_cordons.stop_reason(s, stop), now, effects)
         return effects
 
-    def _send_notice(self, notice: PreemptionNotice, now: float, effects: list[Effect]) -> None:
-        """A notice the core put a lease under (a preemption's victim, or a drained node's lease)."""
+    def _send_notice(self, decision: PreemptionDecision, now: float, effects: list[Effect]) -> None:
+        """The notice for a lease the core put under notice (a preemption's victim, or a drained
+        node's lease): kept, to answer `notice`, and posted to the job's channel."""
         s = self._state
-        sub = s.submissions[notice.workload_id]
-        sent = Notice(
-            workload_id=notice.workload_id,
-            lease_id=notice.lease_id,
-            reason=f"{notice.reason.value} for {notice.preemptor}",
-            stop_deadline=notice.stop_deadline,
+        wid = decision.workload_id
+        sub = s.submissions[wid]
+        sent = PreemptionNotice(
+            job_id=wid,
+            reason=f"{decision.reason.value} for {decision.preemptor}",
+            deadline=decision.stop_deadline,
+            sent_at=now,
+            lease_id=decision.lease_id,
         )
-        s.notices[notice.workload_id] = sent
+        s.notices[wid] = sent
         effects.append(SendNotice(sent))
-        effects.append(RecordPreemption(sub.team, notice.reason.value, notice.lost_gpu_seconds))
+        effects.append(RecordPreemption(sub.team, decision.reason.value, decision.lost_gpu_seconds))
         details = {
             "reason": sent.reason,
-            "preemptor": notice.preemptor,
-            "lost_gpu_s": round(notice.lost_gpu_seconds, 1),
+            "preemptor": decision.preemptor,
+            "lost_gpu_s": round(decision.lost_gpu_seconds, 1),
         }
-        effects.append(JournalEvent(EventKind.PREEMPTION_NOTICE, notice.workload_id, sub.team, now, details))
+        effects.append(JournalEvent(EventKind.PREEMPTION_NOTICE, wid, sub.team, now, details))
 
     def _stop(self, workload_id: str, lease_id: str, reason: StopReason, now: float, effects: list[Effect]) -> None:
         """A stop order (grace period over, or cancelled): stop the Ray job, and give the GPUs

@@ -14,8 +14,9 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
-from switchyard.scheduler.api import Notice, StopReason
+from switchyard.scheduler.api import StopReason
 from switchyard.scheduler.driver.state import LaunchedJob
+from switchyard.scheduler.preemption_channel import PreemptionNotice
 
 
 class EventKind(StrEnum):
@@ -35,6 +36,9 @@ class EventKind(StrEnum):
     GRANT_DISPLACED = "grant_displaced"
     JOB_EXITED = "job_exited"
     ENDED = "ended"
+    # Serve's GPU replicas (`serve_replicas`): one queued, or adopted where Ray placed it.
+    REPLICA_PENDING = "replica_pending"
+    ADOPTED = "adopted"
     # An operator's node commands (`switchyard nodes ...`): journaled with no workload.
     NODE_CORDONED = "node_cordoned"
     NODE_UNCORDONED = "node_uncordoned"
@@ -92,7 +96,9 @@ class ClearNotice:
 
 @dataclass(frozen=True, slots=True)
 class SendNotice:
-    notice: Notice
+    """Post the notice to the job's preemption channel (its key: `notice.job_id`)."""
+
+    notice: PreemptionNotice
 
 
 @dataclass(frozen=True, slots=True)

@@ -18,9 +18,10 @@ from switchyard.scheduler.core import Decisions, Node
 from switchyard.scheduler.driver.driver import Driver
 from switchyard.scheduler.driver.effects import Effect
 from switchyard.scheduler.driver.node_cordons import DrainReport
+from switchyard.scheduler.driver.serve_replicas import ReplicaChange
 
 Record = dict[str, Any]
-Answer = str | LeaseGrant | ReleaseOutcome | DrainReport | None
+Answer = str | LeaseGrant | ReleaseOutcome | DrainReport | dict[str, str] | None
 
 
 class InputRecordError(ValueError):
@@ -96,6 +97,10 @@ def job_exited(workload_id: str, submission_id: str, status: str, now: float) ->
     }
 
 
+def serve_replicas(changes: Iterable[ReplicaChange], now: float) -> Record:
+    return {"event": "serve_replicas", "now": now, "changes": [c.to_record() for c in changes]}
+
+
 def tick(now: float) -> Record:
     return {"event": "tick", "now": now}
 
@@ -106,11 +111,14 @@ def apply(
     """Give the driver the event `record` holds; returns the caller's answer and the effects.
     Raises what the driver raises for a bad request (nothing has changed then)."""
     try:
-        return _dispatch(driver, record, on_decisions)
+        answer, effects = _dispatch(driver, record, on_decisions)
     except KeyError as exc:
         if exc.args and exc.args[0] in record.keys() | _FIELDS:
             raise InputRecordError(f"{record.get('event')!r} record lacks field {exc.args[0]!r}") from None
         raise
+    if record["event"] != "tick":
+        driver.changed()  # live and on replay alike: a restored driver passes first anyway
+    return answer, effects
 
 
 _FIELDS = {
@@ -130,6 +138,8 @@ _FIELDS = {
     "submission_id",
     "error",
     "status",
+    "changes",
+    "action",
 }
 
 
@@ -166,6 +176,8 @@ def _dispatch(
         return None, driver.grant_displaced(r["workload_id"], r["lease_id"], r["error"], r["now"])
     if event == "job_exited":
         return None, driver.job_exited(r["workload_id"], r["submission_id"], r["status"], r["now"])
+    if event == "serve_replicas":
+        return driver.serve_replicas([ReplicaChange.from_record(c) for c in r["changes"]], r["now"])
     if event == "tick":
         return None, driver.tick(r["now"], on_decisions)
     raise InputRecordError(f"unknown event {event!r} in record {r}")

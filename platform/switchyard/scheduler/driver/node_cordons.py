@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from switchyard.scheduler.api import StopReason
-from switchyard.scheduler.core import Lease, LeaseState, PreemptionNotice, StopOrder, WorkloadClass
+from switchyard.scheduler.core import Lease, LeaseState, PreemptionDecision, StopOrder, WorkloadClass
 from switchyard.scheduler.core.cordon import drain_notice, hold_node, is_preemptible, leases_on, release_node
 from switchyard.scheduler.driver.state import LiveState, NodeCordon
 
@@ -88,14 +88,15 @@ def uncordon(state: LiveState, node: str) -> bool:
     return True
 
 
-def drain(state: LiveState, node: str, force: bool, now: float) -> tuple[DrainReport, list[PreemptionNotice]]:
-    """Cordon `node` and put what may move under notice (see the module doc)."""
+def drain(state: LiveState, node: str, force: bool, now: float) -> tuple[DrainReport, list[PreemptionDecision]]:
+    """Cordon `node` and put what may move under notice (see the module doc): the core's
+    decisions, for the driver to send the notices of."""
     cordon(state, node, now)
     state.cordons[node] = NodeCordon(node, state.cordons[node].since, now)
     report, movable = survey(state, node, force, leases_on(state.core, node))
-    notices = [drain_notice(state.core, lease, node, now) for lease in movable]
-    noticed = tuple(n.workload_id for n in notices)
-    return DrainReport(node, noticed, report.leaving, report.blocking), notices
+    decisions = [drain_notice(state.core, lease, node, now) for lease in movable]
+    noticed = tuple(d.workload_id for d in decisions)
+    return DrainReport(node, noticed, report.leaving, report.blocking), decisions
 
 
 def survey(state: LiveState, node: str, force: bool, leases: list[Lease]) -> tuple[DrainReport, list[Lease]]:

@@ -7,19 +7,22 @@ message naming both versions; one from a newer version is refused (this code can
 it added).
 
 Version history: 1, the first JSON snapshot (before it: a pickle in `scheduler.db`, migrated
-once by the actor); 2, node cordons (`LiveState.cordons`, and the core's holds for them).
+once by the actor); 2, node cordons (`LiveState.cordons`, and the core's holds for them); 3, one
+preemption-notice type (`LiveState.notices` holds `preemption_channel.PreemptionNotice`s, which
+the job's channel carries too, where it held the api's `Notice` models).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import copy
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
 from switchyard.scheduler.core.state_codec import StateCodecError, decode_state, encode_state
 from switchyard.scheduler.driver.state import LiveState
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 
 def _cordons_added(doc: dict[str, Any]) -> dict[str, Any]:
@@ -28,8 +31,58 @@ def _cordons_added(doc: dict[str, Any]) -> dict[str, Any]:
     return {**doc, "schema_version": 2}
 
 
+def _entries(root: Any) -> Iterator[dict[str, Any]]:
+    """Every entry of an encoded state (see `core.state_codec`), not looking inside a pydantic
+    model's fields (plain JSON, some of it a user's, such as a runtime env)."""
+    stack = [root]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, list):
+            stack.extend(item)
+        elif isinstance(item, dict):
+            yield item
+            if item.get("t") == "obj":
+                stack.extend(item["v"].values())
+            elif item.get("t") != "model":
+                stack.append(item.get("v"))
+
+
+_V2_NOTICE = "switchyard.scheduler.api:Notice"
+_V3_NOTICE = "switchyard.scheduler.preemption_channel:PreemptionNotice"
+_LEASE = "switchyard.scheduler.core.model:Lease"
+
+
+def _one_notice_type(doc: dict[str, Any]) -> dict[str, Any]:
+    """2 -> 3: a notice was the api's `Notice` model (workload_id, lease_id, reason,
+    stop_deadline), written as a model; it is a `PreemptionNotice` object now, under a new
+    object id. It was sent when the core put its lease under notice (the lease's `notice_at`, set
+    in the same call); without that lease, the snapshot's time stands in (it was sent by then)."""
+    doc = copy.deepcopy(doc)
+    entries = list(_entries(doc["state"]))
+    next_id = 1 + max((e["#"] for e in entries if isinstance(e.get("#"), int)), default=-1)
+    notice_at = {
+        e["v"].get("lease_id"): e["v"].get("notice_at") for e in entries if e.get("t") == "obj" and e["c"] == _LEASE
+    }
+    for e in entries:
+        if e.get("t") != "model" or e.get("c") != _V2_NOTICE:
+            continue
+        old = e["v"]
+        sent_at = notice_at.get(old["lease_id"])
+        fields = {
+            "job_id": old["workload_id"],
+            "reason": old["reason"],
+            "deadline": old["stop_deadline"],
+            "sent_at": float(doc["taken_at"] if sent_at is None else sent_at),
+            "lease_id": old["lease_id"],
+        }
+        e.clear()
+        e.update({"t": "obj", "c": _V3_NOTICE, "#": next_id, "v": fields})
+        next_id += 1
+    return {**doc, "schema_version": 3}
+
+
 # from-version -> a function rewriting a document of that version into the next one
-MIGRATIONS: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {1: _cordons_added}
+MIGRATIONS: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {1: _cordons_added, 2: _one_notice_type}
 
 
 class SnapshotVersionError(ValueError):
@@ -64,7 +117,12 @@ def from_document(doc: dict[str, Any], source: str) -> Snapshot:
                 f"{source}: snapshot schema version {version} cannot be migrated to this code's "
                 f"version {SCHEMA_VERSION} (no migration from {version})"
             )
-        doc = migrate(doc)
+        try:
+            doc = migrate(doc)
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise SnapshotVersionError(
+                f"{source}: snapshot schema version {version} does not migrate to {version + 1}: {exc!r}"
+            ) from exc
         version = doc["schema_version"]
     try:
         state = decode_state(doc["state"])

@@ -12,8 +12,10 @@ from __future__ import annotations
 from dataclasses import MISSING, dataclass, field, fields
 from typing import Any
 
-from switchyard.scheduler.api import LeaseGrant, Notice, Placement, WorkloadSubmission
+from switchyard.scheduler.api import LeaseGrant, Placement, WorkloadSubmission
 from switchyard.scheduler.core import Node, Scheduler
+from switchyard.scheduler.core.model import workload_of_lease
+from switchyard.scheduler.preemption_channel import PreemptionNotice
 from switchyard.scheduler.queue_view import WaitLog
 
 RELEASES_KEPT = 10_000
@@ -46,7 +48,7 @@ class LiveState:
     nodes: dict[str, Node] = field(default_factory=dict)
     submissions: dict[str, WorkloadSubmission] = field(default_factory=dict)
     grants: dict[str, LeaseGrant] = field(default_factory=dict)  # workload id -> current lease
-    notices: dict[str, Notice] = field(default_factory=dict)
+    notices: dict[str, PreemptionNotice] = field(default_factory=dict)  # workload id -> the notice its lease is under
     claims: dict[str, str] = field(default_factory=dict)  # workload id -> Ray job id using the lease
     launched: dict[str, LaunchedJob] = field(default_factory=dict)
     attempts: dict[str, int] = field(default_factory=dict)
@@ -98,7 +100,10 @@ class LiveState:
         return pruned
 
     def workload_of(self, lease_id: str) -> str | None:
-        return next((w for w, g in self.grants.items() if g.lease_id == lease_id), None)
+        """The workload whose current grant is `lease_id` (by the id's form: no scan)."""
+        workload = workload_of_lease(lease_id)
+        grant = self.grants.get(workload)
+        return workload if grant is not None and grant.lease_id == lease_id else None
 
     def team_of(self, workload_id: str) -> str:
         sub = self.submissions.get(workload_id)

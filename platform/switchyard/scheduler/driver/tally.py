@@ -170,19 +170,23 @@ class LiveTally:
 
     def fairness(self, now: float) -> dict[str, Any]:
         """Per team: received / fair GPU-seconds in the last full hour and over the last day,
-        and inversion and quota-wait GPU-seconds since the tally started; Jain's index of the
-        last full hour (None when fewer than two teams had a fair share in it)."""
+        and inversion and quota-wait GPU-seconds over the last day (`_1d`: this hour and the 23
+        before it) and since the tally started; Jain's index of the last full hour (None when
+        fewer than two teams had a fair share in it)."""
         shares = self.timeline.shares
         last = shares.hour_of(now) - 1
         hour = shares.hour_ratios(last)
         day = shares.share_ratios(range(last - 23, last + 1))
         inversions = self.timeline.inversions
+        recent = self.timeline.recent_inversions(now, 24)
         teams = {
             name: {
                 "share_ratio_1h": hour.get(name),
                 "share_ratio_1d": day.get(name),
                 "inversion_gpu_s": inversions.inversion_gpu_s.get(name, 0.0),
                 "quota_wait_gpu_s": inversions.quota_wait_gpu_s.get(name, 0.0),
+                "inversion_gpu_s_1d": recent.inversion_gpu_s.get(name, 0.0),
+                "quota_wait_gpu_s_1d": recent.quota_wait_gpu_s.get(name, 0.0),
             }
             for name in self._teams
         }
