@@ -80,7 +80,8 @@ def main() -> None:
             print(f"{label}: pass CPU every tick / event-driven = {rows[False] / rows[True]:.1f}x")
     print(
         "reproduce: nice .venv/bin/python bench/scheduler_passes.py "
-        f"--nodes {args.nodes} --pending {args.pending} --seconds {args.seconds:g} --release-every {args.release_every:g}"
+        f"--nodes {args.nodes} --pending {args.pending} --seconds {args.seconds:g}"
+        f" --release-every {args.release_every:g}"
     )
 
 
