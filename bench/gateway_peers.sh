@@ -22,8 +22,14 @@ pids=()
 
 say() { echo "gateway_peers: $*" >&2; }
 
+serve_pid=""
 cleanup() {
   touch "$RUN/targets.json.stop"  # gateway_serve.py --serve-only shuts Serve down on it
+  # ... and with Serve its HAProxy, which Ray starts in a session of its own: killing the
+  # process group first would leave HAProxy holding its ports (9101, 8404) for the next run.
+  if [ -n "$serve_pid" ]; then
+    for _ in $(seq 120); do kill -0 "$serve_pid" 2>/dev/null || break; sleep 0.5; done
+  fi
   for pid in "${pids[@]}"; do
     kill -- "-$pid" 2>/dev/null || true  # each was started with setsid: its own process group
   done
@@ -69,7 +75,8 @@ export LD_LIBRARY_PATH="$PWD/$PEERS/wrk/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PAT
 
 say "starting the fake upstream, the Serve passthrough and switchyard's gateway"
 setsid nice .venv/bin/python bench/gateway_serve.py --serve-only "$RUN/targets.json" >"$RUN/serve.log" 2>&1 &
-pids+=($!)
+serve_pid=$!
+pids+=("$serve_pid")
 for _ in $(seq 360); do [ -s "$RUN/targets.json" ] && break; sleep 0.5; done
 [ -s "$RUN/targets.json" ] || { tail -30 "$RUN/serve.log" >&2; exit 1; }
 UPSTREAM=$(.venv/bin/python -c 'import json, sys; print(json.load(open(sys.argv[1]))["upstream"])' "$RUN/targets.json")

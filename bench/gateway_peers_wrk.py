@@ -1,6 +1,7 @@
 """The measuring half of bench/gateway_peers.sh: wrk against each target at concurrency 1 and
 16, the CPU per request of the processes that serve it (from /proc, over a fixed-length wrk
-run), then the table and the ratios.
+run), then the table and the ratios; then streamed answers at concurrency 1 (time to first
+token and per-chunk overhead against the upstream, `gateway_streaming`).
 
     .venv/bin/python bench/gateway_peers_wrk.py TARGETS.json WRK [--seconds 15]
 
@@ -20,6 +21,9 @@ from pathlib import Path
 from typing import Any
 
 import psutil  # installed with ray[default]
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from gateway_streaming import print_streaming, stream_interleaved
 
 SWITCHYARD = "gateway qa/plain"
 
@@ -72,7 +76,7 @@ def wrk(binary: str, target: dict[str, Any], connections: int, seconds: float) -
     }
 
 
-def main(path: Path, binary: str, seconds: float) -> None:
+def main(path: Path, binary: str, seconds: float, stream_rounds: int) -> None:
     targets: dict[str, dict[str, Any]] = json.loads(path.read_text())["targets"]
     results: dict[tuple[str, int], dict[str, float]] = {}
     for connections in (1, 16):
@@ -95,6 +99,9 @@ def main(path: Path, binary: str, seconds: float) -> None:
         if name != SWITCHYARD:
             ratios = [results[(SWITCHYARD, c)]["rps"] / results[(name, c)]["rps"] for c in (1, 16)]
             print(f"  vs {name}: {ratios[0]:.2f}x (c=1), {ratios[1]:.2f}x (c=16)")
+    if stream_rounds:  # the Serve passthrough reads the whole answer: it does not stream
+        streamed = {n: (t["url"], t["headers"], t["body"]) for n, t in targets.items() if n != "serve passthrough"}
+        print_streaming(stream_interleaved(streamed, stream_rounds), stream_rounds)
 
 
 if __name__ == "__main__":
@@ -102,5 +109,6 @@ if __name__ == "__main__":
     ap.add_argument("targets", type=Path)
     ap.add_argument("wrk")
     ap.add_argument("--seconds", type=float, default=15.0)
+    ap.add_argument("--stream-rounds", type=int, default=100, help="streamed requests per target (0: none)")
     args = ap.parse_args()
-    main(args.targets, args.wrk, args.seconds)
+    main(args.targets, args.wrk, args.seconds, args.stream_rounds)

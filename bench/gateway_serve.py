@@ -17,6 +17,8 @@ the load generator is one asyncio process with keep-alive connections.
 import os
 
 os.environ.setdefault("RAY_SERVE_ENABLE_HA_PROXY", "1")  # must be set before Ray starts
+# The gateway's replicas inherit it: every answer's server-timing carries the per-stage breakdown.
+os.environ.setdefault("SWITCHYARD_SERVER_TIMING", "stages")
 
 import argparse
 import asyncio
@@ -40,6 +42,9 @@ sys.path.insert(0, str(REPO / "tests" / "gateway"))
 from gw_fakes import OPENAI_KEY, FakeUpstreams  # noqa: E402
 from gw_harness import make_keys, make_policies  # noqa: E402
 
+sys.path.insert(0, str(REPO / "bench"))
+from gateway_streaming import print_streaming, stream_interleaved  # noqa: E402
+
 BODY = {"model": "auto", "messages": [{"role": "user", "content": "Summarise my last three orders."}]}
 PERSONAL_BODY = {
     "model": "auto",
@@ -53,6 +58,7 @@ PERSONAL_BODY = {
     "variables": {"product": "X"},
 }
 GATEWAYS = ("gateway qa/plain", "gateway support/reply")
+STREAM_CHUNK_GAP_S = 0.002
 
 
 def free_port() -> int:
@@ -63,6 +69,9 @@ def free_port() -> int:
 
 def run_fake(ready: Any) -> None:
     fake = FakeUpstreams()
+    # Streamed content chunks 2 ms apart, so what a gateway adds per chunk shows as a wider gap
+    # (unpaced, all chunks arrive in one read and the gaps measure nothing).
+    fake.openai.chunk_gap_s = STREAM_CHUNK_GAP_S
     fake.start()
     ready.put(fake.port)
     while True:
@@ -192,6 +201,7 @@ def sequential_interleaved(
     other processes on this shared machine hits every target alike."""
     out: dict[str, list[float]] = {name: [] for name in targets}
     timing: dict[str, list[float]] = {name: [] for name in targets}
+    stages: dict[str, dict[str, list[float]]] = {name: {} for name in targets}
     with httpx.Client(timeout=30) as client:
         for _ in range(rounds):
             for name, (url, headers, body) in targets.items():
@@ -199,12 +209,26 @@ def sequential_interleaved(
                 r = client.post(url, json=body, headers=headers)
                 out[name].append((time.perf_counter() - t) * 1000)
                 if "server-timing" in r.headers:
-                    timing[name].append(float(r.headers["server-timing"].split("gateway;dur=")[1].split(",")[0]))
+                    entries = server_timing_entries(r.headers["server-timing"])
+                    timing[name].append(entries["gateway"])
+                    for stage, ms in entries.items():
+                        stages[name].setdefault(stage, []).append(ms)
     in_replica = {name: sorted(v) for name, v in timing.items()}
     return {
         "latency": {k: sorted(v) for k, v in out.items()},
         "in_replica_gateway_p50": {k: v[len(v) // 2] for k, v in in_replica.items() if v},
+        "stage_means": {k: {s: sum(v) / len(v) for s, v in by.items()} for k, by in stages.items() if by},
     }
+
+
+def server_timing_entries(header: str) -> dict[str, float]:
+    """`gateway;dur=1.2, upstream;dur=0.3, plan;dur=...` -> {name: ms}."""
+    out = {}
+    for item in header.split(","):
+        name, _, dur = item.strip().partition(";dur=")
+        if dur:
+            out[name] = float(dur)
+    return out
 
 
 def profile_replica(pid: int, out: str, run_load: Any) -> None:
@@ -286,7 +310,7 @@ def main(seconds: float, cpu_requests: int, profile: str | None, serve_only: str
             }
         )
         port = free_port()
-        ray.init(address="local", num_cpus=4, include_dashboard=False, _temp_dir=str(root / "ray"), log_to_driver=False)
+        ray.init(address="local", num_cpus=6, include_dashboard=False, _temp_dir=str(root / "ray"), log_to_driver=False)
         try:
             serve.start(http_options={"host": "127.0.0.1", "port": port})
             serve.run(
@@ -321,6 +345,7 @@ def main(seconds: float, cpu_requests: int, profile: str | None, serve_only: str
                 for name, (url, headers, body) in targets.items():
                     results[(name, concurrency)] = asyncio.run(load(url, headers, body, concurrency, seconds))
             interleaved = sequential_interleaved(targets, rounds=300)
+            streamed = stream_interleaved({k: v for k, v in targets.items() if k != "serve passthrough"}, rounds=200)
             pids = serving_pids(("gateway", "passthrough"))
             cpu: dict[str, tuple[float, int]] = {}
             machine: dict[str, list[tuple[tuple[int, str], float]]] = {}  # where the machine's CPU went
@@ -334,6 +359,23 @@ def main(seconds: float, cpu_requests: int, profile: str | None, serve_only: str
                 after = cpu_by_process()
                 spent = {k: after[k] - v for k, v in everyone.items() if k in after and after[k] - v > 0}
                 machine[name] = sorted(spent.items(), key=lambda kv: -kv[1])[:8]
+            # The same CPU per request with two gateway replicas (Serve spreads the requests); the
+            # passthrough goes first, so the second replica surely finds a logical CPU.
+            serve.delete("passthrough")
+            serve.run(
+                build_app({"policies_dir": str(policies), "state_dir": str(root / "state"), "num_replicas": "2"}),
+                name="gateway",
+                route_prefix="/",
+            )
+            url, headers, body = targets[GATEWAYS[0]]
+            gateway_pids = serving_pids(("gateway",))["gateway"]
+            asyncio.run(fixed_count(url, headers, body, 16, 200))  # warm both replicas
+            before = tree_cpu_s(gateway_pids)
+            errors = asyncio.run(fixed_count(url, headers, body, 16, cpu_requests))
+            two_replicas = ((tree_cpu_s(gateway_pids) - before) / cpu_requests * 1000, errors)
+            replicas = sum(
+                1 for p in gateway_pids if "ServeReplica:gateway:gateway" in " ".join(psutil.Process(p).cmdline())
+            )
             if profile:
                 url, headers, body = targets[GATEWAYS[0]]
                 profile_replica(
@@ -372,6 +414,13 @@ def main(seconds: float, cpu_requests: int, profile: str | None, serve_only: str
             f"  {gateway}: throughput (1/mean) vs passthrough = {bare_mean / gw_mean:.2f}x; gateway time inside"
             f" the replica (server-timing) p50 = {interleaved['in_replica_gateway_p50'][gateway]:.2f} ms"
         )
+    print("per-stage server time, mean ms (server-timing with SWITCHYARD_SERVER_TIMING=stages):")
+    for gateway in GATEWAYS:
+        means = interleaved["stage_means"][gateway]
+        named = sum(ms for stage, ms in means.items() if stage not in ("gateway", "upstream"))
+        parts = "  ".join(f"{stage} {ms:.3f}" for stage, ms in means.items())
+        print(f"  {gateway:22} {parts}  (outside the named stages: {means['gateway'] - named:.3f})")
+    print_streaming(streamed, rounds=200)
     print(
         f"CPU per request ({cpu_requests} requests at concurrency 16;"
         " replica processes, their children, the ledger actor):"
@@ -380,6 +429,12 @@ def main(seconds: float, cpu_requests: int, profile: str | None, serve_only: str
         print(f"  {name:22} {ms:6.2f} ms CPU/request ({errors} errors); the machine's CPU per request, by process:")
         for (pid, title), spent_s in machine[name]:
             print(f"      {spent_s / cpu_requests * 1000:6.2f} ms  {pid:>7} {title}")
+    one = cpu[GATEWAYS[0]][0]
+    print(
+        f"  {GATEWAYS[0]} with {replicas} gateway replicas: {two_replicas[0]:.2f} ms CPU/request"
+        f" ({two_replicas[1]} errors);"
+        f" {two_replicas[0] / one:.2f}x one replica's (target <= 1.1x)"
+    )
     print(f"load average at the end: {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
     print(
         "reproduce: flock /tmp/switchyard-ray.lock .venv/bin/python bench/gateway_serve.py"

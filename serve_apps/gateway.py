@@ -43,6 +43,7 @@ from switchyard.gateway.metrics import FanOutMetrics, InMemoryMetrics
 from switchyard.gateway.pipeline import ChatPipeline, GatewayParts
 from switchyard.gateway.pool import ProviderPool
 from switchyard.gateway.runtime import Refresher, Sources
+from switchyard.gateway.stage_timing import stage_timing_from_env
 from switchyard.gateway.tracing import GatewayTracing
 from switchyard.policy.keys import KeyStore, Principal
 
@@ -109,6 +110,7 @@ class Gateway:
             evals=EvalBook(EvalSigner.in_state_dir(state)),
             # OTLP export when OTEL_EXPORTER_OTLP_(TRACES_)ENDPOINT is set (runtime_env env_vars).
             tracing=GatewayTracing.from_env(os.environ),
+            stage_timing=stage_timing_from_env(os.environ),  # SWITCHYARD_SERVER_TIMING=stages: benchmark runs
         )
         self.pipeline = ChatPipeline(self.parts)
         self.embeddings = EmbeddingsPipeline(self.parts)  # in-cluster models through the chat pool's handles

@@ -84,6 +84,7 @@ class Upstream:
     sticky: Fault | None = None  # applies to every request while set (an outage)
     received: list[dict[str, Any]] = field(default_factory=list)
     rejected: list[str] = field(default_factory=list)
+    chunk_gap_s: float = 0.0  # pause between streamed content chunks (benchmarks pace a stream with it)
 
     def next_fault(self) -> Fault | None:
         if self.faults:
@@ -96,6 +97,7 @@ class Upstream:
         self.sticky = None
         self.received.clear()
         self.rejected.clear()
+        self.chunk_gap_s = 0.0
 
 
 class FakeUpstreams:
@@ -169,7 +171,7 @@ class FakeUpstreams:
             return
         reply, calls = _answer(up, fault, text)
         if req.get("stream"):
-            await _openai_stream(send, req["model"], reply, calls, fault)
+            await _openai_stream(send, req["model"], reply, calls, fault, up.chunk_gap_s)
             return
         finish = "content_filter" if fault is not None and fault.kind == "filtered" else "stop"
         message: dict[str, Any] = {"role": "assistant", "content": reply}
@@ -302,7 +304,9 @@ def _openai_tool_calls(calls: list[ToolCallSpec]) -> list[dict[str, Any]]:
     ]
 
 
-async def _openai_stream(send: Any, model: str, reply: str, calls: list[ToolCallSpec], fault: Fault | None) -> None:
+async def _openai_stream(
+    send: Any, model: str, reply: str, calls: list[ToolCallSpec], fault: Fault | None, gap_s: float = 0.0
+) -> None:
     def chunk(delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
         choice = {"index": 0, "delta": delta, "finish_reason": finish}
         return {"id": "c1", "object": "chat.completion.chunk", "created": 1, "model": model, "choices": [choice]}
@@ -314,6 +318,8 @@ async def _openai_stream(send: Any, model: str, reply: str, calls: list[ToolCall
             return  # the connection drops mid-stream, no [DONE]
         if fault is not None and fault.kind == "stall_midway" and n == len(chunks) // 2:
             await asyncio.sleep(fault.delay_s)  # the connection stays open, silent
+        if gap_s and n:
+            await asyncio.sleep(gap_s)
         await _sse(send, chunk({"content": piece}))
     for index, call in enumerate(_openai_tool_calls(calls)):
         # OpenAI's shape: the first piece names the call, later pieces carry argument fragments.

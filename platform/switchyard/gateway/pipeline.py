@@ -15,7 +15,8 @@ import math
 import time
 import uuid
 import weakref
-from collections.abc import Callable, Coroutine, Mapping
+from collections.abc import Callable, Coroutine, Iterator, Mapping
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -102,8 +103,9 @@ from switchyard.gateway.seams import (
     Reservation,
     Usage,
 )
+from switchyard.gateway.stage_timing import StageTimings
 from switchyard.gateway.streaming import StreamSettlement, stream_body
-from switchyard.gateway.tracing import GatewayTracing
+from switchyard.gateway.tracing import GatewayTracing, Stage
 from switchyard.gateway.wire import completion_body, tool_call_body
 from switchyard.policy.keys import Principal
 from switchyard.policy.models import RiskTier
@@ -136,6 +138,7 @@ class GatewayParts:
     # (team, user) -> the end user's audit pseudonym, which names stored idempotent answers
     pseudonym: Callable[[str, str], str] | None = None
     tracing: GatewayTracing = field(default_factory=GatewayTracing)  # default: no-op
+    stage_timing: bool = False  # `server-timing` per stage, for benchmark runs (`stage_timing`)
 
 
 class ChatPipeline:
@@ -163,6 +166,16 @@ class ChatPipeline:
 
     # ------------------------------------------------------------ entry point
 
+    @contextmanager
+    def _stage(self, plan: Plan, name: Stage) -> Iterator[None]:
+        """A stage of the request: a span when tracing, a `server-timing` entry when timing."""
+        with self.parts.tracing.stage(name, plan.span):
+            if plan.timings is None:
+                yield
+            else:
+                with plan.timings.stage(name):
+                    yield
+
     async def handle(self, raw: bytes, headers: Mapping[str, str], principal: Principal | None = None) -> Result:
         """`principal`: the caller, when the HTTP layer authenticated before reading `raw`."""
         request_id = uuid.uuid4().hex
@@ -177,14 +190,18 @@ class ChatPipeline:
         }
         ps = self.parts.policies()
         self.parts.providers.sync(ps)
+        timings = StageTimings() if self.parts.stage_timing else None
         try:
-            plan = self.planner.plan(ps, raw, headers, request_id, now, principal)
+            with timings.stage("plan") if timings is not None else nullcontext():
+                plan = self.planner.plan(ps, raw, headers, request_id, now, principal)
         except GatewayError as exc:
             # Not audited: before a flow is resolved there is no flow policy to audit under.
             self.parts.metrics.request("unknown", "unknown", exc.status, None)
             self.parts.metrics.latency("unknown", "unknown", None, exc.status, self.parts.clock() - now)
             return error_result(exc, hdr)
         hdr[H_PROMPT] = plan.ctx.prompt_ref
+        if timings is not None:
+            plan = replace(plan, timings=timings)
         ctx = plan.ctx
         # Ended by `_count`, once the request's fate is known (a stream's after its last byte).
         tracing = self.parts.tracing
@@ -349,7 +366,7 @@ class ChatPipeline:
             return await self._fail(plan, nothing_sent, outcome, exc, hdr, ChainLog())
         try:
             remaining_s = ctx.deadline_at - parts.clock()
-            with parts.tracing.stage("redaction", plan.span):
+            with self._stage(plan, "redaction"):
                 redacted = await self.redaction.redact(parts.redactor, outgoing, flow.data_class, remaining_s)
         except DeadlineExceeded as exc:
             nothing_sent = Redacted([], RedactionSummary("none"))
@@ -388,7 +405,7 @@ class ChatPipeline:
         try:
             # Bounded by the deadline: a ledger that cannot answer in time is an outage (503),
             # and no provider is called with money the ledger did not grant.
-            with parts.tracing.stage("budget.reserve", plan.span):
+            with self._stage(plan, "budget.reserve"):
                 async with asyncio.timeout(max(ctx.deadline_at - parts.clock(), 0.0)):
                     reservation = await parts.budget.reserve(ctx, estimate)
         except OverBudget as exc:
@@ -506,6 +523,8 @@ class ChatPipeline:
         parts.metrics.stage_latency("total", total_ms)
         parts.metrics.stage_latency("gateway_overhead", total_ms - upstream_ms)
         hdr["server-timing"] = f"gateway;dur={total_ms - upstream_ms:.3f}, upstream;dur={upstream_ms:.3f}"
+        if plan.timings is not None:
+            hdr["server-timing"] += ", " + plan.timings.header_entries()
         if ctx.stream:  # an answer with a contract: buffered, validated, then streamed
             return StreamResult(
                 hdr,
@@ -628,7 +647,7 @@ class ChatPipeline:
             bills=(Bill(cand.model, Usage(0, 0), usd_to_nanos(reservation.usd)),),
             error_code="replica_lost",
         )
-        with self.parts.tracing.stage("audit.record", plan.span):  # the stand-in is an audit write
+        with self._stage(plan, "audit.record"):  # the stand-in is an audit write
             await self.parts.audit.open_stream(
                 self._exchange(plan, redacted, lost, chain), durable=plan.ctx.flow.risk_tier is RiskTier.HIGH
             )
@@ -645,7 +664,7 @@ class ChatPipeline:
             log.error("stand-in of stream %s not restated: %s", plan.ctx.request_id, exc)
 
     async def _audit(self, plan: Plan, redacted: Redacted, o: Outcome, chain: ChainLog) -> None:
-        with self.parts.tracing.stage("audit.record", plan.span):
+        with self._stage(plan, "audit.record"):
             await self.parts.audit.record(
                 self._exchange(plan, redacted, o, chain), durable=plan.ctx.flow.risk_tier is RiskTier.HIGH
             )
@@ -683,7 +702,7 @@ class ChatPipeline:
         Each bill is counted in the token and cost metrics and listed in the audit record, so
         the two always agree."""
         o.bills = tuple(bills)
-        with self.parts.tracing.stage("budget.settle", plan.span):
+        with self._stage(plan, "budget.settle"):
             if not bills:
                 await self.parts.budget.release(reservation)
                 return 0.0

@@ -19,6 +19,7 @@ from switchyard.gateway.messages import Message, image_parts, text_chars
 from switchyard.gateway.prompting import CompiledPrompts, VariableSchemas, choose_version, render_messages
 from switchyard.gateway.routing import Route, pick_primary, plan_route
 from switchyard.gateway.seams import RequestContext
+from switchyard.gateway.stage_timing import StageTimings
 from switchyard.gateway.tracing import RequestSpan
 from switchyard.gateway.wire import ChatRequest, parse_chat_request
 from switchyard.policy.keys import Principal
@@ -51,6 +52,7 @@ class Plan:
     output: OutputSpec | None = None  # the contract answers must keep (flow schema or response_format)
     tools: tuple[dict[str, Any], ...] = ()  # the request's function tools, as sent
     span: RequestSpan | None = None  # the request's trace span, once the pipeline started it
+    timings: StageTimings | None = None  # per-stage time, for benchmark runs (`stage_timing`)
 
 
 class FlowCache:
