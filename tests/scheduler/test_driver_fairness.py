@@ -82,14 +82,21 @@ def test_fairness_keeps_the_last_day_of_hours_only() -> None:
     assert len(shares._hours) <= 25  # the hour being filled and the last day's full hours
 
 
-def test_status_prints_each_teams_fairness(capsys: pytest.CaptureFixture[str]) -> None:
-    """`switchyard status`'s fairness block, from the scripted hour above."""
+def b_waits_behind_a_for_half_an_hour() -> Driver:
+    """a's 16 exploratory GPUs all hour; b's 4 training GPUs queued from 1800 s, the hour's end
+    the first pass after: 4 GPUs x 1500 s of inversion past the 300 s bound."""
     d = driver({"a": 8, "b": 8}, node_count=2)
     for wid in ("a1", "a2"):
         d.submit(submission(wid, "a", 8, "exploratory"), 0)
     d.tick(0)
     d.submit(submission("b-small", "b", 4, "training"), 1800)
     d.tick(HOUR)
+    return d
+
+
+def test_status_prints_each_teams_fairness(capsys: pytest.CaptureFixture[str]) -> None:
+    """`switchyard status`'s fairness block, from the scripted hour above."""
+    d = b_waits_behind_a_for_half_an_hour()
     render_fairness(d.tally.fairness(HOUR + 1))
     out = capsys.readouterr().out
     assert "Jain's index last hour: 0.50" in out and "since 1970-01-01 00:00 UTC" in out
@@ -107,12 +114,7 @@ def test_inversion_over_the_last_day_forgets_older_hours_while_the_total_keeps_t
     """`status` reads inversion over the last day: b's inversion of hour 0 (4 GPUs x 1500 s)
     counts at the end of hour 0 and in the day's sum 23 hours later, and not 25 hours later;
     the total since the tally started keeps it (issue 19: it counted from the start only)."""
-    d = driver({"a": 8, "b": 8}, node_count=2)
-    for wid in ("a1", "a2"):
-        d.submit(submission(wid, "a", 8, "exploratory"), 0)
-    d.tick(0)
-    d.submit(submission("b-small", "b", 4, "training"), 1800)
-    d.tick(HOUR)
+    d = b_waits_behind_a_for_half_an_hour()
     d.cancel("b-small", HOUR)  # nothing waits from here on
     for now, in_day in ((HOUR + 1, 6000), (23 * HOUR + 1, 6000), (25 * HOUR + 1, 0)):
         d.tick(now)
