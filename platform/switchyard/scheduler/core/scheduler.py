@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
-from switchyard.scheduler.core import explain
+from switchyard.scheduler.core import explain, gpu_types
 from switchyard.scheduler.core.fairshare import DecayedUsage
 from switchyard.scheduler.core.model import (
     Decisions,
@@ -32,7 +32,7 @@ from switchyard.scheduler.core.model import (
 )
 from switchyard.scheduler.core.pending import PendingExplanation
 from switchyard.scheduler.core.placement import NodePool
-from switchyard.scheduler.core.policy import Ordering, PreemptionMode, SchedulerPolicy, WhenCanBorrow
+from switchyard.scheduler.core.policy import Ordering, PreemptionMode, SchedulerPolicy
 from switchyard.scheduler.core.preemption import VictimPlan, VictimSelector
 from switchyard.scheduler.core.queue import GroupKey, PendingQueues
 from switchyard.scheduler.core.quota import NO_LENDABLE_CAPACITY, Admission, QuotaBook, QuotaKey
@@ -414,31 +414,13 @@ class Scheduler:
         return [(t, self._admission(request, gpu_type=t)) for t in self._types(request)]
 
     def _fit_order(self, admissions: list[tuple[str, Admission]]) -> list[tuple[str, Admission]]:
-        """The order to try GPU types in: the request's own, or under `try-next-type` every type
-        within its guarantee before any it would borrow on (Kueue's whenCanBorrow)."""
-        if self._knobs.when_can_borrow is WhenCanBorrow.BORROW or len(admissions) == 1:
-            return admissions
-        return sorted(admissions, key=lambda ta: ta[1].borrowing)
+        return gpu_types.fit_order(admissions, self._knobs.when_can_borrow)
 
     def _on_type(self, request: GangRequest, gpu_type: str) -> GangRequest:
-        """`request` as tried on one GPU type (what a victim search is told)."""
-        if not self._typed or request.gpu_types == (gpu_type,):
-            return request
-        return replace(request, gpu_types=(gpu_type,))
+        return gpu_types.on_type(request, gpu_type, self._typed)
 
     def _types(self, request: GangRequest) -> tuple[str, ...]:
-        """The GPU types `request` may run on, first choice first: those it names (or the
-        policy's, when it names none) that its team has a quota of its class for."""
-        if not self._typed:
-            return _IMPLICIT_TYPE
-        cache_key = (request.team, request.workload_class, request.gpu_types)
-        found = self._types_of.get(cache_key)
-        if found is None:
-            team = self.policy.team(request.team)
-            wanted = request.gpu_types or self.policy.request_types
-            found = tuple(t for t in wanted if team.has_quota(request.workload_class, t))
-            self._types_of[cache_key] = found
-        return found
+        return gpu_types.request_types(self.policy, request, self._types_of) if self._typed else _IMPLICIT_TYPE
 
     def _open_gpus(self) -> int:
         """Free GPUs that no reservation holds."""
