@@ -17,6 +17,9 @@ echo "== services: local Postgres for the ledger tests"
 pg_env=$(bash scripts/postgres.sh start)
 eval "$pg_env"
 trap 'bash scripts/postgres.sh stop >/dev/null 2>&1 || true' EXIT
+echo "== services: Chromium (the console's browser test) and Prometheus (the dashboards' check)"
+bash scripts/chromium.sh >/dev/null
+bash scripts/prometheus.sh install
 
 echo "== tests"
 # Ray workers inherit this; a test never attaches to a cluster it did not start.

@@ -80,9 +80,9 @@ def run_demo(
     up = _switchyard("up", "--demo", "--detach", "--local-model-gpus", str(LOCAL_MODEL_GPUS), "--state-dir", str(state))
     say(
         f" 2. platform up in {time.monotonic() - started:.0f}s: 8 logical GPUs, gateway {up['gateway_url']}, "
-        f"dashboard {up['dashboard_url']}"
+        f"dashboard {up['dashboard_url']}, console {up['console_url']}"
     )
-    report.step("up", gateway_url=up["gateway_url"], dashboard_url=up["dashboard_url"])
+    report.step("up", gateway_url=up["gateway_url"], dashboard_url=up["dashboard_url"], console_url=up["console_url"])
     try:
         _Story(up, state, report, say, knobs).run()
     finally:

@@ -34,4 +34,3 @@ def test_an_unreadable_or_cramped_range_falls_back_sanely(tmp_path: Path) -> Non
     assert ephemeral_range_start(tmp_path / "garbled") == 32768
     (tmp_path / "range").write_text("20500\t60999\n")
     assert ephemeral_range_start(tmp_path / "range") == 20500
-

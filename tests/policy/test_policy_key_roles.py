@@ -178,7 +178,7 @@ def test_old_key_database_gains_expires_at(tmp_path: Path) -> None:
         )
         db.execute("INSERT INTO api_keys VALUES ('abc', 'support', 'member', 'x', 1.0, NULL, '')")
     with KeyStore(SqliteDatabase(path)) as store:
-        assert stored_version(store.db, "keys") == SCHEMA.version == 2  # 2: platform secrets
+        assert stored_version(store.db, "keys") == SCHEMA.version == 3  # 2: platform secrets, 3: console sessions
         assert store.get("abc") is not None and store.get("abc").expires_at is None  # type: ignore[union-attr]
         key, _ = store.create("support", Role.MEMBER, expires_at=2e9)
         assert store.verify_events() == [] and store.version() == 1

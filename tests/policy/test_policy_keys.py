@@ -80,6 +80,10 @@ def test_timestamps_keep_their_precision(store: KeyStore) -> None:
         (Role.MEMBER, Action.CALL_GATEWAY, "support", True),
         (Role.MEMBER, Action.CALL_GATEWAY, "ads", False),
         (Role.MEMBER, Action.READ_SPEND, "support", False),
+        (Role.MEMBER, Action.VIEW_TEAM, "support", True),
+        (Role.MEMBER, Action.VIEW_TEAM, "ads", False),
+        (Role.MEMBER, Action.VIEW_TEAM, None, False),
+        (Role.AUDITOR, Action.VIEW_TEAM, None, True),
         (Role.TEAM_ADMIN, Action.READ_SPEND, "support", True),
         (Role.TEAM_ADMIN, Action.READ_AUDIT, "support", True),
         (Role.TEAM_ADMIN, Action.READ_AUDIT, "ads", False),
@@ -272,5 +276,5 @@ def test_a_shared_database_that_was_never_migrated_is_refused(tmp_path: Path, mo
     """A gateway replica only checks the Postgres schema (`switchyard up` migrates it)."""
     fresh_postgres().close()
     monkeypatch.setenv(DATABASE_URL_ENV, postgres_url())
-    with pytest.raises(SchemaError, match=r"the keys schema .* is at version 0, this code needs 2"):
+    with pytest.raises(SchemaError, match=r"the keys schema .* is at version 0, this code needs 3"):
         KeyStore.in_state_dir(tmp_path / "state")

@@ -34,11 +34,15 @@ def canonical(d: Driver) -> str:
 
 def test_replicas_queued_adopted_and_gone_are_journaled_and_counted() -> None:
     d = driver({"a": 8, "b": 8}, node_count=1)
-    refused, effects = inputs.apply(d, inputs.serve_replicas([replica("serve:q"), adopt("serve:p", "n0")], 1.0))
+    refused, effects = inputs.apply(d, inputs.serve_replicas([replica("serve:q"), adopt("serve:p", "n0", gpus=2)], 1.0))
     assert refused == {}
     assert journal(effects) == ["replica_pending", "adopted"]
+    # An adopted replica may have no `replica_pending` before it: its event says its GPUs (the
+    # console rebuilds the GPU split from the log; it showed 1 GPU of Serve where 2 were leased).
+    [adopted] = [e for e in effects if getattr(e, "kind", None) == "adopted"]
+    assert adopted.details["gpus"] == 2
     assert d.state.core.is_queued("serve:q") and d.lease("serve:p") is not None
-    assert d.tally.team_gpus()["a"] == TeamGpus(8, 1, 0)  # followed, no rebuild
+    assert d.tally.team_gpus()["a"] == TeamGpus(8, 2, 0)  # followed, no rebuild
     gone = [
         ReplicaChange(ReplicaAction.RELEASE, "serve:p", reason="replica gone"),
         ReplicaChange(ReplicaAction.CANCEL, "serve:q", reason="replica gone"),

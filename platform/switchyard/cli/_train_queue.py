@@ -105,7 +105,7 @@ def submit_command(args: argparse.Namespace) -> int:
 
 @_guarded
 def list_command(args: argparse.Namespace) -> int:
-    require(args, Action.READ_SPEND, args.team)  # the team's admins (or auditors, operators) see its queue
+    require(args, Action.VIEW_TEAM, args.team)  # the team's members (or auditors, operators) see its queue
     with _scheduler(args) as scheduler:
         rows = scheduler.list_workloads()
     rows = [r for r in rows if args.team is None or r["team"] == args.team]

@@ -40,7 +40,8 @@ def run(args: argparse.Namespace) -> int:
 
 def render(info: dict[str, Any]) -> None:
     g = info["gpus"]
-    print(f"gateway {info['gateway_url']}   dashboard {info['dashboard_url']}   ray {info['ray_address']}")
+    print(f"gateway {info['gateway_url']}   console {info['console_url']}   dashboard {info['dashboard_url']}")
+    print(f"ray {info['ray_address']}")
     print(f"\nGPUs: {g['total']:.0f} total = {g['serve']:.0f} serve + {g['train']:.0f} train + {g['free']:.0f} free\n")
     print_table(
         ["node", "group", "gpus", "cpus"],

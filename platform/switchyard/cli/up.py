@@ -173,7 +173,7 @@ def _attach(args: argparse.Namespace, state: Path, policies: Path) -> PlatformRe
     os.environ.update(PLATFORM_ENV)
     import ray
 
-    from switchyard.cluster.deploy import deploy_gateway, start_scheduler
+    from switchyard.cluster.deploy import deploy_console, deploy_gateway, start_scheduler
     from switchyard.cluster.placement import cluster_hosts
     from switchyard.cluster.record import NAMESPACE, write_record
     from switchyard.cluster.scheduler_client import RetryPolicy, SchedulerClient
@@ -184,10 +184,12 @@ def _attach(args: argparse.Namespace, state: Path, policies: Path) -> PlatformRe
     dashboard_url = f"http://{context.dashboard_url}" if context.dashboard_url else None
     SchedulerClient.of_handle(start_scheduler(policies, state, dashboard_url), RetryPolicy(call_timeout_s=60)).ping()
     gateway_url = deploy_gateway(policies, state, args.gateway_port, local_model_gpus=args.local_model_gpus)
+    console_url = deploy_console(policies, state, gateway_url)
     record = PlatformRecord(
         ray_address=args.address,
         dashboard_url=dashboard_url,
         gateway_url=gateway_url,
+        console_url=console_url,
         owns_cluster=False,
         policies_dir=str(policies),
         state_dir=str(state),
@@ -204,6 +206,7 @@ def _report(
 ) -> None:
     out = {
         "gateway_url": record.gateway_url,
+        "console_url": record.console_url,
         "dashboard_url": record.dashboard_url,
         "ray_address": record.ray_address,
         "state_dir": str(state),
@@ -219,6 +222,7 @@ def _report(
         return
     print("switchyard is up")
     print(f"  gateway    {record.gateway_url}  (OpenAI-compatible: {record.gateway_url}/v1)")
+    print(f"  console    {record.console_url}  (sign in with a switchyard key)")
     print(f"  dashboard  {record.dashboard_url}")
     print(f"  ray        {record.ray_address}")
     if demo_key:

@@ -18,7 +18,7 @@ from ray import serve
 from switchyard.cluster.grant_holds import remove_holds
 from switchyard.cluster.placement import on_head
 from switchyard.cluster.policy_publisher import find_publisher, policy_publisher
-from switchyard.cluster.record import GATEWAY_APP, NAMESPACE, SCHEDULER_ACTOR
+from switchyard.cluster.record import CONSOLE_APP, GATEWAY_APP, NAMESPACE, SCHEDULER_ACTOR
 from switchyard.cluster.scheduler_actor import SchedulerActor
 from switchyard.cluster.serve_configs import PLATFORM_APPS, max_replicas
 from switchyard.scheduler.core.config import load_policy_file
@@ -26,6 +26,8 @@ from switchyard.scheduler.core.config import load_policy_file
 log = logging.getLogger(__name__)
 
 GATEWAY_IMPORT_PATH = "serve_apps.gateway:build_app"
+CONSOLE_IMPORT_PATH = "serve_apps.console:build_app"
+CONSOLE_ROUTE = "/console"
 
 
 def _import_builder(path: str) -> Any:
@@ -81,13 +83,25 @@ def deploy_gateway(
     return f"http://127.0.0.1:{port}"
 
 
+def deploy_console(
+    policies_dir: Path, state_dir: Path, gateway_url: str, import_path: str = CONSOLE_IMPORT_PATH
+) -> str:
+    """Deploy the web console as its own app on the gateway's Serve port; returns its URL."""
+    app = _import_builder(import_path)(
+        {"policies_dir": str(policies_dir), "state_dir": str(state_dir), "gateway_url": gateway_url}
+    )
+    serve.run(app, name=CONSOLE_APP, route_prefix=CONSOLE_ROUTE, blocking=False)
+    return f"{gateway_url}{CONSOLE_ROUTE}/"
+
+
 def undeploy(shutdown_serve: bool, policies_dir: Path, state_dir: Path) -> None:
     """Remove the gateway app, the scheduler and the policy publisher; Serve itself only if we
     started it."""
-    try:
-        serve.delete(GATEWAY_APP)
-    except Exception as exc:  # noqa: BLE001 - Serve raises several types; we report and go on
-        log.warning("could not delete the Serve app %r: %s", GATEWAY_APP, exc)
+    for app in (CONSOLE_APP, GATEWAY_APP):
+        try:
+            serve.delete(app)
+        except Exception as exc:  # noqa: BLE001 - Serve raises several types; we report and go on
+            log.warning("could not delete the Serve app %r: %s", app, exc)
     if shutdown_serve:
         serve.shutdown()
     try:

@@ -18,6 +18,7 @@ _CIRCUIT_VALUE = {"closed": 0.0, "half_open": 0.5, "open": 1.0}
 class RayGatewayMetrics:
     def __init__(self, batch: MetricBatch | None = None) -> None:
         self.batch = batch or MetricBatch()
+        self._circuits: dict[str, float] = {}  # each provider breaker's last state, re-set on every refresh tick
         self.requests = Counter(
             "switchyard_gateway_requests",
             "Requests by team, flow, status and answering provider.",
@@ -101,6 +102,8 @@ class RayGatewayMetrics:
     def request(self, team: str, flow: str, status: int, provider: str | None) -> None:
         tags = (("team", team), ("flow", flow), ("status", str(status)), ("provider", provider or "none"))
         self.batch.inc(self.requests, 1.0, tags)
+        if provider is not None and provider not in self._circuits:
+            self._set_circuit(provider, "closed")  # it answered before its breaker ever changed
 
     def attempt_failed(self, provider: str, error_class: str) -> None:
         self.failures.inc(1.0, {"provider": provider, "error_class": error_class})
@@ -113,7 +116,11 @@ class RayGatewayMetrics:
 
     def circuit_changed(self, provider: str, state: str) -> None:
         self.circuit_transitions.inc(1.0, {"provider": provider, "state": state})
-        self.circuit_state.set(_CIRCUIT_VALUE.get(state, 1.0), {"provider": provider})
+        self._set_circuit(provider, state)
+
+    def _set_circuit(self, provider: str, state: str) -> None:
+        self._circuits[provider] = _CIRCUIT_VALUE.get(state, 1.0)
+        self.circuit_state.set(self._circuits[provider], {"provider": provider})
 
     def stage_latency(self, stage: str, ms: float) -> None:
         self.stage_ms.observe(ms, {"stage": stage})
@@ -123,6 +130,10 @@ class RayGatewayMetrics:
 
     def config_refresh(self, source: str, ok: bool) -> None:
         self.config_degraded.set(0.0 if ok else 1.0, {"source": source})
+        # Ray drops a gauge nobody sets for a while: the refresh tick keeps every circuit's
+        # state set between transitions.
+        for provider, value in self._circuits.items():
+            self.circuit_state.set(value, {"provider": provider})
         if not ok:
             self.refresh_failures.inc(1.0, {"source": source})
 

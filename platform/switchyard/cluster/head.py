@@ -50,7 +50,7 @@ def run_head(state_dir: Path, policies_dir: Path, gpus: int, cpus: int, demo: bo
     os.environ["RAY_TMPDIR"] = str(temp_dir)
     import ray  # after the environment: Ray reads it at import and init
 
-    from switchyard.cluster.deploy import deploy_gateway, start_scheduler, undeploy
+    from switchyard.cluster.deploy import deploy_console, deploy_gateway, start_scheduler, undeploy
     from switchyard.cluster.grant_holds import node_resources
     from switchyard.cluster.scheduler_client import RetryPolicy, SchedulerClient
 
@@ -80,12 +80,14 @@ def run_head(state_dir: Path, policies_dir: Path, gpus: int, cpus: int, demo: bo
             local_model_gpus=local_model_gpus,
             app_args=_app_args(state_dir, demo),
         )
+        console_url = deploy_console(policies_dir, state_dir, gateway_url)
         write_record(
             state_dir,
             PlatformRecord(
                 ray_address=context.address_info["gcs_address"],
                 dashboard_url=f"http://{dashboard}" if dashboard else None,
                 gateway_url=gateway_url,
+                console_url=console_url,
                 owns_cluster=True,
                 supervisor_pid=os.getpid(),
                 ray_temp_dir=str(temp_dir),

@@ -81,6 +81,9 @@ class LedgerActor:
         return self.service.renew(holder, ttl_s)
 
     def expire(self) -> list[str]:
+        # Called every second: it also keeps the budget gauges set, which Ray drops when
+        # nothing sets them for a while (a quiet hour would empty the budget panels).
+        self._publish()
         return self.service.ledger.expire()
 
     def lines(self, key_prefixes: Sequence[str] | None = None) -> list[LineStatus]:

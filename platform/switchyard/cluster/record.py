@@ -12,12 +12,14 @@ RECORD_FILE = "up.json"
 NAMESPACE = "switchyard"  # the Ray namespace of the platform's named actors
 SCHEDULER_ACTOR = "switchyard-scheduler"
 GATEWAY_APP = "gateway"
+CONSOLE_APP = "console"  # the web console, at /console on the same Serve HTTP port
 
 
 class PlatformRecord(BaseModel):
     ray_address: str  # GCS address other drivers attach to
     dashboard_url: str | None
     gateway_url: str
+    console_url: str | None = None  # None: a platform from before the console
     owns_cluster: bool  # True: `up` started the Ray head (its supervisor PID is below)
     supervisor_pid: int | None = None
     ray_temp_dir: str | None = None

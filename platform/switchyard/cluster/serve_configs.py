@@ -27,7 +27,7 @@ from typing import Any
 import yaml
 
 from switchyard.cluster.grant_holds import serve_gpu_options
-from switchyard.cluster.record import GATEWAY_APP
+from switchyard.cluster.record import CONSOLE_APP, GATEWAY_APP
 from switchyard.config_file import read_yaml
 from switchyard.scheduler.core import SchedulerPolicy, WorkloadClass
 from switchyard.scheduler.core.config import load_policy_file
@@ -35,8 +35,8 @@ from switchyard.scheduler.core.config import load_policy_file
 TEAM_SEPARATOR = "--"
 INFERENCE_PRIORITY = "production-inference"
 PLATFORM_TEAM = "inference"
-PLATFORM_APPS: Mapping[str, str] = MappingProxyType({GATEWAY_APP: PLATFORM_TEAM})
-"""The platform's own Serve apps (the gateway and its local model) and the team they count against."""
+PLATFORM_APPS: Mapping[str, str] = MappingProxyType({GATEWAY_APP: PLATFORM_TEAM, CONSOLE_APP: PLATFORM_TEAM})
+"""The platform's own Serve apps (the gateway and its local model, the console) and the team they count against."""
 
 
 def app_team(app: str) -> str | None:

@@ -108,6 +108,7 @@ def collect(record: PlatformRecord, api_key: str | None = None) -> dict[str, Any
         "ray_address": record.ray_address,
         "dashboard_url": record.dashboard_url,
         "gateway_url": record.gateway_url,
+        "console_url": record.console_url,
         "nodes": nodes(),
         "gpus": gpu_division(record.ray_address),
         "serve": serve_apps(),

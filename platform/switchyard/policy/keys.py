@@ -150,10 +150,25 @@ _PLATFORM_SECRETS = """CREATE TABLE IF NOT EXISTS platform_secrets (
     secret     TEXT NOT NULL,
     created_at DOUBLE PRECISION NOT NULL
 )"""
+# A signed-in key's web console session (`switchyard.console.sessions`): only the token's hash
+# is stored; a session lives until it expires or is ended, and never outlives its key.
+_CONSOLE_SESSIONS = """CREATE TABLE IF NOT EXISTS console_sessions (
+    token_hash TEXT PRIMARY KEY,
+    key_id     TEXT NOT NULL,
+    csrf       TEXT NOT NULL,
+    created_at DOUBLE PRECISION NOT NULL,
+    expires_at DOUBLE PRECISION NOT NULL,
+    ended_at   DOUBLE PRECISION
+)"""
 # 2: the platform's own secrets (the eval signing key), where every node reads them.
+# 3: the web console's sessions.
 SCHEMA = Schema(
     "keys",
-    (Migration(1, (_API_KEYS, _create_key_events, _add_expires_at)), Migration(2, (_PLATFORM_SECRETS,))),
+    (
+        Migration(1, (_API_KEYS, _create_key_events, _add_expires_at)),
+        Migration(2, (_PLATFORM_SECRETS,)),
+        Migration(3, (_CONSOLE_SESSIONS,)),
+    ),
 )
 _COLUMNS = "key_id, team, role, created_at, revoked_at, note, expires_at"
 

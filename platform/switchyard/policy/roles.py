@@ -11,6 +11,9 @@ from switchyard.policy.models import Role
 class Action(StrEnum):
     CALL_GATEWAY = "call the gateway"
     READ_SPEND = "read spend"
+    # A team's aggregates without money or bodies: request rates and errors, provider circuits,
+    # its training queue and runs. What a member (a researcher) needs to follow its own work.
+    VIEW_TEAM = "view the team's traffic and jobs"
     READ_AUDIT = "read audit records"
     MANAGE_KEYS = "manage keys"
     MANAGE_POLICY = "manage policies"
@@ -30,8 +33,10 @@ class Forbidden(Exception):
 
 # Actions a role may take on its own team's resources...
 _OWN_TEAM: dict[Role, frozenset[Action]] = {
-    Role.MEMBER: frozenset({Action.CALL_GATEWAY}),
-    Role.TEAM_ADMIN: frozenset({Action.CALL_GATEWAY, Action.READ_SPEND, Action.READ_AUDIT, Action.MANAGE_KEYS}),
+    Role.MEMBER: frozenset({Action.CALL_GATEWAY, Action.VIEW_TEAM}),
+    Role.TEAM_ADMIN: frozenset(
+        {Action.CALL_GATEWAY, Action.VIEW_TEAM, Action.READ_SPEND, Action.READ_AUDIT, Action.MANAGE_KEYS}
+    ),
     Role.AUDITOR: frozenset(),
     Role.PLATFORM_ADMIN: frozenset(Action),
 }
@@ -39,7 +44,7 @@ _OWN_TEAM: dict[Role, frozenset[Action]] = {
 _ANY_TEAM: dict[Role, frozenset[Action]] = {
     Role.MEMBER: frozenset(),
     Role.TEAM_ADMIN: frozenset(),
-    Role.AUDITOR: frozenset({Action.READ_AUDIT, Action.READ_SPEND}),
+    Role.AUDITOR: frozenset({Action.READ_AUDIT, Action.READ_SPEND, Action.VIEW_TEAM}),
     Role.PLATFORM_ADMIN: frozenset(Action),
 }
 

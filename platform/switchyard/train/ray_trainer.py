@@ -27,6 +27,7 @@ from switchyard.state import state_dir
 from switchyard.train.checkpoint import CheckpointStore, FileTable
 from switchyard.train.launch import process_group_backend
 from switchyard.train.loop import LINE_FIELDS, RunContext, Trainer, TrainResult
+from switchyard.train.run_gauges import RunGauges
 from switchyard.train.spec import JobSpec
 from switchyard.train.step_sync import NonFiniteLossError
 
@@ -87,7 +88,7 @@ def train_fn(config: dict[str, Any]) -> dict[str, Any] | None:
         work_dir=work_dir,
         channel=GcsPreemptionChannel(),
         publisher=RayReportPublisher(run_uri, rank, on_published),
-        report_metrics=ray.train.report,  # metrics lines; Train V2 keeps only checkpoint reports
+        report_metrics=_reporter(spec.name, workload_id, rank),
         prune=False,  # CheckpointConfig(num_to_keep) prunes under Ray
         stop_after_steps=config.get("stop_after_steps"),
         ranks_per_node=context.get_local_world_size(),
@@ -101,6 +102,19 @@ def train_fn(config: dict[str, Any]) -> dict[str, Any] | None:
         return {"non_finite_loss": exc.to_dict()}
     log.info("rank %d finished: %s", rank, result.to_json())
     return None
+
+
+def _reporter(job: str, workload_id: str | None, rank: int) -> Callable[[dict[str, Any]], None]:
+    """Each metrics line to Ray Train (Train V2 keeps only checkpoint reports) and, from rank 0,
+    to the run's gauges (`run_gauges`)."""
+    gauges = RunGauges(job, workload_id) if rank == 0 else None
+
+    def report(line: dict[str, Any]) -> None:
+        if gauges is not None:
+            gauges(line)
+        ray.train.report(line)  # the loop leaves None values out of the line
+
+    return report
 
 
 def raise_non_finite_loss(return_value: Any) -> None:

@@ -126,7 +126,9 @@ def _adopt(state: LiveState, change: ReplicaChange, now: float, effects: list[Ef
         borrowing=start.borrowing,
         placements=(Placement(node_id=node, node_group=state.nodes[node].node_group, gpus=sum(sub.bundles)),),
     )
-    details = {"lease_id": start.lease_id, "node": node, "was_queued": was_queued}
+    # The GPUs too: an adopted replica may have no `replica_pending` before it (it started
+    # outside a lease), and the log is what the console rebuilds the GPU split from.
+    details = {"lease_id": start.lease_id, "node": node, "was_queued": was_queued, "gpus": sum(sub.bundles)}
     effects.append(JournalEvent(EventKind.ADOPTED, wid, sub.team, now, details))
     return None
 
