@@ -204,22 +204,28 @@ def create_console(reader: PlatformReader, sessions: SessionStore, clock: Callab
                 return views.auditor(reader, who, team_filter, flow, since, bodies)
         raise AssertionError(route.name)
 
+    def resolve(request: Request, route: Route) -> tuple[dict[str, str], Session, views.View]:
+        """The signed-in session and the view's content; `_Refused` says why not."""
+        params = {k: str(v) for k, v in request.path_params.items()}
+        try:
+            session = guard(request, route, params.get("team"))
+            view = build(request, route, params, session.principal)
+        except Forbidden as exc:  # an audit query's own check
+            raise _Refused(403, exc.public) from exc
+        except ValueError as exc:  # a bad `since`
+            raise _Refused(400, str(exc)) from exc
+        if view is None:
+            raise _Refused(404, "no such job for this team")
+        return params, session, view
+
     def page(route: Route) -> Callable[..., Any]:
         def handler(request: Request) -> Response:
-            params = {k: str(v) for k, v in request.path_params.items()}
             try:
-                session = guard(request, route, params.get("team"))
-                view = build(request, route, params, session.principal)
+                params, session, view = resolve(request, route)
             except _Refused as exc:
                 if exc.status == 401:
                     return RedirectResponse(f"{root(request)}/login", status_code=303, headers=HEADERS)
                 return render(request, "error.html", exc.status, message=str(exc), who=None)
-            except (ValueError, Forbidden) as exc:  # a bad `since`; an audit query's own check
-                status = 403 if isinstance(exc, Forbidden) else 400
-                message = exc.public if isinstance(exc, Forbidden) else str(exc)
-                return render(request, "error.html", status, message=message, who=None)
-            if view is None:
-                return render(request, "error.html", 404, message="no such job for this team", who=None)
             return render(
                 request,
                 view.template,
@@ -238,18 +244,10 @@ def create_console(reader: PlatformReader, sessions: SessionStore, clock: Callab
 
     def api(route: Route) -> Callable[..., Any]:
         def handler(request: Request) -> JSONResponse:
-            params = {k: str(v) for k, v in request.path_params.items()}
             try:
-                session = guard(request, route, params.get("team"))
-                view = build(request, route, params, session.principal)
+                _, _, view = resolve(request, route)
             except _Refused as exc:
                 return JSONResponse({"error": str(exc)}, exc.status, headers=HEADERS)
-            except Forbidden as exc:
-                return JSONResponse({"error": exc.public}, 403, headers=HEADERS)
-            except ValueError as exc:
-                return JSONResponse({"error": str(exc)}, 400, headers=HEADERS)
-            if view is None:
-                return JSONResponse({"error": "no such job for this team"}, 404, headers=HEADERS)
             return JSONResponse(view.data, headers=HEADERS)
 
         return handler
