@@ -135,6 +135,19 @@ def team_events(state: Path, team: str, kind: str) -> int:
     return int(n)
 
 
+def checkpointed_since_resume(state: Path, workload_id: str, job: str) -> bool:
+    """Whether the run has written a checkpoint since it last resumed (a new worker group sets
+    Ray Train's checkpoint-time gauges at its first checkpoint, not at its start)."""
+    with closing(sqlite3.connect(state / "scheduler.db")) as db:
+        row = db.execute(
+            "SELECT details FROM events WHERE workload_id = ? AND kind = 'resumed' ORDER BY seq DESC LIMIT 1",
+            (workload_id,),
+        ).fetchone()
+    resumed_at = int(json.loads(row[0])["step"]) if row else -1
+    steps = [int(p.name.removeprefix("step-")) for p in (state / "train" / "checkpoints" / job).glob("step-*")]
+    return any(step > resumed_at for step in steps)
+
+
 def metrics_losses(state: Path, job: str) -> dict[float, float]:
     """The run's loss per step from its metrics file (the last line written for a step wins)."""
     out: dict[float, float] = {}

@@ -85,6 +85,7 @@ def test_every_grafana_panel_has_series_after_traffic(demo: tuple[dict[str, Any]
     report, state = demo
     gateway = next(s for s in report["steps"] if s["step"] == "up")["gateway_url"]
     key = _key(state, cb.DEMO_TEAM, "member")
+    admin_key = (state / "admin.key").read_text().strip()
     chat = {"model": "auto", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 8}
     with httpx.Client(base_url=f"{gateway}/v1", headers={"Authorization": f"Bearer {key}"}, timeout=60) as client:
         deadline = time.monotonic() + 30
@@ -94,13 +95,25 @@ def test_every_grafana_panel_has_series_after_traffic(demo: tuple[dict[str, Any]
         assert answer.status_code == 200, answer.text
         with client.stream("POST", "/chat/completions", json={**chat, "stream": True}) as streamed:
             assert streamed.status_code == 200 and "data:" in streamed.read().decode()
-        # Deadlines too tight for the model: timeouts, and the local circuit opens.
-        for _ in range(12):
+        # Deadlines too tight for the model until the local circuit opens (then a request skips
+        # it). Too tight and the gateway itself uses the deadline up before any attempt (it did
+        # at 30 ms under CI's load), so the deadline grows until attempts time out.
+        deadline_ms, tries = 30, 0
+        while cb.gateway_status(gateway, admin_key)["circuits"]["local"]["times_opened"] == 0:
+            assert tries < 80, "80 requests with too-tight deadlines never opened the local circuit"
+            tries += 1
+            deadline_ms = min(2 * deadline_ms, 1000) if tries % 8 == 0 else deadline_ms
             client.post(
                 "/chat/completions",
                 json=chat,
-                headers={"x-switchyard-flow": "assist", "x-switchyard-deadline-ms": "30"},
+                headers={"x-switchyard-flow": "assist", "x-switchyard-deadline-ms": str(deadline_ms)},
             )
+        client.post("/chat/completions", json=chat, headers={"x-switchyard-flow": "assist"})  # skips it
+    workload = report["train"]["workload_id"]
+    deadline = time.monotonic() + 180
+    while not cb.checkpointed_since_resume(state, workload, "demo-fsdp"):
+        assert time.monotonic() < deadline, "the resumed training job wrote no checkpoint in 180 s"
+        time.sleep(2)
     time.sleep(10)  # Ray exports what the replicas counted once per metrics report interval (10 s)
     ray_temp_dir = json.loads((state / "up.json").read_text())["ray_temp_dir"]
     allow_empty: set[str] = set()
