@@ -62,3 +62,35 @@ def journal(effects: Iterable[Effect], workload_id: str | None = None) -> list[s
 def details(effects: Iterable[Effect], kind: str, workload_id: str) -> dict[str, Any]:
     [event] = [e for e in of(effects, JournalEvent) if e.kind == kind and e.workload_id == workload_id]
     return dict(event.details)
+
+
+_HOLD_FIELDS = {  # version 4's field of the core's Holds -> version 3's field of the core
+    "_amounts": "_reserved",
+    "_value": "_reserved_value",
+    "_kind": "_hold_kind",
+    "_team": "_hold_team",
+    "counts": "_hold_counts",
+    "_waived_cache": "_waived_cache",
+    "per_node": "_held",
+    "_held_free": "_held_free",
+}
+
+
+def as_version_3(node: Any) -> Any:
+    """An encoded state as schema version 3 wrote it: the core's holds were eight fields of the
+    core, where its `_holds` object is."""
+    if isinstance(node, list):
+        return [as_version_3(v) for v in node]
+    if not isinstance(node, dict):
+        return node
+    if node.get("c") == "switchyard.scheduler.core.scheduler:Scheduler":
+        fields: dict[str, Any] = {}
+        for name, value in node["v"].items():
+            if name == "_holds":
+                holds = value["v"]
+                assert set(holds) == {"_pool", *_HOLD_FIELDS}, sorted(holds)
+                fields.update({old: as_version_3(holds[new]) for new, old in _HOLD_FIELDS.items()})
+            else:
+                fields[name] = as_version_3(value)
+        return {**node, "v": fields}
+    return {k: as_version_3(v) for k, v in node.items()}

@@ -8,7 +8,7 @@ import json
 from dataclasses import replace
 
 import pytest
-from driver_support import GRACE_S, admit, details, driver, journal, of, submission
+from driver_support import GRACE_S, admit, as_version_3, details, driver, journal, of, submission
 from sched_support import nodes, policy
 
 from switchyard.scheduler.api import ReleaseOutcome, StopReason, WorkloadSubmission
@@ -233,7 +233,7 @@ def test_a_snapshot_from_before_cordons_loads_with_no_node_cordoned() -> None:
     doc = json.loads(json.dumps(to_document(d.state, 3, 2.0)))
     assert doc["schema_version"] == SCHEMA_VERSION
     del doc["state"]["v"]["cordons"]  # what version 1 wrote
-    snap = from_document({**doc, "schema_version": 1}, "old.json")
+    snap = from_document({**as_version_3(doc), "schema_version": 1}, "old.json")
     assert snap.state.cordons == {} and snap.wal_seq == 3
     restored = Driver(snap.state)
     restored.cordon("n0", 3)

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from driver_support import GRACE_S, admit, driver, submission
+from driver_support import GRACE_S, admit, as_version_3, driver, submission
 from pydantic import BaseModel
 
 from switchyard.cluster.scheduler_journal import SchedulerJournal
@@ -101,23 +101,27 @@ def a_noticed_driver() -> tuple[Driver, str]:
 
 
 def as_version_2(node: Any) -> Any:
-    """An encoded state as schema version 2 wrote it: a notice was the api's `Notice` model,
-    written as its `model_dump(mode="json")` (and took no object id)."""
+    """An encoded state as schema version 2 wrote it: as version 3 (above), and a notice was
+    the api's `Notice` model, written as its `model_dump(mode="json")` (and took no object id)."""
+    return _notices_as_version_2(as_version_3(node))
+
+
+def _notices_as_version_2(node: Any) -> Any:
     if isinstance(node, list):
-        return [as_version_2(v) for v in node]
+        return [_notices_as_version_2(v) for v in node]
     if not isinstance(node, dict):
         return node
     if node.get("c") == "switchyard.scheduler.preemption_channel:PreemptionNotice":
         v = node["v"]
         old = Notice(workload_id=v["job_id"], lease_id=v["lease_id"], reason=v["reason"], stop_deadline=v["deadline"])
         return {"t": "model", "c": "switchyard.scheduler.api:Notice", "v": old.model_dump(mode="json")}
-    return {k: as_version_2(v) for k, v in node.items()}
+    return {k: _notices_as_version_2(v) for k, v in node.items()}
 
 
 def test_a_version_2_snapshot_loads_its_notices_as_preemption_notices() -> None:
     d, lease_id = a_noticed_driver()
     current = json.loads(json.dumps(to_document(d.state, 7, 60.0)))
-    assert current["schema_version"] == SCHEMA_VERSION == 3
+    assert current["schema_version"] == SCHEMA_VERSION == 4
     old = {**as_version_2(current), "schema_version": 2}
     assert "switchyard.scheduler.api:Notice" in json.dumps(old) and "PreemptionNotice" not in json.dumps(old)
     snap = from_document(old, "old.json")
@@ -142,6 +146,45 @@ def test_a_version_2_snapshot_that_does_not_migrate_is_refused_by_name() -> None
     old = {**as_version_2(json.loads(json.dumps(to_document(d.state, 7, 60.0)))), "schema_version": 2}
     text = json.dumps(old).replace('"stop_deadline"', '"deadline_s"')
     with pytest.raises(SnapshotVersionError, match=r"old.json: snapshot schema version 2 does not migrate to 3"):
+        from_document(json.loads(text), "old.json")
+
+
+def a_driver_with_holds() -> Driver:
+    """A driver whose core holds a blocked gang's reservation and a cordoned node."""
+    d = driver({"a": 8, "b": 8}, node_count=3)
+    d.cordon("n2", 0)
+    admit(d, submission("a0", "a", 8), 0)
+    two_nodes = submission("b-big", "b", 8).model_copy(update={"bundles": (8, 8)})
+    d.submit(two_nodes, 1)  # blocked behind a0: reserves
+    d.tick(1)
+    assert d.state.core.reservations() and d.state.core._holds.per_node
+    return d
+
+
+def test_a_version_3_snapshot_loads_the_cores_holds_as_one_object() -> None:
+    d = a_driver_with_holds()
+    current = json.loads(json.dumps(to_document(d.state, 7, 60.0)))
+    old = {**as_version_3(current), "schema_version": 3}
+    assert '"_reserved"' in json.dumps(old) and "core.holds:Holds" not in json.dumps(old)
+    snap = from_document(old, "old.json")
+    core = snap.state.core
+    assert core.reservations() == d.state.core.reservations()
+    assert core._holds.per_node == d.state.core._holds.per_node  # the cordon's hold included
+    assert core._holds.open_gpus() == d.state.core._holds.open_gpus()
+    assert core._holds._pool is core.pool  # one node pool, as the core wrote it
+    # The same state as this version's snapshot of it, object ids and all.
+    assert json.loads(json.dumps(to_document(snap.state, 7, 60.0))) == current
+    restored = Driver(snap.state)
+    restored.release(d.state.core.lease_of("a0").lease_id, True, 61)  # type: ignore[union-attr]
+    restored.tick(62)
+    assert restored.lease("b-big") is not None  # its reservation came back and it starts
+
+
+def test_a_version_3_snapshot_that_does_not_migrate_is_refused_by_name() -> None:
+    d = a_driver_with_holds()
+    old = {**as_version_3(json.loads(json.dumps(to_document(d.state, 7, 60.0)))), "schema_version": 3}
+    text = json.dumps(old).replace('"_hold_counts"', '"_counts"')
+    with pytest.raises(SnapshotVersionError, match=r"old.json: snapshot schema version 3 does not migrate to 4"):
         from_document(json.loads(text), "old.json")
 
 

@@ -60,5 +60,5 @@ def test_the_autoscaler_sees_leased_bundles_and_the_gangs_waiting_for_capacity()
     d = driver({"a": 16, "b": 16}, node_count=1)
     admit(d, submission("a0", "a", 8), 0)
     d.submit(submission("b0", "b", 8), 1)  # within b's guarantee, but no GPU is left
-    assert list(views.leased_bundles(d.state)) == [(8,)]
-    assert [g.workload_id for g in views.waiting_for_capacity(d.state)] == ["b0"]
+    assert list(views.leased_bundles(d.state)) == [((8,), "")]
+    assert [n.request.workload_id for n in views.waiting_for_capacity(d.state)] == ["b0"]

@@ -82,12 +82,13 @@ class Driver:
             assert used.get(spec.name, 0) <= spec.gpus  # never over-allocated
             assert self.s.pool.free(spec.name) == spec.gpus - used.get(spec.name, 0)
         # The hold counts kept incrementally (for decision latency) equal a recount.
-        kinds, teams, counts = self.s._hold_kind, self.s._hold_team, self.s._hold_counts
+        holds = self.s._holds
+        kinds, counts = holds.kinds(), holds.counts
         for kind in HoldKind:
             assert counts.of_kind(kind) == sum(1 for k in kinds.values() if k is kind)
         for team in GUARANTEES:
             assert counts.starving_of(team) == sum(
-                1 for w, k in kinds.items() if k is HoldKind.STARVING and teams[w] == team
+                1 for w, k in kinds.items() if k is HoldKind.STARVING and holds.team_of(w) == team
             )
 
     def check_victims_were_borrowing(self, notices: list[tuple[str, str]]) -> None:

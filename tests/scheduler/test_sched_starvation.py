@@ -211,19 +211,47 @@ def test_hold_counts_match_a_recount(seed: int) -> None:
             ), f"seed {seed}"
 
 
-def test_a_core_pickled_before_hold_counts_restores_them() -> None:
-    """The live scheduler journals its core with pickle: a state written by the previous
-    version (no `_hold_counts`) must still load and count its holds."""
+def _as_pickled_before_holds(core: Scheduler, *, with_counts: bool) -> dict[str, object]:
+    """`core`'s state as a version that kept its holds in its own fields pickled it (and, older
+    still, without their counts)."""
+    state = dict(core.__dict__)
+    holds = state.pop("_holds")
+    state.update(
+        _reserved=holds._amounts,
+        _reserved_value=holds._value,
+        _hold_kind=holds._kind,
+        _hold_team=holds._team,
+        _waived_cache={},
+        _held=holds.per_node,
+        _held_free=holds._held_free,
+    )
+    if with_counts:
+        state["_hold_counts"] = holds.counts
+    return state
+
+
+@pytest.mark.parametrize("with_counts", [True, False])
+def test_a_core_pickled_by_an_older_version_restores_its_holds(with_counts: bool) -> None:
+    """The live scheduler once journalled its core with pickle: a state written when the holds
+    were the core's own fields (and, before that, without their counts) must still load, with
+    the same holds, counts and GPUs left open to backfill."""
     import pickle
 
     core = Scheduler(policy({"a": 8, "b": 8}), nodes(2), now=0.0)
-    core.submit(gang("a-1", "a", (8,), "training"), 0.0)
+    core.submit(gang("a-1", "a", (4,), "training"), 0.0)
     core.submit(gang("b-big", "b", (8, 8), "training", same_group=True), 0.0)
     core.schedule(1.0)  # a-1 starts; b's 16-GPU gang is blocked and takes the reservation
-    assert core._hold_counts.of_kind(HoldKind.BLOCKED_HEAD) == 1
-    old_state = dict(core.__dict__)
-    del old_state["_hold_counts"]
+    assert core._holds.counts.of_kind(HoldKind.BLOCKED_HEAD) == 1
     restored = Scheduler.__new__(Scheduler)
-    restored.__setstate__(pickle.loads(pickle.dumps(old_state)))
-    assert restored._hold_counts.of_kind(HoldKind.BLOCKED_HEAD) == 1
-    assert pickle.loads(pickle.dumps(core))._hold_counts.of_kind(HoldKind.BLOCKED_HEAD) == 1
+    restored.__setstate__(pickle.loads(pickle.dumps(_as_pickled_before_holds(core, with_counts=with_counts))))
+    assert restored._holds.counts.of_kind(HoldKind.BLOCKED_HEAD) == 1
+    assert restored.reservations() == core.reservations()
+    assert set(core.reservations()) == {"b-big"}
+    assert restored._holds.open_gpus() == core._holds.open_gpus()
+    assert not any(name.startswith(("_reserved", "_hold_", "_held")) for name in vars(restored))
+    assert pickle.loads(pickle.dumps(core))._holds.counts.of_kind(HoldKind.BLOCKED_HEAD) == 1
+    # The restored core goes on deciding: the gang starts once a-1 leaves.
+    lease = restored.lease_of("a-1")
+    assert lease is not None
+    restored.release(lease.lease_id, 2.0, finished=True)
+    assert [s.workload_id for s in restored.schedule(3.0).starts] == ["b-big"]

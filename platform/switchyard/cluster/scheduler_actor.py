@@ -28,7 +28,13 @@ from typing import Any
 
 import ray
 
-from switchyard.cluster.autoscale import CapacityRequest, capacity_request
+from switchyard.cluster.autoscale import (
+    GPU_TYPE_LABEL,
+    NODE_GROUP_LABEL,
+    RACK_LABEL,
+    CapacityRequest,
+    capacity_request,
+)
 from switchyard.cluster.enforcement import GpuAccounting, summarize
 from switchyard.cluster.gpu_audit import GpuAudit
 from switchyard.cluster.grant_holds import GrantHolds
@@ -69,12 +75,10 @@ __all__ = ["LiveState", "SchedulerActor", "cluster_gpu_nodes"]
 
 log = logging.getLogger(__name__)
 
-NODE_GROUP_LABEL = "switchyard/node-group"
-RACK_LABEL = "switchyard/rack"
-
-
 def cluster_gpu_nodes() -> list[Node]:
-    """Alive Ray nodes with GPUs, as the core's `Node`s (named by Ray node id)."""
+    """Alive Ray nodes with GPUs, as the core's `Node`s (named by Ray node id). Topology and
+    GPU type come from the node's labels (`ray start --labels`): `switchyard/node-group`,
+    `switchyard/rack` and, where the policy declares GPU types, `switchyard/gpu-type`."""
     nodes = []
     for n in ray.nodes():
         gpus = int(n.get("Resources", {}).get("GPU", 0))
@@ -82,7 +86,13 @@ def cluster_gpu_nodes() -> list[Node]:
             continue
         labels = n.get("Labels") or {}
         nodes.append(
-            Node(n["NodeID"], gpus, labels.get(NODE_GROUP_LABEL, "default"), labels.get(RACK_LABEL, "default"))
+            Node(
+                n["NodeID"],
+                gpus,
+                labels.get(NODE_GROUP_LABEL, "default"),
+                labels.get(RACK_LABEL, "default"),
+                labels.get(GPU_TYPE_LABEL, ""),
+            )
         )
     return nodes
 

@@ -54,6 +54,7 @@ class KnobsSpec(_Strict):
     starvation_after_s: float | None = Field(24 * 3600.0, gt=0)
     starving_reservations_per_team: int = Field(0, ge=0)
     starvation_preempt_after_s: float | None = Field(None, gt=0)
+    starving_blocks_team: bool = False  # a starving request holds back its team's later ones
     nominal_first: bool = False  # Kueue's order: requests inside their guarantee before borrowing ones
     when_can_borrow: WhenCanBorrow = WhenCanBorrow.BORROW  # Kueue's flavorFungibility.whenCanBorrow
     fair_share_reclaim: bool = False  # borrowers below their share take from those above it

@@ -25,13 +25,13 @@ from switchyard.scheduler.core.scheduler import Scheduler
 
 def hold_node(core: Scheduler, name: str) -> None:
     """Cordon: hold every GPU of node `name` (it must be in the pool) for no workload."""
-    core._node_change(name, gpus_held=core.pool.node(name).gpus)
+    core._holds.node_change(name, gpus_held=core.pool.node(name).gpus)
     core._retarget_reservations()  # reservations on it must choose other nodes
 
 
 def release_node(core: Scheduler, name: str) -> None:
     """Uncordon, or the node is about to leave the pool: the hold `hold_node` took is given back."""
-    core._node_change(name, gpus_held=-core.pool.node(name).gpus)
+    core._holds.node_change(name, gpus_held=-core.pool.node(name).gpus)
     core._retarget_reservations()  # blocked gangs may reserve it again
 
 

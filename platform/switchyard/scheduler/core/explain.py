@@ -7,6 +7,7 @@ Kept out of `scheduler.py` so that module holds the decisions only; like `cordon
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from switchyard.scheduler.core.model import GangRequest, PendingWorkload
@@ -15,15 +16,21 @@ from switchyard.scheduler.core.quota import NO_LENDABLE_CAPACITY
 
 if TYPE_CHECKING:
     from switchyard.scheduler.core.scheduler import Scheduler
+    from switchyard.scheduler.core.team_order import HeldBack
 
 
-def explain_pending(core: Scheduler, pending: PendingWorkload) -> PendingExplanation:
+def explain_pending(core: Scheduler, pending: PendingWorkload, held_back: HeldBack | None = None) -> PendingExplanation:
     """Why `pending` has not started (see core.pending). A request that may take several GPU
-    types gets the reason of the type it came closest on, and a detail naming each type's."""
+    types gets the reason of the type it came closest on, and a detail naming each type's.
+    `held_back`: the team order of the moment (`Scheduler.explainer`), None to leave it out."""
     request = pending.request
     workload = request.workload_id
     if core._awaiting.get(workload):
         return PendingExplanation(PendingReason.PREEMPTING, f"{len(core._awaiting[workload])} victim(s) leaving")
+    if held_back is not None and held_back.holds_back(pending):
+        return PendingExplanation(
+            PendingReason.TEAM_ORDER, f"an older request of team {request.team} is starving and goes first"
+        )
     if not core._typed:
         return _explain_on(core, request, "")
     per_type = [(t, _explain_on(core, request, t)) for t in core._types(request)]
@@ -45,21 +52,34 @@ def _explain_on(core: Scheduler, request: GangRequest, gpu_type: str) -> Pending
     if core._find(request, {}, {}, gpu_type) is None:
         shape = "+".join(str(b) for b in request.bundles)
         return PendingExplanation(PendingReason.GANG_FIT, f"{free} GPUs free, not as bundles {shape}")
-    if core._find(request, core._held, core._waived_for(workload, core._value(request)), gpu_type) is None:
-        holders = len([w for w in core._reserved if w != workload])
+    waived = core._holds.waived_for(workload, core._value(request))
+    if core._find(request, core._holds.per_node, waived, gpu_type) is None:
+        holders = len([w for w in core._holds if w != workload])
         return PendingExplanation(PendingReason.RESERVATION, f"free GPUs held for {holders} reserved gang(s)")
     return PendingExplanation(PendingReason.QUEUE_ORDER, "fits now")
 
 
-def waiting_for_capacity(core: Scheduler) -> list[GangRequest]:
+@dataclass(frozen=True, slots=True)
+class CapacityNeed:
+    """A queued gang that more GPUs of `gpu_type` ("" where the policy declares no types)
+    would let start: what a driver asks an autoscaler for."""
+
+    request: GangRequest
+    gpu_type: str = ""
+
+
+def waiting_for_capacity(core: Scheduler) -> list[CapacityNeed]:
     """Queued gangs within their quota (or refused only because the cluster has no capacity
-    left to lend) and not already waiting for preemption victims to leave."""
+    left to lend) and not already waiting for preemption victims to leave, each on the first
+    of its GPU types where more nodes would admit it."""
     out = []
     for pending in core._queues.items():
         request = pending.request
         if core._awaiting.get(request.workload_id):
             continue  # its GPUs are on their way: the victims are leaving
-        if all(not a.allowed and a.reason != NO_LENDABLE_CAPACITY for _, a in core._admissions(request)):
-            continue  # held back by its quota on every type: more nodes would not admit it
-        out.append(request)
+        for gpu_type, admission in core._admissions(request):
+            if admission.allowed or admission.reason == NO_LENDABLE_CAPACITY:
+                out.append(CapacityNeed(request, gpu_type))
+                break
+        # else: held back by its quota on every type: more nodes would not admit it
     return out

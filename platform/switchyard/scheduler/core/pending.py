@@ -19,6 +19,9 @@ class PendingReason(Enum):
     """Enough GPUs are free, but not in the shape its bundles and topology need."""
     RESERVATION = "reservation"
     """It would fit, but on GPUs held for other gangs' reservations."""
+    TEAM_ORDER = "team order"
+    """An older request of its own team, at its priority or above, has waited past
+    `starvation_after_s` and goes first (knob `starving_blocks_team`, `core.team_order`)."""
     QUEUE_ORDER = "queue order"
     """It fits now: the next decision may start it (it arrived since the last one, or work
     ahead of it used the decision: a blocked head without backfill, the victim-search budget)."""

@@ -146,6 +146,10 @@ class PolicyKnobs:
     """Reservations of their own for a team's gangs queued past `starvation_after_s` (oldest
     first); neither blocked-head reservations nor preemptors' holds count against it. 0 (off)
     until tuned: on September one per team raised the worst-team p99 (docs/scheduler_results.md)."""
+    starving_blocks_team: bool = False
+    """A starving request that does not start holds back every later-submitted request of
+    its own team at its priority or below for the rest of that decision, so the team's
+    smaller jobs stop overtaking it (Kueue's StrictFIFO, applied once a request starves)."""
     starvation_preempt_after_s: float | None = None
     """A starving gang queued longer than this may preempt strictly lower-priority leases past
     their minimum runtime, of any team (escalation); None turns escalation off."""

@@ -82,6 +82,11 @@ class PendingQueues:
         """Each group at one level, as a copy that stays valid while the queues change."""
         return [(k, list(g)) for k, g in self._groups.items() if k[0] == value]
 
+    def heads(self) -> Iterator[PendingWorkload]:
+        """The first (oldest) request of every group."""
+        for group in self._groups.values():
+            yield group[0]
+
     def items(self) -> Iterator[PendingWorkload]:
         for group in self._groups.values():
             yield from group

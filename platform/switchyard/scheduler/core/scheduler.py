@@ -9,11 +9,12 @@ Ray driver run the same code and a replay is deterministic. A driver calls `subm
 from __future__ import annotations
 
 import heapq
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
 from switchyard.scheduler.core import explain, gpu_types
 from switchyard.scheduler.core.fairshare import DecayedUsage
+from switchyard.scheduler.core.holds import Holds, reservation_amounts
 from switchyard.scheduler.core.model import (
     Decisions,
     GangRequest,
@@ -23,9 +24,7 @@ from switchyard.scheduler.core.model import (
     LeaseState,
     Node,
     PendingWorkload,
-    PlacementStrategy,
     PreemptionDecision,
-    Reservation,
     StopOrder,
     WorkloadClass,
     lease_name,
@@ -38,7 +37,8 @@ from switchyard.scheduler.core.queue import GroupKey, PendingQueues
 from switchyard.scheduler.core.quota import NO_LENDABLE_CAPACITY, Admission, QuotaBook, QuotaKey
 from switchyard.scheduler.core.request_checks import check_request
 from switchyard.scheduler.core.snapshot import ClusterSnapshot, build_snapshot
-from switchyard.scheduler.core.starvation import HoldCounts, may_escalate, reservation_to_take
+from switchyard.scheduler.core.starvation import may_escalate, reservation_to_take
+from switchyard.scheduler.core.team_order import HeldBack
 
 _IMPLICIT_TYPE = ("",)  # the one GPU type of a policy that declares none
 
@@ -64,6 +64,9 @@ class _Pass:
     deferred: set[tuple[int, str, str]] = field(default_factory=set)
     """(priority, team, class) whose queue head waits for the second pass: so does the rest of
     that queue (Kueue considers one head per queue; nothing behind it goes first)."""
+    held_back: HeldBack | None = None
+    """Starving requests and the later requests of their teams they hold back (knob
+    `starving_blocks_team`); None when the knob is off."""
 
     def __post_init__(self) -> None:
         self.budget = [self.max_attempts]
@@ -83,14 +86,7 @@ class Scheduler:
         self._lease_of: dict[str, str] = {}
         self._attempts: dict[str, int] = {}
         self._preemptions: dict[str, int] = {}  # workload -> notices it received (backoff)
-        self._reserved: dict[str, dict[str, int]] = {}  # workload -> GPUs held per node
-        self._reserved_value: dict[str, int] = {}  # workload -> its priority value
-        self._hold_kind: dict[str, HoldKind] = {}  # workload -> why it holds its reservation
-        self._hold_team: dict[str, str] = {}  # workload -> its team (per-team caps)
-        self._hold_counts = HoldCounts()
-        self._waived_cache: dict[int, dict[str, int]] = {}  # priority value -> GPUs it may use
-        self._held: dict[str, int] = {}  # node -> GPUs held by all reservations
-        self._held_free = 0  # free GPUs that reservations hold: sum of min(free, held) per node
+        self._holds = Holds(self._pool)
         self._preempting: dict[str, Lease] = {}  # noticed leases, in notice order
         self._awaiting: dict[str, set[str]] = {}  # preemptor -> victim leases still holding GPUs
         self._stops: list[StopOrder] = []
@@ -166,7 +162,7 @@ class Scheduler:
                 self._count_preemptible(lease, -1)
                 lease.state = LeaseState.PREEMPTING  # so release() requeues it
             self.release(lease.lease_id, now)
-        for workload in [w for w, r in self._reserved.items() if name in r]:
+        for workload in self._holds.on_node(name):
             self._drop_reservation(workload)
             if workload in self._queues:
                 self._stop_awaiting(self._queues.get(workload).request)
@@ -177,7 +173,7 @@ class Scheduler:
     def _retarget_reservations(self) -> None:
         """Nodes changed: blocked gangs choose their reserved nodes afresh in the next decision
         (preemptors keep theirs: their victims are already leaving)."""
-        for workload, kind in list(self._hold_kind.items()):
+        for workload, kind in self._holds.kinds().items():
             if kind is not HoldKind.PREEMPTOR:
                 self._drop_reservation(workload)
 
@@ -230,10 +226,8 @@ class Scheduler:
         victim index is rebuilt from the running leases whatever the version (older ones kept
         a per-decision cache in its place)."""
         self.__dict__.update(state)
-        if "_hold_counts" not in state:
-            self._hold_counts = HoldCounts()
-            for workload, kind in self._hold_kind.items():
-                self._hold_counts.add(kind, self._hold_team[workload])
+        if "_holds" not in state:  # pickled before holds were their own object
+            self._holds = Holds.from_core_fields(self.__dict__)
         if "_typed" not in state:
             self._typed = False
             self._types_of = {}
@@ -248,11 +242,21 @@ class Scheduler:
         decisions = Decisions()
         self._due_stops(now, decisions)
         state = _Pass(self._knobs.max_preemption_attempts)
+        if self._knobs.starving_blocks_team:
+            state.held_back = HeldBack(self._knobs, self._pending_value, now)
+            state.held_back.add_heads(self._queues.heads())
         # Gangs holding reservations (blocked heads, starving gangs, preemptors) start first
         # where their holds let them: backfill must never take GPUs made ready for them.
-        for workload in list(self._reserved):
-            if workload in self._queues and self._start_reserved(self._queues.get(workload), now, decisions):
+        for workload in list(self._holds):
+            if workload not in self._queues:
+                continue
+            pending = self._queues.get(workload)
+            if self._held_back(pending, state):
+                continue
+            if self._start_reserved(pending, now, decisions):
                 state.considered.add(workload)
+                if state.held_back is not None:
+                    state.held_back.started(pending, self._queues.heads)
         if self._knobs.nominal_first:
             state.nominal_only = True
             for level in self._queues.levels():
@@ -272,7 +276,7 @@ class Scheduler:
         """The rest of `level`'s reserved gangs (victim searches, escalation) go before the rest
         of their level, but after every higher level: the searches of many starving gangs must
         not use up the budget that inference reclaim (or any higher priority) needs."""
-        for workload in [w for w in self._reserved if w in self._queues and self._queues.level_of(w) == level]:
+        for workload in [w for w in self._holds if w in self._queues and self._queues.level_of(w) == level]:
             if workload in state.considered:
                 continue
             state.considered.add(workload)
@@ -288,20 +292,18 @@ class Scheduler:
         admissions = self._admissions(request)
         if not any(a.allowed for _, a in admissions):
             return False
-        waived = self._waived_for(request.workload_id, self._value(request))
+        waived = self._holds.waived_for(request.workload_id, self._value(request))
         for gpu_type, admission in self._fit_order(admissions):
             if not admission.allowed:
                 continue
-            placement = self._find(request, self._held, waived, gpu_type)
+            placement = self._find(request, self._holds.per_node, waived, gpu_type)
             if placement is not None:
                 self._start(pending, placement, admission.borrowing, now, decisions, gpu_type)
                 return True
         return False
 
     def _finish(self, decisions: Decisions) -> Decisions:
-        decisions.reservations = [
-            Reservation(w, tuple(sorted(r.items())), self._hold_kind[w]) for w, r in self._reserved.items()
-        ]
+        decisions.reservations = self._holds.reservations()
         return decisions
 
     def _run_level(self, level: int, now: float, decisions: Decisions, state: _Pass) -> str:
@@ -344,11 +346,37 @@ class Scheduler:
         return (head.queued_at, head.request.workload_id)
 
     def _consider(self, pending: PendingWorkload, now: float, decisions: Decisions, state: _Pass) -> str:
+        held_back = state.held_back
+        if held_back is None:
+            return self._consider_request(pending, now, decisions, state)
+        if self._held_back(pending, state):
+            return "skip"  # an older starving request of its team goes first
+        outcome = self._consider_request(pending, now, decisions, state)
+        if outcome == "started":
+            held_back.started(pending, self._queues.heads)
+        return outcome
+
+    def _held_back(self, pending: PendingWorkload, state: _Pass) -> bool:
+        """Whether an older starving request of its team holds `pending` back this decision
+        (`core.team_order`). A held-back gang gives up a blocked-head or starving reservation,
+        so that the request holding it back may take one; a preemptor keeps its hold (its
+        victims are already leaving for it) and is never held back."""
+        if state.held_back is None:
+            return False
+        workload = pending.request.workload_id
+        kind = self._holds.kind_of(workload)
+        if kind is HoldKind.PREEMPTOR or not state.held_back.holds_back(pending):
+            return False
+        if kind is not None:
+            self._drop_reservation(workload)
+        return True
+
+    def _consider_request(self, pending: PendingWorkload, now: float, decisions: Decisions, state: _Pass) -> str:
         request = pending.request
         workload = request.workload_id
         if self._awaiting.get(workload):
             return "waiting"  # its victims still hold the GPUs reserved for it
-        waived = self._waived_for(workload, self._value(request))
+        waived = self._holds.waived_for(workload, self._value(request))
         admissions = self._admissions(request)
         if state.nominal_only:
             line = (self._value(request), request.team, request.workload_class.value)
@@ -368,12 +396,12 @@ class Scheduler:
                     ):
                         return "preempting"
             return "skip"
-        room = self._pool.free_gpus if waived else self._open_gpus()
+        room = self._pool.free_gpus if waived else self._holds.open_gpus()
         if room >= request.gpus:
             for gpu_type, admission in open_types if len(open_types) == 1 else self._fit_order(open_types):
                 if not admission.allowed:
                     continue
-                placement = self._find(request, self._held, waived, gpu_type)
+                placement = self._find(request, self._holds.per_node, waived, gpu_type)
                 if placement is not None:
                     self._start(pending, placement, admission.borrowing, now, decisions, gpu_type)
                     return "started"
@@ -386,10 +414,10 @@ class Scheduler:
         for gpu_type, _ in open_types:
             if self._try_escalate(pending, waived, now, decisions, state, gpu_type):
                 return "preempting"
-        kind = reservation_to_take(pending, self._knobs, now, self._hold_kind.get(workload), self._hold_counts)
+        kind = reservation_to_take(pending, self._knobs, now, self._holds.kind_of(workload), self._holds.counts)
         if kind is not None:
             self._drop_reservation(workload)  # a blocked head that starves moves to its own slot
-            self._reserve(request, self._held, kind, open_types[0][0])
+            self._reserve(request, kind, open_types[0][0])
         if not self._knobs.backfill:
             return "halt"
         if self._pool.free_gpus == 0 and (state.budget[0] <= 0 or self._knobs.preemption is PreemptionMode.NONE):
@@ -422,25 +450,6 @@ class Scheduler:
     def _types(self, request: GangRequest) -> tuple[str, ...]:
         return gpu_types.request_types(self.policy, request, self._types_of) if self._typed else _IMPLICIT_TYPE
 
-    def _open_gpus(self) -> int:
-        """Free GPUs that no reservation holds."""
-        return self._pool.free_gpus - self._held_free
-
-    def _node_change(self, node: str, gpus_freed: int = 0, gpus_held: int = 0) -> None:
-        """Apply a change to a node's free or held GPUs, keeping `_held_free` exact."""
-        held = self._held.get(node, 0)
-        self._held_free -= min(self._pool.free(node), held)
-        if gpus_freed > 0:
-            self._pool.release(node, gpus_freed)
-        elif gpus_freed < 0:
-            self._pool.allocate(node, -gpus_freed)
-        held += gpus_held
-        if held:
-            self._held[node] = held
-        else:
-            self._held.pop(node, None)
-        self._held_free += min(self._pool.free(node), held)
-
     def _due_stops(self, now: float, decisions: Decisions) -> None:
         decisions.stops.extend(self._stops)
         self._stops.clear()
@@ -471,88 +480,19 @@ class Scheduler:
             bonus=waived,
         )
 
-    def _waived_for(self, workload_id: str, value: int) -> dict[str, int]:
-        """Reserved GPUs this request may use anyway: its own reservation, and reservations of
-        lower priority (a reservation only stops backfill; higher-priority work goes ahead of
-        it, as it would in the queue). Empty for plain backfill, the common case."""
-        lower = self._waived_cache.get(value)
-        if lower is None:
-            lower = {}
-            for other, amounts in self._reserved.items():
-                if self._reserved_value[other] < value:
-                    for node, gpus in amounts.items():
-                        lower[node] = lower.get(node, 0) + gpus
-            self._waived_cache[value] = lower
-        own = self._reserved.get(workload_id)
-        if not own or self._reserved_value[workload_id] < value:
-            return lower  # its own reservation is already among the lower ones (or absent)
-        merged = dict(lower)
-        for node, gpus in own.items():
-            merged[node] = merged.get(node, 0) + gpus
-        return merged
-
     def _typed_held(self, held: dict[str, int], gpu_type: str) -> dict[str, int]:
         """`held` as a search confined to `gpu_type` sees it (other types' nodes held whole)."""
         return self._pool.held_for_type(gpu_type, held) if self._typed else held
 
-    def _held_without(self, waived: dict[str, int]) -> dict[str, int]:
-        if not waived:
-            return self._held
-        out = dict(self._held)
-        for node, gpus in waived.items():
-            left = out[node] - gpus
-            if left:
-                out[node] = left
-            else:
-                del out[node]
-        return out
-
-    def _reserve(self, request: GangRequest, held: dict[str, int], kind: HoldKind, gpu_type: str = "") -> None:
-        held = dict(self._victims.settled.pinned(self._typed_held(held, gpu_type)))  # immune GPUs never free up
-        group = request.node_group
-        if group is None and request.same_node_group and len(request.bundles) > 1:
-            groups = [g for g in self._pool.group_names() if not self._typed or self._pool.group_type(g) == gpu_type]
-            if not groups:
-                return
-            free_by_group: dict[str, int] = {}
-            for node in self._pool.nodes():
-                free_by_group[node.node_group] = free_by_group.get(node.node_group, 0) + self._pool.free(node.name)
-            group = max(groups, key=lambda g: (free_by_group.get(g, 0), g))
-        if len(request.bundles) == 1 or request.strategy is PlacementStrategy.STRICT_PACK:
-            nodes = self._pool.most_free((request.gpus,), group, held)
-            if nodes is None:
-                return
-            self._hold(request, {nodes[0]: request.gpus}, kind)
-            return
-        nodes = self._pool.most_free(request.bundles, group, held)
-        if nodes is None:
-            return
-        amounts: dict[str, int] = {}
-        for name, size in zip(nodes, request.bundles, strict=True):
-            amounts[name] = amounts.get(name, 0) + size
-        self._hold(request, amounts, kind)
-
-    def _hold(self, request: GangRequest, amounts: dict[str, int], kind: HoldKind) -> None:
-        workload_id = request.workload_id
-        self._drop_reservation(workload_id)
-        self._waived_cache.clear()
-        self._reserved[workload_id] = amounts
-        self._reserved_value[workload_id] = self._value(request)
-        self._hold_kind[workload_id] = kind
-        self._hold_team[workload_id] = request.team
-        self._hold_counts.add(kind, request.team)
-        for node, gpus in amounts.items():
-            self._node_change(node, gpus_held=gpus)
+    def _reserve(self, request: GangRequest, kind: HoldKind, gpu_type: str = "") -> None:
+        # An immune settled lease's GPUs count as held: nothing will free them early.
+        held = dict(self._victims.settled.pinned(self._typed_held(self._holds.per_node, gpu_type)))
+        amounts = reservation_amounts(self._pool, request, held, gpu_type if self._typed else None)
+        if amounts is not None:
+            self._holds.add(request, self._value(request), amounts, kind)
 
     def _drop_reservation(self, workload_id: str) -> None:
-        amounts = self._reserved.pop(workload_id, None)
-        if amounts is None:
-            return
-        self._waived_cache.clear()
-        del self._reserved_value[workload_id]
-        self._hold_counts.remove(self._hold_kind.pop(workload_id), self._hold_team.pop(workload_id))
-        for node, gpus in amounts.items():
-            self._node_change(node, gpus_held=-gpus)
+        self._holds.drop(workload_id)
 
     def _try_preempt(
         self,
@@ -585,7 +525,7 @@ class Scheduler:
         if not self._victims_may_exist(request, gpu_type):
             return False
         budget[0] -= 1
-        held = self._typed_held(self._held_without(waived), gpu_type)
+        held = self._typed_held(self._holds.held_without(waived), gpu_type)
         running = self._running
         if own_entry_only:
             key = self._key(request, gpu_type)
@@ -620,7 +560,7 @@ class Scheduler:
         if now < self._next_victim_search.get(search, now):
             return False
         state.budget[0] -= 1
-        held = self._typed_held(self._held_without(waived), gpu_type)
+        held = self._typed_held(self._holds.held_without(waived), gpu_type)
         plan = self._victims.plan_escalation(request, self._running, held, now)
         if plan is not None and not self._admission(request, self._freed_by_entry(plan), gpu_type).allowed:
             plan = None
@@ -687,7 +627,8 @@ class Scheduler:
         amounts: dict[str, int] = {}
         for node, size in zip(plan.placement, request.bundles, strict=True):
             amounts[node] = amounts.get(node, 0) + size
-        self._hold(request, amounts, HoldKind.PREEMPTOR)  # the victims' GPUs go to this gang, not backfill
+        # The victims' GPUs go to this gang, not to backfill.
+        self._holds.add(request, self._value(request), amounts, HoldKind.PREEMPTOR)
         self._awaiting[request.workload_id] = waiting
         self._arriving_type[request.workload_id] = gpu_type
         if self._knobs.enforce_quota:
@@ -723,7 +664,7 @@ class Scheduler:
             gpu_type=gpu_type,
         )
         for node, size in zip(placement, request.bundles, strict=True):
-            self._node_change(node, gpus_freed=-size)
+            self._holds.node_change(node, gpus_freed=-size)
         self._book.charge(self._key(request, gpu_type), request.gpus)
         self._usage.change(request.team, request.gpus, now)
         self._leases[lease.lease_id] = lease
@@ -741,6 +682,9 @@ class Scheduler:
     def _value(self, request: GangRequest) -> int:
         return self._priority[request.priority_class].value
 
+    def _pending_value(self, pending: PendingWorkload) -> int:
+        return self._priority[pending.request.priority_class].value
+
     def _key(self, request: GangRequest, gpu_type: str = "") -> QuotaKey:
         return self._book.key(request.team, request.workload_class, gpu_type)
 
@@ -752,7 +696,7 @@ class Scheduler:
         if lease.state is LeaseState.PREEMPTING and lease.notice_at is not None and self._knobs.enforce_quota:
             self._book.mark_leaving(self._lease_key(lease), -lease.gpus)
         for node, size in zip(lease.placement, request.bundles, strict=True):
-            self._node_change(node, gpus_freed=size)
+            self._holds.node_change(node, gpus_freed=size)
         self._book.charge(self._lease_key(lease), -request.gpus)
         self._usage.change(request.team, -request.gpus, now)
         if lease.state is LeaseState.RUNNING:
@@ -803,7 +747,7 @@ class Scheduler:
         return len(self._queues)
 
     def reservations(self) -> dict[str, dict[str, int]]:
-        return {w: dict(r) for w, r in self._reserved.items()}
+        return {w: dict(r) for w, r in self._holds.amounts().items()}
 
     def team_usage(self, team: str) -> int:
         return self._book.team_usage(team)
@@ -812,7 +756,10 @@ class Scheduler:
         """`explain_pending`: give every pending workload its reason (a placement search each:
         for operators and reports, not for what runs every tick)."""
         queued = list(self._queues.items())
-        explained = [(p, self.explain_pending(p)) for p in queued] if explain_pending else None
+        explained = None
+        if explain_pending:
+            explainer = self.explainer(now)
+            explained = [(p, explainer(p)) for p in queued]
         return build_snapshot(
             self.policy,
             self._pool,
@@ -821,15 +768,25 @@ class Scheduler:
             self._leases,
             queued,
             explained,
-            self._reserved,
+            self._holds.amounts(),
             now,
         )
 
-    def explain_pending(self, pending: PendingWorkload) -> PendingExplanation:
-        """Why `pending` has not started, judged on the state now (`core.explain`)."""
-        return explain.explain_pending(self, pending)
+    def explain_pending(self, pending: PendingWorkload, now: float | None = None) -> PendingExplanation:
+        """Why `pending` has not started, judged on the state now (`core.explain`); with `now`,
+        the team order (`starving_blocks_team`) too."""
+        return self.explainer(now)(pending)
 
-    def waiting_for_capacity(self) -> list[GangRequest]:
-        """Queued gangs that more GPUs would let start (`core.explain`): what a driver asks an
-        autoscaler for."""
+    def explainer(self, now: float | None) -> Callable[[PendingWorkload], PendingExplanation]:
+        """`explain_pending` for many requests at `now`: the team order is found once."""
+        held_back = None
+        if now is not None and self._knobs.starving_blocks_team:
+            held_back = HeldBack(self._knobs, self._pending_value, now)
+            held_back.add_heads(self._queues.heads())
+        return lambda pending: explain.explain_pending(self, pending, held_back)
+
+    def waiting_for_capacity(self) -> list[explain.CapacityNeed]:
+        """Queued gangs that more GPUs (of a type) would let start (`core.explain`): what a
+        driver asks an autoscaler for."""
         return explain.waiting_for_capacity(self)
+

@@ -9,7 +9,9 @@ it added).
 Version history: 1, the first JSON snapshot (before it: a pickle in `scheduler.db`, migrated
 once by the actor); 2, node cordons (`LiveState.cordons`, and the core's holds for them); 3, one
 preemption-notice type (`LiveState.notices` holds `preemption_channel.PreemptionNotice`s, which
-the job's channel carries too, where it held the api's `Notice` models).
+the job's channel carries too, where it held the api's `Notice` models); 4, the core's holds
+as one object (`core.holds.Holds` in `Scheduler._holds`, where they were eight fields of the
+core).
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from typing import Any
 from switchyard.scheduler.core.state_codec import StateCodecError, decode_state, encode_state
 from switchyard.scheduler.driver.state import LiveState
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 
 
 def _cordons_added(doc: dict[str, Any]) -> dict[str, Any]:
@@ -81,8 +83,51 @@ def _one_notice_type(doc: dict[str, Any]) -> dict[str, Any]:
     return {**doc, "schema_version": 3}
 
 
+_SCHEDULER = "switchyard.scheduler.core.scheduler:Scheduler"
+_HOLDS = "switchyard.scheduler.core.holds:Holds"
+_HOLD_FIELDS = {  # version 3's field of the core -> version 4's field of its Holds
+    "_reserved": "_amounts",
+    "_reserved_value": "_value",
+    "_hold_kind": "_kind",
+    "_hold_team": "_team",
+    "_hold_counts": "counts",
+    "_waived_cache": "_waived_cache",
+    "_held": "per_node",
+    "_held_free": "_held_free",
+}
+
+
+def _holds_own_object(doc: dict[str, Any]) -> dict[str, Any]:
+    """3 -> 4: the core's eight hold fields become one `Holds` object, written where the first
+    of them was (so anything after it that refers back to them finds them decoded), sharing
+    the core's node pool."""
+    doc = copy.deepcopy(doc)
+    entries = list(_entries(doc["state"]))
+    next_id = 1 + max((e["#"] for e in entries if isinstance(e.get("#"), int)), default=-1)
+    for e in entries:
+        if e.get("t") != "obj" or e.get("c") != _SCHEDULER:
+            continue
+        old = e["v"]
+        pool = old["_pool"]
+        fields = {"_pool": {"@": pool["#"]} if "#" in pool else pool}
+        fields.update({new: old[name] for name, new in _HOLD_FIELDS.items()})
+        v: dict[str, Any] = {}
+        for name, value in old.items():
+            if name not in _HOLD_FIELDS:
+                v[name] = value
+            elif "_holds" not in v:
+                v["_holds"] = {"t": "obj", "c": _HOLDS, "#": next_id, "v": fields}
+                next_id += 1
+        e["v"] = v
+    return {**doc, "schema_version": 4}
+
+
 # from-version -> a function rewriting a document of that version into the next one
-MIGRATIONS: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {1: _cordons_added, 2: _one_notice_type}
+MIGRATIONS: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {
+    1: _cordons_added,
+    2: _one_notice_type,
+    3: _holds_own_object,
+}
 
 
 class SnapshotVersionError(ValueError):

@@ -7,8 +7,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from switchyard.scheduler.core import GangRequest
 from switchyard.scheduler.core.cordon import leases_by_node
+from switchyard.scheduler.core.explain import CapacityNeed
 from switchyard.scheduler.driver import node_cordons
 from switchyard.scheduler.driver.state import LiveState
 from switchyard.scheduler.driver.tally import LiveTally, TeamGpus
@@ -18,7 +18,7 @@ from switchyard.scheduler.queue_view import queue_rows
 def workload_rows(state: LiveState, now: float) -> list[dict[str, Any]]:
     """One row per workload ever submitted (`SchedulerActor.list_workloads`)."""
     core = state.core
-    queue = queue_rows(core.pending(), core.explain_pending, now)
+    queue = queue_rows(core.pending(), core.explainer(now), now)
     out = []
     for wid, sub in state.submissions.items():
         lease = core.lease_of(wid)
@@ -136,12 +136,13 @@ def held_grants(state: LiveState, is_replica: Callable[[str], bool]) -> dict[str
     }
 
 
-def leased_bundles(state: LiveState) -> Iterable[tuple[int, ...]]:
-    """Every leased gang's bundles; with `waiting_for_capacity`, the autoscaler request's input."""
-    return [lease.request.bundles for lease in state.core.leases().values()]
+def leased_bundles(state: LiveState) -> Iterable[tuple[tuple[int, ...], str]]:
+    """Every leased gang's bundles and GPU type; with `waiting_for_capacity`, the autoscaler
+    request's input."""
+    return [(lease.request.bundles, lease.gpu_type) for lease in state.core.leases().values()]
 
 
-def waiting_for_capacity(state: LiveState) -> list[GangRequest]:
+def waiting_for_capacity(state: LiveState) -> list[CapacityNeed]:
     return state.core.waiting_for_capacity()
 
 

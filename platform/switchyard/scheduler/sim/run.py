@@ -163,6 +163,13 @@ def private_knobs(shared: PolicyKnobs) -> PolicyKnobs:
     return replace(shared, enforce_quota=False, borrowing=False, preemption=PreemptionMode.NONE)
 
 
+def run_private(team: str, jobs: list[TraceJob], gpus: int, window: SimWindow, knobs: PolicyKnobs) -> SimTrace:
+    """`jobs` (one team's) alone on a private cluster of `gpus` GPUs, with `knobs`
+    (`private_knobs` of the shared run's)."""
+    policy = SchedulerPolicy(DEFAULT_PRIORITY_CLASSES, (Team(team, (Quota(RESEARCH_CLASSES, gpus),)),), knobs)
+    return Simulation(policy, Cluster(gpus), jobs, replace(window)).run()
+
+
 def _add_anomaly(
     report: dict[str, object],
     jobs: list[TraceJob],
@@ -181,8 +188,7 @@ def _add_anomaly(
     for team, row in teams.items():
         mine = [j for j in jobs if j.team == team]
         gpus = private_cluster_gpus(quotas.get(team, 0), mine)
-        policy = SchedulerPolicy(DEFAULT_PRIORITY_CLASSES, (Team(team, (Quota(RESEARCH_CLASSES, gpus),)),), knobs)
-        private = Simulation(policy, Cluster(gpus), mine, replace(window)).run()
+        private = run_private(team, mine, gpus, window, knobs)
         p99 = percentile([r.wait_s for r in private.jobs], 99)
         row["private_cluster_gpus"] = gpus
         row["wait_p99_private_s"] = round(p99, 1)
