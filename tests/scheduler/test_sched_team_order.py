@@ -22,12 +22,13 @@ def _started(s: Scheduler, now: float) -> list[str]:
 
 
 def _blocked_big_gang(knobs: PolicyKnobs) -> Scheduler:
-    """a's 16-GPU gang waits for the whole cluster: a's 4-GPU job and b's node hold it."""
-    s = Scheduler(policy({"a": 8, "b": 8}, knobs), nodes(2))
+    """a (4 guaranteed) runs a 4-GPU job and b a whole node: a's 16-GPU batch gang waits for
+    the whole cluster. A later 4-GPU job of a borrows, and starts while the gang is young."""
+    s = Scheduler(policy({"a": 4, "b": 8}, knobs), nodes(2))
     s.submit(gang("a-0", "a", (4,), "training"), 0)
     s.submit(gang("b-0", "b", (8,), "training"), 0)
     assert _started(s, 0) == ["a-0", "b-0"]
-    s.submit(gang("a-big", "a", (8, 8), "training", same_group=True), 1)
+    s.submit(gang("a-big", "a", (8, 8), "batch", same_group=True), 1)
     s.submit(gang("a-early", "a", (4,), "exploratory"), 10)
     assert _started(s, 10) == ["a-early"]  # a-big is not starving yet: backfill as usual
     s.release("a-early#1", 20, finished=True)
@@ -40,23 +41,26 @@ def test_without_the_rule_a_teams_later_job_overtakes_its_starving_gang() -> Non
     assert _started(s, HOUR + 10) == ["a-late"]
 
 
-def test_a_starving_gang_holds_back_its_teams_later_work_only() -> None:
+def test_a_starving_gang_holds_back_its_teams_later_borrowing_work_only() -> None:
     s = _blocked_big_gang(KNOBS)
     s.submit(gang("a-late", "a", (4,), "exploratory"), HOUR + 10)
-    assert _started(s, HOUR + 10) == []  # a-big (training) starves: a's later work waits
+    assert _started(s, HOUR + 10) == []  # a-big starves: a's later work that would borrow waits
     reasons = {p.workload_id: p.reason for p in s.snapshot(HOUR + 10).pending}
     assert reasons == {"a-big": "capacity", "a-late": "team order"}  # each says why it waits
-    s.submit(gang("a-urgent", "a", (2,), "production-inference"), HOUR + 20)
-    assert _started(s, HOUR + 20) == ["a-urgent"]  # a higher priority than the gang's goes on
+    s.submit(gang("a-urgent", "a", (2,), "training"), HOUR + 20)
+    assert _started(s, HOUR + 20) == ["a-urgent"]  # a priority above the gang's goes on
     s.release("a-urgent#1", HOUR + 30, finished=True)
-    s.release("b-0#1", HOUR + 30, finished=True)
-    s.submit(gang("b-late", "b", (4,), "exploratory"), HOUR + 30)
-    assert _started(s, HOUR + 30) == ["b-late"]  # another team is not held back
-    s.release("b-late#1", HOUR + 40, finished=True)
-    s.release("a-0#1", HOUR + 40, finished=True)
-    assert _started(s, HOUR + 40) == ["a-big"]  # the gang first, then its team's later work
-    s.release("a-big#1", HOUR + 50, finished=True)
-    assert _started(s, HOUR + 50) == ["a-late"]
+    s.release("a-0#1", HOUR + 30, finished=True)
+    assert _started(s, HOUR + 30) == ["a-late"]  # within a's guarantee now: it goes on
+    s.release("b-0#1", HOUR + 40, finished=True)
+    s.submit(gang("b-late", "b", (4,), "exploratory"), HOUR + 40)
+    assert _started(s, HOUR + 40) == ["b-late"]  # another team is never held back
+    s.submit(gang("a-later", "a", (4,), "exploratory"), HOUR + 50)
+    s.release("b-late#1", HOUR + 60, finished=True)
+    s.release("a-late#1", HOUR + 60, finished=True)
+    assert _started(s, HOUR + 60) == ["a-big"]  # the gang first, then its team's later work
+    s.release("a-big#1", HOUR + 70, finished=True)
+    assert _started(s, HOUR + 70) == ["a-later"]
 
 
 def _value(s: Scheduler, pending: PendingWorkload) -> int:
@@ -97,8 +101,8 @@ def _violations(seed: int, rule: bool) -> list[str]:
         waiting = s.pending()
         for start in decision.starts:
             ends[start.lease_id] = now + durations[start.workload_id]
-            if start.workload_id in preemptors:
-                continue  # its victims already left for it
+            if start.workload_id in preemptors or not start.borrowing:
+                continue  # its victims already left for it; or it runs within its team's guarantee
             x = queued[start.workload_id]
             for y in waiting:
                 if (

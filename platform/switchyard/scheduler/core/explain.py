@@ -27,7 +27,7 @@ def explain_pending(core: Scheduler, pending: PendingWorkload, held_back: HeldBa
     workload = request.workload_id
     if core._awaiting.get(workload):
         return PendingExplanation(PendingReason.PREEMPTING, f"{len(core._awaiting[workload])} victim(s) leaving")
-    if held_back is not None and held_back.holds_back(pending):
+    if held_back is not None and core._team_order_holds(held_back, pending):
         return PendingExplanation(
             PendingReason.TEAM_ORDER, f"an older request of team {request.team} is starving and goes first"
         )

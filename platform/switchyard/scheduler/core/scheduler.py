@@ -358,14 +358,15 @@ class Scheduler:
 
     def _held_back(self, pending: PendingWorkload, state: _Pass) -> bool:
         """Whether an older starving request of its team holds `pending` back this decision
-        (`core.team_order`). A held-back gang gives up a blocked-head or starving reservation,
-        so that the request holding it back may take one; a preemptor keeps its hold (its
-        victims are already leaving for it) and is never held back."""
+        (`core.team_order`): only while it would borrow on every GPU type it may take (within
+        its guarantee a team's work goes on). A held-back gang gives up a blocked-head or
+        starving reservation, so that the request holding it back may take one; a preemptor
+        keeps its hold (its victims are already leaving for it) and is never held back."""
         if state.held_back is None:
             return False
         workload = pending.request.workload_id
         kind = self._holds.kind_of(workload)
-        if kind is HoldKind.PREEMPTOR or not state.held_back.holds_back(pending):
+        if kind is HoldKind.PREEMPTOR or not self._team_order_holds(state.held_back, pending):
             return False
         if kind is not None:
             self._drop_reservation(workload)
@@ -681,6 +682,13 @@ class Scheduler:
 
     def _value(self, request: GangRequest) -> int:
         return self._priority[request.priority_class].value
+
+    def _team_order_holds(self, held_back: HeldBack, pending: PendingWorkload) -> bool:
+        """`pending` waits for an older starving request of its team and would borrow on every
+        GPU type it may take."""
+        if not held_back.holds_back(pending):
+            return False
+        return not any(a.allowed and not a.borrowing for _, a in self._admissions(pending.request))
 
     def _pending_value(self, pending: PendingWorkload) -> int:
         return self._priority[pending.request.priority_class].value

@@ -4,10 +4,12 @@ Backfill lets a team's small jobs start past its own blocked gang; under load th
 team's usage (and the capacity it may borrow) taken, and the gang starves before its first
 start (issue 18: a 32-GPU gang of a 28-GPU team waited 13 days behind its team's 8-GPU jobs).
 Once a request has waited past `starvation_after_s` it *holds back* every request of its team
-that was submitted after it, at its priority or below: those wait until it starts (Kueue's
-StrictFIFO queueing, applied per team and only once a request starves). Other teams, and its
-team's higher priorities, are not held back. A gang whose victims are already leaving for it
-(a preemptor's hold) still starts: its GPUs were taken for it.
+that was submitted after it, at its priority or below, and would borrow: those wait until it
+starts (Kueue's StrictFIFO queueing, applied per team and only once a request starves). What
+a team borrows goes to its oldest starving request first; within its guarantee its work goes
+on, as do other teams and its team's higher priorities. A gang whose victims are already
+leaving for it (a preemptor's hold) still starts: its GPUs were taken for it. (The borrowing
+test needs the quota book, so the scheduler makes it: `Scheduler._team_order_holds`.)
 """
 
 from __future__ import annotations
