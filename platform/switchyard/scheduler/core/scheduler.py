@@ -243,8 +243,9 @@ class Scheduler:
         self._due_stops(now, decisions)
         state = _Pass(self._knobs.max_preemption_attempts)
         if self._knobs.starving_blocks_team:
-            state.held_back = HeldBack(self._knobs, self._pending_value, now)
-            state.held_back.add_heads(self._queues.heads())
+            held_back = HeldBack(self._knobs, self._pending_value, now)
+            held_back.add_heads(self._queues.heads())
+            state.held_back = held_back or None  # nothing starves (the common case): no checks
         # Gangs holding reservations (blocked heads, starving gangs, preemptors) start first
         # where their holds let them: backfill must never take GPUs made ready for them.
         for workload in list(self._holds):

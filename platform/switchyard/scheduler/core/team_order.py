@@ -18,7 +18,6 @@ from collections.abc import Callable, Iterable
 
 from switchyard.scheduler.core.model import PendingWorkload
 from switchyard.scheduler.core.policy import PolicyKnobs
-from switchyard.scheduler.core.starvation import is_starving
 
 
 class HeldBack:
@@ -33,11 +32,19 @@ class HeldBack:
 
     def add_heads(self, heads: Iterable[PendingWorkload]) -> None:
         """`heads`: the oldest request of each queue group (a group is in submit order)."""
+        bound = self._knobs.starvation_after_s
+        if bound is None:
+            return
+        cutoff = self._now - bound  # inline `is_starving`: this runs over every group each decision
         for head in heads:
-            if is_starving(head, self._knobs, self._now):
+            if head.submitted_at < cutoff:
                 levels = self._oldest.setdefault(head.request.team, {})
                 value = self._value_of(head)
                 levels[value] = min(levels.get(value, head.submitted_at), head.submitted_at)
+
+    def __bool__(self) -> bool:
+        """Whether any request holds anything back."""
+        return any(self._oldest.values())
 
     def holds_back(self, pending: PendingWorkload) -> bool:
         levels = self._oldest.get(pending.request.team)
