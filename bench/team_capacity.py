@@ -33,7 +33,9 @@ TRACE = ROOT.parent / "shared" / "traces" / "philly_jobs_sep_oct_2017.csv"
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--team", required=True)
-    parser.add_argument("--window", choices=sorted(WINDOWS), default="oct")
+    parser.add_argument("--window", choices=sorted(WINDOWS), help="Philly's named months (sets --from/--to)")
+    parser.add_argument("--from", dest="window_from", help="date or fraction of the trace; default: its start")
+    parser.add_argument("--to", dest="window_to", help="date or fraction; default: the trace's end")
     parser.add_argument("--gpus", default="32,40,48,56,64,80,96", help="private cluster sizes (multiples of 8)")
     parser.add_argument("--trace", type=Path, default=TRACE)
     parser.add_argument("--policy-file", type=Path, default=ROOT / "bench" / "philly_scheduler.yaml")
@@ -41,15 +43,15 @@ def main() -> None:
     args = parser.parse_args()
     knobs = private_knobs(load_policy_file(args.policy_file).to_policy().knobs)
     trace = load_trace(args.trace, args.seed)
-    frm, to = WINDOWS[args.window]
+    frm, to = WINDOWS[args.window] if args.window else (args.window_from, args.window_to)
     replay = resolve_window(trace, frm, to, None)
     window = SimWindow(replay.start_s, replay.end_s, 30 * 86400.0)
     jobs = [j for j in select_jobs(trace.jobs, replay, None) if j.team == args.team]
     measured = [j for j in jobs if replay.start_s <= j.submit_s < replay.end_s]
     if not measured:
-        raise SystemExit(f"team {args.team!r} has no jobs in {args.window}")
+        raise SystemExit(f"team {args.team!r} has no jobs in the window {frm} .. {to}")
     demand = sum(j.gpus * j.duration_s for j in measured) / (replay.end_s - replay.start_s)
-    print(f"# team {args.team}, {args.window} (seed {args.seed}): {len(measured)} jobs, mean demand {demand:.1f} GPUs, "
+    print(f"# team {args.team}, {frm} .. {to} (seed {args.seed}): {len(measured)} jobs, mean demand {demand:.1f} GPUs, "
           f"largest gang {max(j.gpus for j in measured)} GPUs")
     print(f"# {' '.join(sys.argv)}")
     print("| private GPUs | p50 wait s | p99 wait s | max wait s |")
