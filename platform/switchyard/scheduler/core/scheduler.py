@@ -12,7 +12,7 @@ import heapq
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
-from switchyard.scheduler.core import explain, gpu_types
+from switchyard.scheduler.core import explain, gpu_types, victim_search
 from switchyard.scheduler.core.fairshare import DecayedUsage
 from switchyard.scheduler.core.holds import Holds, reservation_amounts
 from switchyard.scheduler.core.model import (
@@ -24,7 +24,6 @@ from switchyard.scheduler.core.model import (
     LeaseState,
     Node,
     PendingWorkload,
-    PreemptionDecision,
     StopOrder,
     WorkloadClass,
     lease_name,
@@ -32,12 +31,12 @@ from switchyard.scheduler.core.model import (
 from switchyard.scheduler.core.pending import PendingExplanation
 from switchyard.scheduler.core.placement import NodePool
 from switchyard.scheduler.core.policy import Ordering, PreemptionMode, SchedulerPolicy
-from switchyard.scheduler.core.preemption import VictimPlan, VictimSelector
+from switchyard.scheduler.core.preemption import VictimSelector
 from switchyard.scheduler.core.queue import GroupKey, PendingQueues
 from switchyard.scheduler.core.quota import NO_LENDABLE_CAPACITY, Admission, QuotaBook, QuotaKey
 from switchyard.scheduler.core.request_checks import check_request
 from switchyard.scheduler.core.snapshot import ClusterSnapshot, build_snapshot
-from switchyard.scheduler.core.starvation import may_escalate, reservation_to_take
+from switchyard.scheduler.core.starvation import reservation_to_take
 from switchyard.scheduler.core.team_order import HeldBack
 
 _IMPLICIT_TYPE = ("",)  # the one GPU type of a policy that declares none
@@ -267,7 +266,7 @@ class Scheduler:
         for level in self._queues.levels():
             if self._run_reserved(level, now, decisions, state) == "halt":
                 break
-            if self._pool.free_gpus == 0 and not self._may_preempt_for(level, state.budget):
+            if self._pool.free_gpus == 0 and not victim_search.may_preempt_for(self, level, state.budget):
                 continue  # nothing can start at this level: no free GPUs and no victims
             if self._run_level(level, now, decisions, state) == "halt":
                 break
@@ -393,8 +392,8 @@ class Scheduler:
             # Over quota: only its own team's lower-priority work can make room for it.
             if workload not in self._awaiting:
                 for gpu_type, _ in admissions:
-                    if self._try_preempt(
-                        pending, waived, now, decisions, state, own_entry_only=True, gpu_type=gpu_type
+                    if victim_search.try_preempt(
+                        self, pending, waived, now, decisions, state.budget, state.failed_shapes, True, gpu_type
                     ):
                         return "preempting"
             return "skip"
@@ -411,10 +410,12 @@ class Scheduler:
             return "waiting"
         # Kueue's whenCanPreempt default (TryNextFlavor): preempt only once no type fits as is.
         for gpu_type, _ in open_types:
-            if self._try_preempt(pending, waived, now, decisions, state, False, gpu_type):
+            if victim_search.try_preempt(
+                self, pending, waived, now, decisions, state.budget, state.failed_shapes, False, gpu_type
+            ):
                 return "preempting"
         for gpu_type, _ in open_types:
-            if self._try_escalate(pending, waived, now, decisions, state, gpu_type):
+            if victim_search.try_escalate(self, pending, waived, now, decisions, state.budget, gpu_type):
                 return "preempting"
         kind = reservation_to_take(pending, self._knobs, now, self._holds.kind_of(workload), self._holds.counts)
         if kind is not None:
@@ -495,146 +496,6 @@ class Scheduler:
 
     def _drop_reservation(self, workload_id: str) -> None:
         self._holds.drop(workload_id)
-
-    def _try_preempt(
-        self,
-        pending: PendingWorkload,
-        waived: dict[str, int],
-        now: float,
-        decisions: Decisions,
-        state: _Pass,
-        own_entry_only: bool = False,
-        gpu_type: str = "",
-    ) -> bool:
-        request = pending.request
-        budget = state.budget
-        failed_shapes = state.failed_shapes
-        if self._knobs.preemption is PreemptionMode.NONE or budget[0] <= 0:
-            return False
-        shape = (
-            request.team,
-            request.workload_class,
-            request.priority_class,
-            request.bundles,
-            request.strategy,
-            request.same_node_group,
-            request.node_group,
-            own_entry_only,
-            gpu_type,
-        )
-        if shape in failed_shapes or now < self._next_victim_search.get(shape, now):
-            return False
-        if not self._victims_may_exist(request, gpu_type):
-            return False
-        budget[0] -= 1
-        held = self._typed_held(self._holds.held_without(waived), gpu_type)
-        running = self._running
-        if own_entry_only:
-            key = self._key(request, gpu_type)
-            running = {key: self._running[key]} if key in self._running else {}
-        plan = self._victims.plan(self._on_type(request, gpu_type), running, held, now)
-        if plan is not None and not self._admission(request, self._freed_by_entry(plan), gpu_type).allowed:
-            plan = None  # room on the nodes, but its quota would still refuse it
-        if plan is None:
-            # Same-shaped requests would find the same nothing; look again after a while.
-            failed_shapes.add(shape)
-            self._next_victim_search[shape] = now + self._knobs.preemption_retry_s
-            return False
-        self._notify(request, plan, now, decisions, gpu_type)
-        return True
-
-    def _try_escalate(
-        self,
-        pending: PendingWorkload,
-        waived: dict[str, int],
-        now: float,
-        decisions: Decisions,
-        state: _Pass,
-        gpu_type: str = "",
-    ) -> bool:
-        """A gang past the second wait bound preempts strictly lower-priority work of any team."""
-        request = pending.request
-        if self._knobs.preemption is PreemptionMode.NONE or state.budget[0] <= 0:
-            return False
-        if not may_escalate(pending, self._knobs, now):
-            return False
-        search = ("escalate", request.workload_id, gpu_type)
-        if now < self._next_victim_search.get(search, now):
-            return False
-        state.budget[0] -= 1
-        held = self._typed_held(self._holds.held_without(waived), gpu_type)
-        plan = self._victims.plan_escalation(request, self._running, held, now)
-        if plan is not None and not self._admission(request, self._freed_by_entry(plan), gpu_type).allowed:
-            plan = None
-        if plan is None:
-            self._next_victim_search[search] = now + self._knobs.preemption_retry_s
-            return False
-        self._notify(request, plan, now, decisions, gpu_type)
-        return True
-
-    def _freed_by_entry(self, plan: VictimPlan) -> dict[QuotaKey, int]:
-        freed: dict[QuotaKey, int] = {}
-        for victim in plan.victims:
-            key = self._lease_key(victim.lease)
-            freed[key] = freed.get(key, 0) + victim.lease.gpus
-        return freed
-
-    def _may_preempt_for(self, level: int, budget: list[int]) -> bool:
-        if self._knobs.preemption is PreemptionMode.NONE or budget[0] <= 0:
-            return False
-        if any(g > 0 for v, g in self._preemptible_gpus.items() if v < level):
-            return True
-        return self._knobs.enforce_quota and self._knobs.preemption is not PreemptionMode.PRIORITY
-
-    def _victims_may_exist(self, request: GangRequest, gpu_type: str = "") -> bool:
-        """Cheap upper bound on victim GPUs, so hopeless searches are skipped."""
-        mine = self._value(request)
-        lower = sum(g for v, g in self._preemptible_gpus.items() if v < mine)
-        if lower >= request.gpus:
-            return True
-        if not self._knobs.enforce_quota or self._knobs.preemption is PreemptionMode.PRIORITY:
-            return False
-        if self._book.reclaiming(self._key(request, gpu_type), request.gpus):
-            return True
-        return self._victims.may_reclaim_fairly(self._on_type(request, gpu_type), self._running)
-
-    def _notify(
-        self, request: GangRequest, plan: VictimPlan, now: float, decisions: Decisions, gpu_type: str = ""
-    ) -> None:
-        deadline = now + self._knobs.preemption_grace_s
-        waiting: set[str] = set()
-        for rank, victim in enumerate(plan.victims):
-            lease = victim.lease
-            lease.state = LeaseState.PREEMPTING
-            self._preempting[lease.lease_id] = lease
-            lease.notice_at = now
-            lease.stop_deadline = deadline
-            workload = lease.request.workload_id
-            self._preemptions[workload] = self._preemptions.get(workload, 0) + 1
-            self._count_preemptible(lease, -1)
-            if self._knobs.enforce_quota:
-                self._book.mark_leaving(self._lease_key(lease), lease.gpus)
-            waiting.add(lease.lease_id)
-            decisions.notices.append(
-                PreemptionDecision(
-                    lease.lease_id,
-                    lease.request.workload_id,
-                    victim.reason,
-                    request.workload_id,
-                    rank,
-                    deadline,
-                    victim.lost_gpu_seconds,
-                )
-            )
-        amounts: dict[str, int] = {}
-        for node, size in zip(plan.placement, request.bundles, strict=True):
-            amounts[node] = amounts.get(node, 0) + size
-        # The victims' GPUs go to this gang, not to backfill.
-        self._holds.add(request, self._value(request), amounts, HoldKind.PREEMPTOR)
-        self._awaiting[request.workload_id] = waiting
-        self._arriving_type[request.workload_id] = gpu_type
-        if self._knobs.enforce_quota:
-            self._book.mark_arriving(self._key(request, gpu_type), request.gpus)
 
     # -- bookkeeping ---------------------------------------------------------------------------
     def _start(
