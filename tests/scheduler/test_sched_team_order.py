@@ -8,9 +8,17 @@ import random
 from dataclasses import replace
 
 import pytest
-from sched_support import gang, nodes, policy
+from sched_support import ALL_CLASSES, gang, nodes, policy
 
-from switchyard.scheduler.core import LeaseState, PolicyKnobs, Scheduler
+from switchyard.scheduler.core import (
+    DEFAULT_PRIORITY_CLASSES,
+    LeaseState,
+    PolicyKnobs,
+    Quota,
+    Scheduler,
+    SchedulerPolicy,
+    Team,
+)
 from switchyard.scheduler.core.model import HoldKind, PendingWorkload
 
 HOUR = 3600.0
@@ -61,6 +69,24 @@ def test_a_starving_gang_holds_back_its_teams_later_borrowing_work_only() -> Non
     assert _started(s, HOUR + 60) == ["a-big"]  # the gang first, then its team's later work
     s.release("a-big#1", HOUR + 70, finished=True)
     assert _started(s, HOUR + 70) == ["a-later"]
+
+
+def test_a_gang_its_quota_refuses_holds_nothing_back() -> None:
+    """A starving gang over its team's borrowing limit waits for its quota, not for capacity:
+    holding the team's later borrowing work back would not help it, and it could wait behind
+    the team's work inside its guarantee for ever, its team's borrowing with it."""
+    teams = (
+        Team("a", (Quota(ALL_CLASSES, 4, borrowing_limit_gpus=4),), 4.0),
+        Team("b", (Quota(ALL_CLASSES, 12),), 12.0),
+    )
+    s = Scheduler(SchedulerPolicy(DEFAULT_PRIORITY_CLASSES, teams, KNOBS), nodes(2))
+    s.submit(gang("a-0", "a", (4,), "training"), 0)
+    assert _started(s, 0) == ["a-0"]
+    s.submit(gang("a-big", "a", (8,), "training"), 1)  # 4 + 8 > 4 guaranteed + 4 borrowed
+    assert _started(s, HOUR + 10) == []
+    s.submit(gang("a-late", "a", (2,), "exploratory"), HOUR + 20)  # borrows 2: within the limit
+    assert _started(s, HOUR + 20) == ["a-late"]
+    assert {p.workload_id: p.reason for p in s.snapshot(HOUR + 20).pending} == {"a-big": "quota"}
 
 
 def _value(s: Scheduler, pending: PendingWorkload) -> int:

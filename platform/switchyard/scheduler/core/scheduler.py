@@ -242,8 +242,7 @@ class Scheduler:
         self._due_stops(now, decisions)
         state = _Pass(self._knobs.max_preemption_attempts)
         if self._knobs.starving_blocks_team:
-            held_back = HeldBack(self._knobs, self._pending_value, now)
-            held_back.add_heads(self._queues.heads())
+            held_back = self._held_back_at(now)
             state.held_back = held_back or None  # nothing starves (the common case): no checks
         # Gangs holding reservations (blocked heads, starving gangs, preemptors) start first
         # where their holds let them: backfill must never take GPUs made ready for them.
@@ -545,6 +544,18 @@ class Scheduler:
     def _value(self, request: GangRequest) -> int:
         return self._priority[request.priority_class].value
 
+    def _held_back_at(self, now: float) -> HeldBack:
+        """The team order at `now` (`core.team_order`): starving queue heads that capacity, not
+        their quota, blocks on some GPU type they may take."""
+        held_back = HeldBack(
+            self._knobs,
+            self._pending_value,
+            lambda p: any(_may_go_on(a) for _, a in self._admissions(p.request)),
+            now,
+        )
+        held_back.add_heads(self._queues.heads())
+        return held_back
+
     def _team_order_holds(self, held_back: HeldBack, pending: PendingWorkload) -> bool:
         """`pending` waits for an older starving request of its team and would borrow on every
         GPU type it may take."""
@@ -649,10 +660,7 @@ class Scheduler:
 
     def explainer(self, now: float | None) -> Callable[[PendingWorkload], PendingExplanation]:
         """`explain_pending` for many requests at `now`: the team order is found once."""
-        held_back = None
-        if now is not None and self._knobs.starving_blocks_team:
-            held_back = HeldBack(self._knobs, self._pending_value, now)
-            held_back.add_heads(self._queues.heads())
+        held_back = self._held_back_at(now) if now is not None and self._knobs.starving_blocks_team else None
         return lambda pending: explain.explain_pending(self, pending, held_back)
 
     def waiting_for_capacity(self) -> list[explain.CapacityNeed]:

@@ -8,8 +8,11 @@ that was submitted after it, at its priority or below, and would borrow: those w
 starts (Kueue's StrictFIFO queueing, applied per team and only once a request starves). What
 a team borrows goes to its oldest starving request first; within its guarantee its work goes
 on, as do other teams and its team's higher priorities. A gang whose victims are already
-leaving for it (a preemptor's hold) still starts: its GPUs were taken for it. (The borrowing
-test needs the quota book, so the scheduler makes it: `Scheduler._team_order_holds`.)
+leaving for it (a preemptor's hold) still starts: its GPUs were taken for it. Only a request
+that capacity blocks holds anything back: one its quota refuses (a borrowing limit, a class
+that may not borrow) could wait behind its team's own work inside the guarantee for ever,
+and its team's borrowing with it. (Both quota tests need the quota book, so the scheduler
+makes them: `Scheduler._team_order_holds` and `may_hold` here.)
 """
 
 from __future__ import annotations
@@ -24,9 +27,16 @@ class HeldBack:
     """For one decision: per team and priority value, the submit time of the team's oldest
     starving queued request at that value."""
 
-    def __init__(self, knobs: PolicyKnobs, value_of: Callable[[PendingWorkload], int], now: float) -> None:
+    def __init__(
+        self,
+        knobs: PolicyKnobs,
+        value_of: Callable[[PendingWorkload], int],
+        may_hold: Callable[[PendingWorkload], bool],
+        now: float,
+    ) -> None:
         self._knobs = knobs
         self._value_of = value_of
+        self._may_hold = may_hold  # capacity, not its quota, blocks it
         self._now = now
         self._oldest: dict[str, dict[int, float]] = {}
 
@@ -37,7 +47,7 @@ class HeldBack:
             return
         cutoff = self._now - bound  # inline `is_starving`: this runs over every group each decision
         for head in heads:
-            if head.submitted_at < cutoff:
+            if head.submitted_at < cutoff and self._may_hold(head):
                 levels = self._oldest.setdefault(head.request.team, {})
                 value = self._value_of(head)
                 levels[value] = min(levels.get(value, head.submitted_at), head.submitted_at)
