@@ -41,6 +41,14 @@ def as_json(proc: subprocess.CompletedProcess[str]) -> Any:
     return json.loads(proc.stdout)
 
 
+def undeploy_attached(state: Path) -> None:
+    """What `down` does for a platform attached to the session's cluster, from this process."""
+    from switchyard.cluster.deploy import undeploy
+    from switchyard.paths import policies_dir
+
+    undeploy(shutdown_serve=False, policies_dir=policies_dir(None), state_dir=state)
+
+
 def pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -95,28 +103,30 @@ def test_attach_to_existing_cluster(ray_cluster: dict[str, Any], tmp_path: Path)
     from switchyard.ports import listener_port
 
     state = str(tmp_path / "state")
-    up = as_json(
-        switchyard(
-            "up",
-            "--address",
-            ray_cluster["gcs_address"],
-            "--gateway-port",
-            str(listener_port()),
-            "--detach",
-            "--state-dir",
-            state,
-            "--json",
+    try:  # `up` inside: one that fails half-way must not leave its actors on the shared cluster
+        up = as_json(
+            switchyard(
+                "up",
+                "--address",
+                ray_cluster["gcs_address"],
+                "--gateway-port",
+                str(listener_port()),
+                "--detach",
+                "--state-dir",
+                state,
+                "--json",
+            )
         )
-    )
-    assert up["owns_cluster"] is False
-    try:
+        assert up["owns_cluster"] is False
         assert ray.get_actor("switchyard-scheduler", namespace="switchyard") is not None
         status = as_json(switchyard("status", "--state-dir", state, "--json"))
         assert "gateway" in status["serve"] and status["gpus"]["total"] == 16
         groups = {n["node_group"] for n in status["nodes"] if n["gpus"]}
         assert groups == {"a", "b"}
     finally:
-        switchyard("down", "--state-dir", state)
+        down = switchyard("down", "--state-dir", state, check=False)
+        if down.returncode != 0:  # `up` failed before recording the platform: undo it here
+            undeploy_attached(Path(state))
     with pytest.raises(ValueError):
         ray.get_actor("switchyard-scheduler", namespace="switchyard")
     assert ray.is_initialized()  # down left the cluster itself alone
