@@ -1,12 +1,14 @@
 """The persistent victim index against a brute-force ranking of every running lease.
 
 `core.preemption` no longer ranks all running leases for each victim search: it keeps a
-`VictimIndex` across decisions and, for a one-node search, visits nodes cheapest-first and
-stops once the index's lower bounds pass the best total found. The reference below is the
-search as it was before the index (every running lease judged by `core.protection`'s rules,
-ranked, each node costed): a randomized differential test runs both on every victim search of
-seeded random workloads and asserts the same plan and the same ranked candidates. The seed
-of a failure is in the assertion message.
+`VictimIndex` across decisions; a one-node search visits nodes cheapest-first, or by its
+first candidate's cost, and stops once the bounds pass the best total found; a search for a
+gang on several nodes first checks, from the GPUs each node could free, which node groups could
+hold it at all, and costs only their nodes that could hold a bundle. The references below are
+the searches as they were before (every running lease judged by `core.protection`'s rules,
+ranked, every node costed): a randomized differential test runs both on every victim search
+of seeded random workloads and asserts the same plan and the same ranked candidates. The
+seed of a failure is in the assertion message.
 """
 
 from __future__ import annotations
@@ -143,11 +145,103 @@ def reference_single_node(
     return tuple(ranked[p][0].lease_id for p in sorted(best[2])), best[1]
 
 
+def reference_multi_node(
+    selector: VictimSelector, request: GangRequest, ranked: list, held: Mapping[str, int]
+) -> tuple[tuple[str, ...], tuple[str, ...]] | None:
+    """Bundle by bundle (largest first), the node of the scope cheapest to clear for it; each
+    node of every scope costed: a scope is the request's node group, each node group whose free
+    GPUs (less those held) plus its candidates' GPUs could hold the gang, or the whole pool;
+    the cheapest scope wins, and the pool places the gang on what its victims free. Returns
+    (victim lease ids in victim order, placement)."""
+    pool, book = selector._pool, selector._book
+    checkpoint_aware = selector._policy.knobs.preemption is PreemptionMode.CHECKPOINT_AWARE
+    by_node: dict[str, list[int]] = {}
+    for position, (lease, *_rest) in enumerate(ranked):
+        for node in lease.gpus_by_node():
+            by_node.setdefault(node, []).append(position)
+    if not by_node:
+        return None
+    if request.node_group is not None:
+        scopes = [pool.group_nodes(request.node_group)]
+    elif request.same_node_group:
+        room = {g: pool.group_free(g) for g in pool.group_names()}
+        for node, gpus in held.items():
+            if node in pool:
+                room[pool.node(node).node_group] -= gpus
+        for node, positions in by_node.items():
+            room[pool.node(node).node_group] += sum(ranked[p][0].gpus_by_node()[node] for p in positions)
+        scopes = [pool.group_nodes(g) for g, r in room.items() if r >= request.gpus]
+    else:
+        scopes = [[n.name for n in pool.nodes()]]
+
+    def cost(chosen: list[int]) -> tuple[float, float]:
+        if not chosen:
+            return (0.0, 0.0)
+        if checkpoint_aware:
+            return (sum(ranked[p][4] for p in chosen), sum(chosen))
+        return (max(chosen), len(chosen))
+
+    best = None
+    for names in scopes:
+        chosen: list[int] = []
+        taken: dict[QuotaKey, int] = {}
+        bonus: dict[str, int] = {}
+        used: set[str] = set()
+        for size in sorted(request.bundles, reverse=True):
+            pick = None
+            for node in names:
+                if node in used or pool.node(node).gpus - held.get(node, 0) < size:
+                    continue
+                avail = pool.free(node) - held.get(node, 0) + bonus.get(node, 0)
+                need, extra, local = size - avail, [], dict(taken)
+                for p in by_node.get(node, []):
+                    if need <= 0:
+                        break
+                    lease, key, cross = ranked[p][0], ranked[p][1], ranked[p][2]
+                    if p in chosen or (cross and book.reclaimable(key) - local.get(key, 0) <= 0):
+                        continue
+                    extra.append(p)
+                    local[key] = local.get(key, 0) + lease.gpus
+                    need -= lease.gpus_by_node()[node]
+                if need > 0:
+                    continue
+                option = (cost(extra), avail, node, extra)
+                if pick is None or option[:3] < pick[:3]:
+                    pick = option
+            if pick is None:
+                break
+            used.add(pick[2])
+            for p in pick[3]:
+                lease, key = ranked[p][0], ranked[p][1]
+                chosen.append(p)
+                taken[key] = taken.get(key, 0) + lease.gpus
+                for node, gpus in lease.gpus_by_node().items():
+                    bonus[node] = bonus.get(node, 0) + gpus
+        else:
+            if best is None or cost(chosen) < best[0]:
+                best = (cost(chosen), chosen, bonus)
+    if best is None:
+        return None
+    placement = pool.find(
+        request.bundles,
+        request.strategy,
+        same_node_group=request.same_node_group,
+        node_group=request.node_group,
+        held=held,
+        bonus=best[2],
+    )
+    if placement is None:
+        return None
+    return tuple(ranked[p][0].lease_id for p in sorted(best[1])), placement
+
+
 class CheckedSelector(VictimSelector):
     """The index-backed selector, checked against the reference on every search."""
 
     seed = -1
     searches = 0
+    gang_searches = 0  # multi-node searches, and those that found a plan
+    gang_plans = 0
 
     def plan(
         self,
@@ -169,6 +263,12 @@ class CheckedSelector(VictimSelector):
             if got is not None:
                 lost = {lease.lease_id: (reason, work) for lease, _, _, reason, _, work in ranked}
                 assert [(v.reason, v.lost_gpu_seconds) for v in got.victims] == [lost[i] for i in actual[0]]
+        else:
+            expected_gang = reference_multi_node(self, request, ranked, held)
+            actual_gang = None if got is None else (tuple(v.lease.lease_id for v in got.victims), got.placement)
+            assert actual_gang == expected_gang, f"seed {self.seed}: gang plan differs for {request.workload_id}"
+            CheckedSelector.gang_searches += 1
+            CheckedSelector.gang_plans += got is not None
         CheckedSelector.searches += 1
         return got
 
@@ -225,10 +325,11 @@ def run_workload(seed: int, mode: PreemptionMode, events: int = 160) -> int:
 
 @pytest.mark.parametrize("mode", [PreemptionMode.CHECKPOINT_AWARE, PreemptionMode.KUEUE, PreemptionMode.PRIORITY])
 def test_index_searches_match_the_brute_force_ranking(mode: PreemptionMode) -> None:
-    CheckedSelector.searches = 0
+    CheckedSelector.searches = CheckedSelector.gang_searches = CheckedSelector.gang_plans = 0
     for seed in range(40):
         run_workload(seed, mode)
     assert CheckedSelector.searches > 400  # the workloads do search for victims
+    assert CheckedSelector.gang_plans > 20, CheckedSelector.gang_searches  # gangs on several nodes too
 
 
 def test_cheapest_first_matches_even_when_every_search_uses_it(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -257,8 +358,14 @@ def test_cheapest_bounds_stay_at_or_below_each_lease_cost() -> None:
             start = base + rng.choice([0.0, 300.0, rng.uniform(0, 5000)])
             if interval and rng.random() < 0.4:  # whole periods before `now`, give or take a float
                 start = now - rng.randint(1, 4) * interval + rng.choice([0.0, 1e-7, -1e-7, 1e-12])
-            request = GangRequest(f"w{i}", "t", WorkloadClass.EXPLORATORY, "exploratory", (rng.choice([1, 2, 8]),),
-                                  checkpoint_interval_s=interval)
+            request = GangRequest(
+                f"w{i}",
+                "t",
+                WorkloadClass.EXPLORATORY,
+                "exploratory",
+                (rng.choice([1, 2, 8]),),
+                checkpoint_interval_s=interval,
+            )
             lease = Lease(f"l{i}", request, ("n0",), start, base, False)
             index.add(lease, ("t", 0), priority)
             leases.append(lease)

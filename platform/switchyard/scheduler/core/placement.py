@@ -8,7 +8,7 @@ bundles onto nodes already chosen, then the same rack, then the tightest fit.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 
 from switchyard.scheduler.core.model import Node, PlacementStrategy
 
@@ -114,6 +114,12 @@ class NodePool:
             others = {n: _OTHER_TYPE for n, node in self._nodes.items() if node.gpu_type != gpu_type}
             self._other_types[gpu_type] = others
         return {**held, **others}
+
+    def nodes_with_free(self) -> Iterator[str]:
+        """The nodes with at least one free GPU."""
+        for count, names in self._buckets.items():
+            if count > 0:
+                yield from names
 
     def max_free(self) -> int:
         return max((c for c, names in self._buckets.items() if names), default=0)

@@ -32,11 +32,16 @@ cheapest node in each allowed node group, and the cheapest group wins. Cost is t
 lost GPU-seconds (CHECKPOINT_AWARE) or the position of the worst victim in the order.
 Candidates come from a `VictimIndex` kept across decisions; a one-node CHECKPOINT_AWARE
 search of an asker that may take many leases visits nodes cheapest-first and stops early,
-with the same result as costing every node.
+with the same result as costing every node; any other one-node search visits nodes by their
+first candidate's cost and stops the same way. A multi-bundle search first counts the GPUs
+each node could free, and ranks candidates only if some node group could then hold the gang
+(most such searches end there), costing only the nodes that could hold a bundle.
 """
 
 from __future__ import annotations
 
+import enum
+import heapq
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -72,6 +77,14 @@ class VictimPlan:
 
 _STREAM_SHARE = 8  # cheapest-first when the asker may take at least 1/8 of the leases
 _FLOAT_MARGIN = 1.0 + 1e-9  # the bound is in real numbers; the totals are float sums
+
+
+class _Rule(enum.Enum):
+    """Which of the rules above lets an asker take a lease."""
+
+    RECLAIM = "reclaim"  # rule 3, its guarantee
+    PRIORITY = "priority"  # rules 2 and 3, lower priority
+    FAIR_SHARE = "fair share"  # rule 4
 
 
 @dataclass(slots=True)
@@ -116,6 +129,9 @@ class VictimSelector:
         weights = {t.name: t.weight for t in policy.teams}
         self._fair = FairShares(book, weights, policy.knobs.fair_share_margin_gpus)
         self.settled = SettledLeases(book)
+        # Work each lease would lose at `_work_at`: a decision's searches all ask at one time.
+        self._work_at = math.nan
+        self._work: dict[str, float] = {}
 
     # -- upkeep ---------------------------------------------------------------------------
     def track(self, lease: Lease, key: QuotaKey) -> None:
@@ -143,6 +159,7 @@ class VictimSelector:
 
     def checkpointed(self, lease: Lease) -> None:
         self._index.checkpointed(lease.lease_id)
+        self._work.pop(lease.lease_id, None)
 
     # -- searches -------------------------------------------------------------------------
     def plan(
@@ -170,12 +187,16 @@ class VictimSelector:
             and takeable * _STREAM_SHARE >= len(self._index)
         ):
             return self._plan_cheapest_node(request, asker, held, now)
-        by_node = self._by_node(self._rank(self._candidates(asker, now)))
-        if not by_node:
-            return None
         if single:
-            return self._plan_single_node(request, by_node, held)
-        return self._plan_multi_node(request, by_node, held)
+            by_node = self._by_node(self._rank(self._candidates(asker, now)))
+            return self._plan_single_node(request, by_node, held) if by_node else None
+        # Most multi-node searches find no node set that could hold the gang: that needs only
+        # how many GPUs each node could free, not the candidates' costs and ranks.
+        freed = self._takeable_by_node(asker, now)
+        scopes = self._scopes(request, freed, held) if freed else []
+        if not scopes:
+            return None
+        return self._plan_multi_node(request, scopes, self._by_node(self._rank(self._candidates(asker, now))), held)
 
     def plan_escalation(
         self,
@@ -198,7 +219,8 @@ class VictimSelector:
             return None
         if len(request.bundles) == 1 or request.strategy is PlacementStrategy.STRICT_PACK:
             return self._plan_single_node(request, by_node, held)
-        return self._plan_multi_node(request, by_node, held)
+        freed = {node: sum(c.lease.gpus_by_node()[node] for c in on_node) for node, on_node in by_node.items()}
+        return self._plan_multi_node(request, self._scopes(request, freed, held), by_node, held)
 
     # -- who ------------------------------------------------------------------------------
     def _asker(self, request: GangRequest, running: Mapping[QuotaKey, object]) -> _Asker:
@@ -238,17 +260,28 @@ class VictimSelector:
         return bool(self._asker(request, running).fair_entries)
 
     def _judge(self, entry: VictimEntry, asker: _Asker, now: float) -> _Candidate | None:
-        """The candidate `entry` is for `asker` now, or None if it may not be taken.
-        Protection (`core.protection`) as thresholds the index keeps; inference reclaim
-        ignores it."""
+        """The candidate `entry` is for `asker` now, or None if it may not be taken."""
+        rule = self._rule(entry, asker, now)
+        if rule is None:
+            return None
+        if rule is _Rule.RECLAIM:  # `cross`: the team borrows, and its gang goes whole
+            return self._candidate(entry, True, PreemptionReason.RECLAIM, now)
+        if rule is _Rule.PRIORITY:
+            return self._candidate(entry, asker.entries[entry.key], PreemptionReason.PRIORITY, now)
+        candidate = self._candidate(entry, True, PreemptionReason.RECLAIM, now)
+        candidate.fair_bar = asker.fair_bar
+        return candidate
+
+    def _rule(self, entry: VictimEntry, asker: _Asker, now: float) -> _Rule | None:
+        """Which rule lets `asker` take `entry` now, if any. Protection (`core.protection`) as
+        thresholds the index keeps; inference reclaim ignores it."""
         cross = asker.entries.get(entry.key)
         if cross is None or (entry.last_resort and not asker.inference):
             return None
-        # `cross`: the team borrows, and its gang goes whole.
         if cross and asker.reclaiming and (asker.inference or now >= entry.reclaim_from):
-            return self._candidate(entry, True, PreemptionReason.RECLAIM, now)
+            return _Rule.RECLAIM
         if entry.value < asker.mine and now >= entry.priority_from:
-            return self._candidate(entry, cross, PreemptionReason.PRIORITY, now)
+            return _Rule.PRIORITY
         if (
             asker.fair_bar is not None
             and entry.key in asker.fair_entries
@@ -256,10 +289,21 @@ class VictimSelector:
             and now >= max(entry.priority_from, entry.reclaim_from)  # not its owner: both protections
             and self._fair.allows(asker.fair_bar, entry.key, entry.gpus)
         ):
-            candidate = self._candidate(entry, True, PreemptionReason.RECLAIM, now)
-            candidate.fair_bar = asker.fair_bar
-            return candidate
+            return _Rule.FAIR_SHARE
         return None
+
+    def _takeable_by_node(self, asker: _Asker, now: float) -> dict[str, int]:
+        """GPUs per node of the leases `asker` may take now: what `_candidates` would find,
+        without costing or ranking them."""
+        freed: dict[str, int] = {}
+        for (key, value), entries in self._index.cells():
+            if not self._may_take_from(asker, key, value):
+                continue
+            for entry in entries:
+                if self._rule(entry, asker, now) is not None:
+                    for node, gpus in entry.lease.gpus_by_node().items():
+                        freed[node] = freed.get(node, 0) + gpus
+        return freed
 
     def _candidates(self, asker: _Asker, now: float) -> list[_Candidate]:
         out: list[_Candidate] = []
@@ -305,11 +349,16 @@ class VictimSelector:
         knobs = self._policy.knobs
         return knobs.enforce_quota and knobs.preemption is not PreemptionMode.PRIORITY
 
-    @staticmethod
-    def _candidate(entry: VictimEntry, cross: bool, reason: PreemptionReason, now: float) -> _Candidate:
-        work = entry.lease.lost_gpu_seconds(now)
+    def _candidate(self, entry: VictimEntry, cross: bool, reason: PreemptionReason, now: float) -> _Candidate:
+        if now != self._work_at:
+            self._work_at = now
+            self._work = {}
+        lease = entry.lease
+        work = self._work.get(lease.lease_id)
+        if work is None:
+            work = self._work[lease.lease_id] = lease.lost_gpu_seconds(now)
         lost = work + entry.restart
-        return _Candidate(entry.lease, entry.key, cross, reason, lost, work, (lost, *entry.tie))
+        return _Candidate(lease, entry.key, cross, reason, lost, work, (lost, *entry.tie))
 
     def _order_key(self, mode: PreemptionMode) -> Callable[[_Candidate], tuple[float, int, float, str]]:
         def checkpoint_aware(c: _Candidate) -> tuple[float, int, float, str]:
@@ -366,7 +415,10 @@ class VictimSelector:
         cheapest = [o for o in options if o[0] == best_lost]
         if not cheapest:
             return None
-        _, node, chosen = min(cheapest, key=self._tie_break(cheapest, asker, now))
+        if len(cheapest) == 1:
+            _, node, chosen = cheapest[0]
+        else:
+            _, node, chosen = min(cheapest, key=self._tie_break(cheapest, asker, now))
         return VictimPlan(self._victims(chosen), (node,) * len(request.bundles))
 
     def _tie_break(
@@ -433,7 +485,13 @@ class VictimSelector:
         self, request: GangRequest, by_node: dict[str, list[_Candidate]], held: Mapping[str, int]
     ) -> VictimPlan | None:
         best: tuple[tuple[float, float], str, list[_Candidate]] | None = None
-        for node, on_node in by_node.items():
+        # A node costs at least its first candidate's cost (lost GPU-seconds, or position, are
+        # never below it for the candidates after it): visit nodes by that bound and stop once
+        # it passes the best cost found; a node at the bound may still tie, and win on name.
+        first = _lost_of if self._policy.knobs.preemption is PreemptionMode.CHECKPOINT_AWARE else _position_of
+        for bound, node, on_node in sorted((first(on[0]), node, on) for node, on in by_node.items()):
+            if best is not None and bound > best[0][0] * _FLOAT_MARGIN:
+                break
             if not self._may_hold(request, node, held):
                 continue
             chosen = self._fill_node(request, node, on_node, held)
@@ -447,21 +505,12 @@ class VictimSelector:
         return VictimPlan(self._victims(best[2]), (best[1],) * len(request.bundles))
 
     def _plan_multi_node(
-        self, request: GangRequest, by_node: dict[str, list[_Candidate]], held: Mapping[str, int]
+        self,
+        request: GangRequest,
+        scopes: list[list[str]],
+        by_node: dict[str, list[_Candidate]],
+        held: Mapping[str, int],
     ) -> VictimPlan | None:
-        if request.node_group is not None:
-            scopes: list[list[str]] = [self._pool.group_nodes(request.node_group)]
-        elif request.same_node_group:
-            # Only groups whose free GPUs plus victims' GPUs could hold the gang at all.
-            room: dict[str, int] = {g: self._pool.group_free(g) for g in self._pool.group_names()}
-            for node, gpus in held.items():
-                if node in self._pool:
-                    room[self._pool.node(node).node_group] -= gpus
-            for node, on_node in by_node.items():
-                room[self._pool.node(node).node_group] += sum(c.lease.gpus_by_node()[node] for c in on_node)
-            scopes = [self._pool.group_nodes(g) for g, r in room.items() if r >= request.gpus]
-        else:
-            scopes = [[n.name for n in self._pool.nodes()]]
         best: tuple[tuple[float, float], list[_Candidate], dict[str, int]] | None = None
         for names in scopes:
             plan = self._plan_in_scope(request, names, by_node, held)
@@ -473,6 +522,47 @@ class VictimSelector:
         if placement is None:
             return None
         return VictimPlan(self._victims(best[1]), placement)
+
+    def _scopes(self, request: GangRequest, freed: Mapping[str, int], held: Mapping[str, int]) -> list[list[str]]:
+        """The node sets a multi-bundle gang may be placed in, in the pool's group order: its
+        node group; or each node group whose free GPUs, less those held, plus the GPUs its
+        candidates free (`freed`, per node) could hold the gang; or the whole pool. Each set is
+        cut to the nodes that could hold a bundle once every candidate on them left (`room`),
+        and goes only if each bundle could then have a node of its own (the largest bundle on
+        the roomiest node, and so on: Hall's condition for one node per bundle). The cuts are
+        necessary for `_plan_in_scope` to succeed, and its choice of node does not depend on
+        the order it visits them, so they change no plan: they spare costing hopeless nodes."""
+        pool = self._pool
+        room: dict[str, int] = {}
+        for node, gpus in freed.items():
+            if node in pool:
+                room[node] = pool.free(node) - held.get(node, 0) + gpus
+        for node in pool.nodes_with_free():  # any other node has no room
+            if node not in room:
+                room[node] = pool.free(node) - held.get(node, 0)
+        smallest = min(request.bundles)
+        if request.node_group is None and not request.same_node_group:
+            ordered = [[node for node, r in room.items() if r >= smallest]]
+        else:
+            if request.node_group is not None:
+                groups = {request.node_group}
+            else:
+                # The group's room in all: held GPUs count against it even where none are free yet.
+                group_room = {g: pool.group_free(g) for g in pool.group_names()}
+                for node, gpus in held.items():
+                    if node in pool:
+                        group_room[pool.node(node).node_group] -= gpus
+                for node, gpus in freed.items():
+                    group_room[pool.node(node).node_group] += gpus
+                groups = {g for g, r in group_room.items() if r >= request.gpus}
+            in_group: dict[str, list[str]] = {}
+            for node, r in room.items():
+                group = pool.node(node).node_group
+                if r >= smallest and group in groups:
+                    in_group.setdefault(group, []).append(node)
+            ordered = [in_group[g] for g in pool.group_names() if g in in_group]
+        largest_first = sorted(request.bundles, reverse=True)
+        return [names for names in ordered if _each_bundle_has_a_node(largest_first, [room[n] for n in names])]
 
     def _plan_in_scope(
         self,
@@ -541,6 +631,21 @@ class VictimSelector:
     def _victims(self, chosen: list[_Candidate]) -> tuple[Victim, ...]:
         ordered = sorted(chosen, key=self._order_key(self._policy.knobs.preemption))  # = by position
         return tuple(Victim(c.lease, c.reason, c.work_lost) for c in ordered)
+
+
+def _each_bundle_has_a_node(largest_first: list[int], rooms: list[int]) -> bool:
+    if len(rooms) < len(largest_first):
+        return False
+    roomiest = heapq.nlargest(len(largest_first), rooms)
+    return all(r >= size for r, size in zip(roomiest, largest_first, strict=True))
+
+
+def _lost_of(c: _Candidate) -> float:
+    return c.lost
+
+
+def _position_of(c: _Candidate) -> float:
+    return c.position
 
 
 def _by_order(c: _Candidate) -> tuple[float, int, float, str]:
