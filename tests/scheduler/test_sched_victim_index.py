@@ -55,12 +55,13 @@ KLASS = {
 SHAPES = [(1,), (1,), (1,), (2,), (4,), (8,), (2, 2), (4, 4), (8, 8)]
 INTERVALS = [None, None, 300.0, 900.0, 0.0]
 RESEARCH = frozenset(KLASS.values())
+Ranked = tuple[Lease, QuotaKey, bool, PreemptionReason, float, float]  # lease, entry, cross, reason, cost, work
 
 
 # -- the reference: the victim search before the index -----------------------------------------
 def reference_ranking(
     selector: VictimSelector, request: GangRequest, running: Mapping[QuotaKey, Mapping[str, Lease]], now: float
-) -> list[tuple[Lease, QuotaKey, bool, PreemptionReason, float, float]]:
+) -> list[Ranked]:
     """Every running lease the request may take, in the documented victim order."""
     policy = selector._policy
     book = selector._book
@@ -102,17 +103,31 @@ def reference_ranking(
     return sorted(out, key=order)
 
 
-def reference_single_node(
-    selector: VictimSelector, request: GangRequest, ranked: list, held: Mapping[str, int]
-) -> tuple[tuple[str, ...], str] | None:
-    """Each node costed by its candidates in victim order until the gang fits; the cheapest
-    (summed cost, then summed position, then name) wins. Returns (victim lease ids, node)."""
-    pool, book = selector._pool, selector._book
-    checkpoint_aware = selector._policy.knobs.preemption is PreemptionMode.CHECKPOINT_AWARE
+def positions_by_node(ranked: list[Ranked]) -> dict[str, list[int]]:
+    """Each node's candidates, as positions in the ranking, in victim order."""
     by_node: dict[str, list[int]] = {}
     for position, (lease, *_rest) in enumerate(ranked):
         for node in lease.gpus_by_node():
             by_node.setdefault(node, []).append(position)
+    return by_node
+
+
+def reference_cost(selector: VictimSelector, ranked: list[Ranked], chosen: list[int]) -> tuple[float, float]:
+    """Summed cost, then summed position (CHECKPOINT_AWARE); else the worst position, then count."""
+    if not chosen:
+        return (0.0, 0.0)
+    if selector._policy.knobs.preemption is PreemptionMode.CHECKPOINT_AWARE:
+        return (sum(ranked[p][4] for p in chosen), sum(chosen))
+    return (max(chosen), len(chosen))
+
+
+def reference_single_node(
+    selector: VictimSelector, request: GangRequest, ranked: list[Ranked], held: Mapping[str, int]
+) -> tuple[tuple[str, ...], str] | None:
+    """Each node costed by its candidates in victim order until the gang fits; the cheapest
+    (summed cost, then summed position, then name) wins. Returns (victim lease ids, node)."""
+    pool, book = selector._pool, selector._book
+    by_node = positions_by_node(ranked)
     best = None
     for node, positions in by_node.items():
         spec = pool.node(node)
@@ -134,10 +149,7 @@ def reference_single_node(
             need -= lease.gpus_by_node()[node]
         if need > 0 or not chosen:
             continue
-        if checkpoint_aware:
-            cost: tuple[float, float] = (sum(ranked[p][4] for p in chosen), sum(chosen))
-        else:
-            cost = (max(chosen), len(chosen))
+        cost = reference_cost(selector, ranked, chosen)
         if best is None or (cost, node) < (best[0], best[1]):
             best = (cost, node, chosen)
     if best is None:
@@ -146,7 +158,7 @@ def reference_single_node(
 
 
 def reference_multi_node(
-    selector: VictimSelector, request: GangRequest, ranked: list, held: Mapping[str, int]
+    selector: VictimSelector, request: GangRequest, ranked: list[Ranked], held: Mapping[str, int]
 ) -> tuple[tuple[str, ...], tuple[str, ...]] | None:
     """Bundle by bundle (largest first), the node of the scope cheapest to clear for it; each
     node of every scope costed: a scope is the request's node group, each node group whose free
@@ -154,11 +166,7 @@ def reference_multi_node(
     the cheapest scope wins, and the pool places the gang on what its victims free. Returns
     (victim lease ids in victim order, placement)."""
     pool, book = selector._pool, selector._book
-    checkpoint_aware = selector._policy.knobs.preemption is PreemptionMode.CHECKPOINT_AWARE
-    by_node: dict[str, list[int]] = {}
-    for position, (lease, *_rest) in enumerate(ranked):
-        for node in lease.gpus_by_node():
-            by_node.setdefault(node, []).append(position)
+    by_node = positions_by_node(ranked)
     if not by_node:
         return None
     if request.node_group is not None:
@@ -175,11 +183,7 @@ def reference_multi_node(
         scopes = [[n.name for n in pool.nodes()]]
 
     def cost(chosen: list[int]) -> tuple[float, float]:
-        if not chosen:
-            return (0.0, 0.0)
-        if checkpoint_aware:
-            return (sum(ranked[p][4] for p in chosen), sum(chosen))
-        return (max(chosen), len(chosen))
+        return reference_cost(selector, ranked, chosen)
 
     best = None
     for names in scopes:
