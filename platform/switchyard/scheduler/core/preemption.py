@@ -294,15 +294,31 @@ class VictimSelector:
 
     def _takeable_by_node(self, asker: _Asker, now: float) -> dict[str, int]:
         """GPUs per node of the leases `asker` may take now: what `_candidates` would find,
-        without costing or ranking them."""
+        without costing or ranking them. `_rule`'s tests, with what depends only on the cell
+        (quota entry, priority) decided once per cell: this pass runs over every lease the
+        asker may take, before most gang searches end."""
         freed: dict[str, int] = {}
+        inference = asker.inference
         for (key, value), entries in self._index.cells():
-            if not self._may_take_from(asker, key, value):
+            cross = asker.entries.get(key)
+            if cross is None:
+                continue
+            reclaim = cross and asker.reclaiming
+            priority = value < asker.mine
+            fair = asker.fair_bar is not None and key in asker.fair_entries and value <= asker.mine
+            if not (reclaim or priority or fair):
                 continue
             for entry in entries:
-                if self._rule(entry, asker, now) is not None:
-                    for node, gpus in entry.lease.gpus_by_node().items():
-                        freed[node] = freed.get(node, 0) + gpus
+                if entry.last_resort and not inference:
+                    continue
+                if not (
+                    (reclaim and (inference or now >= entry.reclaim_from))
+                    or (priority and now >= entry.priority_from)
+                    or (fair and self._rule(entry, asker, now) is _Rule.FAIR_SHARE)
+                ):
+                    continue
+                for node, gpus in entry.lease.gpus_by_node().items():
+                    freed[node] = freed.get(node, 0) + gpus
         return freed
 
     def _candidates(self, asker: _Asker, now: float) -> list[_Candidate]:
@@ -524,45 +540,48 @@ class VictimSelector:
         return VictimPlan(self._victims(best[1]), placement)
 
     def _scopes(self, request: GangRequest, freed: Mapping[str, int], held: Mapping[str, int]) -> list[list[str]]:
-        """The node sets a multi-bundle gang may be placed in, in the pool's group order: its
-        node group; or each node group whose free GPUs, less those held, plus the GPUs its
-        candidates free (`freed`, per node) could hold the gang; or the whole pool. Each set is
-        cut to the nodes that could hold a bundle once every candidate on them left (`room`),
-        and goes only if each bundle could then have a node of its own (the largest bundle on
-        the roomiest node, and so on: Hall's condition for one node per bundle). The cuts are
-        necessary for `_plan_in_scope` to succeed, and its choice of node does not depend on
-        the order it visits them, so they change no plan: they spare costing hopeless nodes."""
+        """The node sets a multi-bundle gang may be placed in (its node group; each node group
+        whose free GPUs, less those held, plus its candidates' GPUs could hold the gang; or the
+        whole pool), in the pool's group order, each cut to the nodes that could hold one of
+        its bundles once every candidate on them left (`room`, from `freed`: the candidates'
+        GPUs per node). A set goes only if each bundle could then have a node of its own (the
+        largest bundle on the roomiest node, and so on: Hall's condition for one node per
+        bundle). The cuts are necessary for `_plan_in_scope` to succeed, and its choice of
+        node does not depend on the order it visits them, so they change no plan: they spare
+        costing hopeless nodes."""
         pool = self._pool
-        room: dict[str, int] = {}
-        for node, gpus in freed.items():
-            if node in pool:
-                room[node] = pool.free(node) - held.get(node, 0) + gpus
-        for node in pool.nodes_with_free():  # any other node has no room
-            if node not in room:
-                room[node] = pool.free(node) - held.get(node, 0)
         smallest = min(request.bundles)
-        if request.node_group is None and not request.same_node_group:
-            ordered = [[node for node, r in room.items() if r >= smallest]]
-        else:
-            if request.node_group is not None:
-                groups = {request.node_group}
-            else:
-                # The group's room in all: held GPUs count against it even where none are free yet.
-                group_room = {g: pool.group_free(g) for g in pool.group_names()}
-                for node, gpus in held.items():
-                    if node in pool:
-                        group_room[pool.node(node).node_group] -= gpus
-                for node, gpus in freed.items():
-                    group_room[pool.node(node).node_group] += gpus
-                groups = {g for g, r in group_room.items() if r >= request.gpus}
-            in_group: dict[str, list[str]] = {}
-            for node, r in room.items():
-                group = pool.node(node).node_group
-                if r >= smallest and group in groups:
-                    in_group.setdefault(group, []).append(node)
-            ordered = [in_group[g] for g in pool.group_names() if g in in_group]
+        room: dict[str, int] = {}  # only nodes that could hold the smallest bundle
+        for node, gpus in freed.items():
+            if node in pool and (r := pool.free(node) - held.get(node, 0) + gpus) >= smallest:
+                room[node] = r
+        for node in pool.nodes_with_free():  # any other node has no room
+            if node not in freed and (r := pool.free(node) - held.get(node, 0)) >= smallest:
+                room[node] = r
         largest_first = sorted(request.bundles, reverse=True)
-        return [names for names in ordered if _each_bundle_has_a_node(largest_first, [room[n] for n in names])]
+        if request.node_group is None and not request.same_node_group:
+            everywhere = list(room)
+            return [everywhere] if _each_bundle_has_a_node(largest_first, list(room.values())) else []
+        in_group: dict[str, list[str]] = {}
+        for node in room:
+            group = pool.node(node).node_group
+            if request.node_group is None or group == request.node_group:
+                in_group.setdefault(group, []).append(node)
+        return [
+            names
+            for group in pool.group_names()
+            if (names := in_group.get(group)) is not None
+            and _each_bundle_has_a_node(largest_first, [room[n] for n in names])
+            and (request.node_group is not None or self._group_room(group, freed, held) >= request.gpus)
+        ]
+
+    def _group_room(self, group: str, freed: Mapping[str, int], held: Mapping[str, int]) -> int:
+        """The group's free GPUs, less all held in it (even where none are free yet, as
+        `NodePool.find` counts them), plus its candidates' GPUs."""
+        room = self._pool.group_free(group)
+        for node in self._pool.group_nodes(group):
+            room += freed.get(node, 0) - held.get(node, 0)
+        return room
 
     def _plan_in_scope(
         self,
