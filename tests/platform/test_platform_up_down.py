@@ -16,13 +16,18 @@ pytestmark = pytest.mark.ray
 
 
 def switchyard(*args: str, check: bool = True, timeout: float = 400) -> subprocess.CompletedProcess[str]:
-    proc = subprocess.run(
-        [sys.executable, "-m", "switchyard.cli", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env={**platform_env(), "RAY_ADDRESS": ""},
-    )
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-m", "switchyard.cli", *args],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            env={**platform_env(), "RAY_ADDRESS": ""},
+        )
+    except subprocess.TimeoutExpired as exc:  # what it said before it hung, and what the cluster had
+        raise AssertionError(
+            f"switchyard {' '.join(args)} ran past {timeout:.0f}s\n{exc.stdout!r}\n{exc.stderr!r}\n{cluster_state()}"
+        ) from exc
     if check and proc.returncode != 0:
         raise AssertionError(f"switchyard {' '.join(args)} -> {proc.returncode}\n{proc.stdout}\n{proc.stderr}")
     return proc
@@ -39,6 +44,22 @@ def platform_env() -> dict[str, str]:
 
 def as_json(proc: subprocess.CompletedProcess[str]) -> Any:
     return json.loads(proc.stdout)
+
+
+def cluster_state() -> str:
+    """Serve's view and each node's free resources, if this process is connected to Ray."""
+    import ray
+
+    if not ray.is_initialized():
+        return "(not connected to Ray)"
+    from ray import serve
+
+    try:
+        applications = str(serve.status())
+    except Exception as exc:  # noqa: BLE001 - a diagnostic: say why there is none
+        applications = f"(no Serve status: {exc!r})"
+    nodes = {n["NodeID"][:8]: n["Resources"] for n in ray.nodes() if n["Alive"]}
+    return f"serve: {applications}\nnodes: {nodes}\navailable: {ray.available_resources()}"
 
 
 def undeploy_attached(state: Path) -> None:
