@@ -294,31 +294,15 @@ class VictimSelector:
 
     def _takeable_by_node(self, asker: _Asker, now: float) -> dict[str, int]:
         """GPUs per node of the leases `asker` may take now: what `_candidates` would find,
-        without costing or ranking them. `_rule`'s tests, with what depends only on the cell
-        (quota entry, priority) decided once per cell: this pass runs over every lease the
-        asker may take, before most gang searches end."""
+        without costing or ranking them."""
         freed: dict[str, int] = {}
-        inference = asker.inference
         for (key, value), entries in self._index.cells():
-            cross = asker.entries.get(key)
-            if cross is None:
-                continue
-            reclaim = cross and asker.reclaiming
-            priority = value < asker.mine
-            fair = asker.fair_bar is not None and key in asker.fair_entries and value <= asker.mine
-            if not (reclaim or priority or fair):
+            if not self._may_take_from(asker, key, value):
                 continue
             for entry in entries:
-                if entry.last_resort and not inference:
-                    continue
-                if not (
-                    (reclaim and (inference or now >= entry.reclaim_from))
-                    or (priority and now >= entry.priority_from)
-                    or (fair and self._rule(entry, asker, now) is _Rule.FAIR_SHARE)
-                ):
-                    continue
-                for node, gpus in entry.lease.gpus_by_node().items():
-                    freed[node] = freed.get(node, 0) + gpus
+                if self._rule(entry, asker, now) is not None:
+                    for node, gpus in entry.lease.gpus_by_node().items():
+                        freed[node] = freed.get(node, 0) + gpus
         return freed
 
     def _candidates(self, asker: _Asker, now: float) -> list[_Candidate]:
