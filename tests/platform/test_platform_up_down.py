@@ -118,6 +118,29 @@ def test_local_platform_up_status_down(tmp_path: Path) -> None:
     assert "nothing to stop" in switchyard("down", "--state-dir", state, check=False).stderr
 
 
+@pytest.mark.own_cluster
+def test_a_local_head_too_small_for_the_gateway_fails_naming_it(tmp_path: Path) -> None:
+    """One CPU cannot hold the gateway's replica (1 CPU) beside the local model's (0.5): the
+    head gives up after --timeout, shuts its Ray down, and `up` shows why in a few lines."""
+    state = tmp_path / "state"
+    up = switchyard(
+        "up", "--cpus", "1", "--timeout", "5", "--detach", "--state-dir", str(state), check=False, timeout=240
+    )
+    assert up.returncode == 1, f"{up.stdout}\n{up.stderr}"
+    error = up.stderr.removeprefix("switchyard: error: ").splitlines()
+    assert error[0] == "the Serve application 'gateway' was not running after 5s (status DEPLOYING)", up.stderr
+    assert any(line.startswith("  deployment 'gateway' (UPDATING): 0 replica(s) running") for line in error)
+    assert any("each replica needs CPU 1" in line for line in error), up.stderr
+    assert error[-1] == f"(the head's whole log: {state / 'logs' / 'head.log'})"
+    assert len(error) <= 8 and "Traceback" not in up.stderr, up.stderr
+    assert not (state / "up.json").exists()
+    from switchyard.cluster.head import short_temp_dir
+
+    for mark in (str(state), str(short_temp_dir(state))):  # the head's command line, its Ray's temp dir
+        left = subprocess.run(["pgrep", "-f", mark], capture_output=True, text=True).stdout.split()
+        assert left == [], f"processes of the failed head remain: {left}"
+
+
 def test_attach_to_existing_cluster(ray_cluster: dict[str, Any], tmp_path: Path) -> None:
     import ray
 
@@ -151,3 +174,64 @@ def test_attach_to_existing_cluster(ray_cluster: dict[str, Any], tmp_path: Path)
     with pytest.raises(ValueError):
         ray.get_actor("switchyard-scheduler", namespace="switchyard")
     assert ray.is_initialized()  # down left the cluster itself alone
+
+
+def test_attach_to_a_cluster_without_room_fails_naming_the_stuck_deployment(
+    ray_cluster: dict[str, Any], tmp_path: Path
+) -> None:
+    """Every CPU of the cluster is taken, so the gateway's replica (1 CPU) cannot be placed:
+    `up --address` gives up after --timeout, says which deployment is stuck and what it needs,
+    and takes off what it started. Before, `serve.run` waited for the replica without bound."""
+    import ray
+    from ray import serve
+    from ray._private.state import available_resources_per_node  # per node: the public API sums them
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    from switchyard.ports import listener_port
+
+    @ray.remote(num_cpus=0)
+    class CpuHog:
+        def ready(self) -> bool:
+            return True
+
+    hogs = [
+        CpuHog.options(  # type: ignore[attr-defined]
+            num_cpus=free["CPU"], scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False)
+        ).remote()
+        for node, free in available_resources_per_node().items()
+        if free.get("CPU", 0) > 0
+    ]
+    state = str(tmp_path / "state")
+    try:
+        ray.get([h.ready.remote() for h in hogs], timeout=60)
+        assert ray.available_resources().get("CPU", 0) == 0, cluster_state()
+        up = switchyard(
+            "up",
+            "--address",
+            ray_cluster["gcs_address"],
+            "--gateway-port",
+            str(listener_port()),
+            "--timeout",
+            "20",
+            "--detach",
+            "--state-dir",
+            state,
+            check=False,
+            timeout=240,
+        )
+        assert up.returncode == 1, f"{up.stdout}\n{up.stderr}"
+        assert "the Serve application 'gateway' was not running after 20s" in up.stderr, up.stderr
+        assert "deployment 'gateway' (UPDATING): 0 replica(s) running" in up.stderr, up.stderr
+        assert "each replica needs CPU 1" in up.stderr, up.stderr
+        assert "free on the cluster now: CPU 0," in up.stderr, up.stderr
+        assert "took off what it had started" in up.stderr and "Traceback" not in up.stderr
+        # Nothing of it is left on the cluster, and no platform is recorded.
+        with pytest.raises(ValueError):
+            ray.get_actor("switchyard-scheduler", namespace="switchyard")
+        assert "gateway" not in serve.status().applications
+        assert not (Path(state) / "up.json").exists()
+    finally:
+        for hog in hogs:
+            ray.kill(hog)
+        if switchyard("down", "--state-dir", state, check=False).returncode != 0:
+            undeploy_attached(Path(state))

@@ -14,6 +14,7 @@ from typing import Any
 
 from switchyard.cli._auth import ensure_admin_key
 from switchyard.cli._output import fail, print_json
+from switchyard.cluster.app_readiness import APPS_READY_WITHIN_S, AppNotRunning
 from switchyard.cluster.record import PlatformRecord, read_record
 from switchyard.db.location import UnsafeLayout
 from switchyard.paths import policies_dir
@@ -24,7 +25,7 @@ from switchyard.policy.models import Role
 from switchyard.state import state_dir
 
 DEMO_TEAM = "demo"
-START_TIMEOUT_S = 240.0
+HEAD_START_S = 120.0  # Ray's own start and the scheduler's, before the apps' deadlines begin
 
 
 def register(subparsers: Any) -> None:
@@ -45,6 +46,13 @@ def register(subparsers: Any) -> None:
         default=0,
         help="GPUs per replica of the local model, in the inference pool (default 0: CPU);"
         " its replicas autoscale up to the inference quota in policies/scheduler.yaml",
+    )
+    p.add_argument(
+        "--timeout",
+        type=float,
+        default=APPS_READY_WITHIN_S,
+        help="seconds the gateway and the console each may take to run before `up` gives up, undoes what it"
+        f" started and names the deployment that is stuck (default {APPS_READY_WITHIN_S:.0f})",
     )
     p.add_argument("--detach", action="store_true", help="return once up, leaving it running")
     p.add_argument("--policies", help="policy directory (default: the repo's policies/)")
@@ -104,10 +112,14 @@ def _prepare_shared_state(state: Path) -> str | None:
 
 
 def _start_local(args: argparse.Namespace, state: Path, policies: Path) -> PlatformRecord | int:
+    from switchyard.cluster.head import failure_path
+
     logs = state / "logs"
     logs.mkdir(exist_ok=True)
     log_file = (logs / "head.log").open("ab")
     log_start = log_file.tell()  # the log is appended to across runs: this run's part starts here
+    failure = failure_path(state)
+    failure.unlink(missing_ok=True)  # a past run's
     cmd = [
         sys.executable,
         "-m",
@@ -122,16 +134,23 @@ def _start_local(args: argparse.Namespace, state: Path, policies: Path) -> Platf
         str(args.cpus),
         "--local-model-gpus",
         str(args.local_model_gpus),
+        "--apps-ready-within",
+        str(args.timeout),
     ] + (["--demo"] if args.demo else [])
     proc = subprocess.Popen(
         cmd, stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True
     )  # survives this shell; `down` signals it
-    deadline = time.monotonic() + START_TIMEOUT_S
+    # The head gives up on its own (and says why) once an app misses its deadline; this is the
+    # backstop for a head stuck before that.
+    give_up_after = HEAD_START_S + 2 * args.timeout + 30
+    deadline = time.monotonic() + give_up_after
     while time.monotonic() < deadline:
         record = read_record(state)
         if record is not None and record.supervisor_pid == proc.pid:
             return record
         if proc.poll() is not None:
+            if failure.exists():  # the head said why it gave up
+                return fail(f"{failure.read_text().rstrip()}\n(the head's whole log: {logs / 'head.log'})", 1)
             with (logs / "head.log").open("rb") as f:
                 f.seek(log_start)
                 excerpt = failure_excerpt(f.read().decode(errors="replace"))
@@ -142,7 +161,7 @@ def _start_local(args: argparse.Namespace, state: Path, policies: Path) -> Platf
             )
         time.sleep(0.5)
     proc.send_signal(signal.SIGTERM)
-    return fail(f"the platform did not come up within {START_TIMEOUT_S:.0f}s; see {logs / 'head.log'}", 1)
+    return fail(f"the platform did not come up within {give_up_after:.0f}s; see {logs / 'head.log'}", 1)
 
 
 ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;]*m")
@@ -167,24 +186,33 @@ def failure_excerpt(log: str, keep: int = 12) -> str:
     return "\n".join(lines[-keep:]) or "(the log says nothing more)"
 
 
-def _attach(args: argparse.Namespace, state: Path, policies: Path) -> PlatformRecord:
+def _attach(args: argparse.Namespace, state: Path, policies: Path) -> PlatformRecord | int:
     from switchyard.cluster.head import PLATFORM_ENV
 
     os.environ.update(PLATFORM_ENV)
     import ray
 
-    from switchyard.cluster.deploy import deploy_console, deploy_gateway, start_scheduler
+    from switchyard.cluster.deploy import deploy_console, deploy_gateway, start_scheduler, undeploy
     from switchyard.cluster.placement import cluster_hosts
     from switchyard.cluster.record import NAMESPACE, write_record
     from switchyard.cluster.scheduler_client import RetryPolicy, SchedulerClient
     from switchyard.db.location import check_layout
 
-    context = ray.init(address=args.address, namespace=NAMESPACE)
+    # The cluster's workers' logs are not this command's output.
+    context = ray.init(address=args.address, namespace=NAMESPACE, log_to_driver=False)
     check_layout(state, cluster_hosts())  # UnsafeLayout: reported by `run`
     dashboard_url = f"http://{context.dashboard_url}" if context.dashboard_url else None
-    SchedulerClient.of_handle(start_scheduler(policies, state, dashboard_url), RetryPolicy(call_timeout_s=60)).ping()
-    gateway_url = deploy_gateway(policies, state, args.gateway_port, local_model_gpus=args.local_model_gpus)
-    console_url = deploy_console(policies, state, gateway_url)
+    try:
+        scheduler = start_scheduler(policies, state, dashboard_url)
+        SchedulerClient.of_handle(scheduler, RetryPolicy(call_timeout_s=60)).ping()
+        gateway_url = deploy_gateway(
+            policies, state, args.gateway_port, local_model_gpus=args.local_model_gpus, ready_within_s=args.timeout
+        )
+        console_url = deploy_console(policies, state, gateway_url, ready_within_s=args.timeout)
+    except AppNotRunning as exc:
+        # Someone else's cluster: take off what this `up` put on it, Serve itself aside (as `down` does).
+        undeploy(shutdown_serve=False, policies_dir=policies, state_dir=state)
+        return fail(f"{exc}\nswitchyard took off what it had started; the cluster is as it was", 1)
     record = PlatformRecord(
         ray_address=args.address,
         dashboard_url=dashboard_url,

@@ -14,7 +14,9 @@ from typing import Any
 
 import ray
 from ray import serve
+from ray.serve import RunTarget
 
+from switchyard.cluster.app_readiness import APPS_READY_WITHIN_S, wait_until_running
 from switchyard.cluster.grant_holds import remove_holds
 from switchyard.cluster.placement import on_head
 from switchyard.cluster.policy_publisher import find_publisher, policy_publisher
@@ -28,6 +30,13 @@ log = logging.getLogger(__name__)
 GATEWAY_IMPORT_PATH = "serve_apps.gateway:build_app"
 CONSOLE_IMPORT_PATH = "serve_apps.console:build_app"
 CONSOLE_ROUTE = "/console"
+
+
+def _run_app(app: Any, name: str, route_prefix: str, ready_within_s: float) -> None:
+    """Deploy `app` and wait for it to run, at most `ready_within_s` (`serve.run` waits without
+    bound); `AppNotRunning` names what is stuck."""
+    serve.run_many([RunTarget(app, name=name, route_prefix=route_prefix)], wait_for_applications_running=False)
+    wait_until_running(name, ready_within_s)
 
 
 def _import_builder(path: str) -> Any:
@@ -66,11 +75,13 @@ def deploy_gateway(
     import_path: str = GATEWAY_IMPORT_PATH,
     local_model_gpus: int = 0,
     app_args: dict[str, str] | None = None,
+    ready_within_s: float = APPS_READY_WITHIN_S,
 ) -> str:
     """Deploy the gateway app; returns its URL. Serve keeps the HTTP port it was first started
     with, so on a cluster where Serve already runs the app is reached at that port. With
     `local_model_gpus`, the local model's replicas take that many GPUs each, in the inference
-    pool (the deployment waits until the scheduler has GPUs for its first replica)."""
+    pool (the deployment waits until the scheduler has GPUs for its first replica). Raises
+    `AppNotRunning` if the app is not running within `ready_within_s`."""
     # Replicas serve the set the head publishes; its policy files load, or no gateway deploys.
     ray.get(policy_publisher(policies_dir, state_dir).status.remote(), timeout=60)
     serve.start(http_options={"host": "127.0.0.1", "port": port})
@@ -79,18 +90,23 @@ def deploy_gateway(
     port = _get_global_client().http_config.port
     args = {"policies_dir": str(policies_dir), "state_dir": str(state_dir)}
     app = _import_builder(import_path)({**args, **local_model_args(policies_dir, local_model_gpus), **(app_args or {})})
-    serve.run(app, name=GATEWAY_APP, route_prefix="/", blocking=False)
+    _run_app(app, GATEWAY_APP, "/", ready_within_s)
     return f"http://127.0.0.1:{port}"
 
 
 def deploy_console(
-    policies_dir: Path, state_dir: Path, gateway_url: str, import_path: str = CONSOLE_IMPORT_PATH
+    policies_dir: Path,
+    state_dir: Path,
+    gateway_url: str,
+    import_path: str = CONSOLE_IMPORT_PATH,
+    ready_within_s: float = APPS_READY_WITHIN_S,
 ) -> str:
-    """Deploy the web console as its own app on the gateway's Serve port; returns its URL."""
+    """Deploy the web console as its own app on the gateway's Serve port; returns its URL.
+    Raises `AppNotRunning` if the app is not running within `ready_within_s`."""
     app = _import_builder(import_path)(
         {"policies_dir": str(policies_dir), "state_dir": str(state_dir), "gateway_url": gateway_url}
     )
-    serve.run(app, name=CONSOLE_APP, route_prefix=CONSOLE_ROUTE, blocking=False)
+    _run_app(app, CONSOLE_APP, CONSOLE_ROUTE, ready_within_s)
     return f"{gateway_url}{CONSOLE_ROUTE}/"
 
 

@@ -13,11 +13,13 @@ import hashlib
 import logging
 import os
 import signal
+import sys
 import tempfile
 import threading
 import time
 from pathlib import Path
 
+from switchyard.cluster.app_readiness import APPS_READY_WITHIN_S, AppNotRunning
 from switchyard.cluster.record import NAMESPACE, PlatformRecord, clear_record, write_record
 from switchyard.ports import listener_port
 
@@ -28,6 +30,11 @@ PLATFORM_ENV = {
     "RAY_SERVE_ENABLE_HA_PROXY": "1",  # ~10x the default proxy's throughput here
 }
 HEAD_NODE_GROUP = "local"
+FAILURE_FILE = "head.failure"  # under <state>/logs: why the head gave up, for `up` to show as is
+
+
+def failure_path(state_dir: Path) -> Path:
+    return state_dir / "logs" / FAILURE_FILE
 
 
 def short_temp_dir(state_dir: Path) -> Path:
@@ -37,7 +44,15 @@ def short_temp_dir(state_dir: Path) -> Path:
     return Path(tempfile.gettempdir()) / f"sy-{digest}"
 
 
-def run_head(state_dir: Path, policies_dir: Path, gpus: int, cpus: int, demo: bool, local_model_gpus: int = 0) -> None:
+def run_head(
+    state_dir: Path,
+    policies_dir: Path,
+    gpus: int,
+    cpus: int,
+    demo: bool,
+    local_model_gpus: int = 0,
+    apps_ready_within_s: float = APPS_READY_WITHIN_S,
+) -> None:
     temp_dir = short_temp_dir(state_dir)
     temp_dir.mkdir(exist_ok=True)
     os.environ.update(PLATFORM_ENV)
@@ -79,8 +94,9 @@ def run_head(state_dir: Path, policies_dir: Path, gpus: int, cpus: int, demo: bo
             listener_port(),
             local_model_gpus=local_model_gpus,
             app_args=_app_args(state_dir, demo),
+            ready_within_s=apps_ready_within_s,
         )
-        console_url = deploy_console(policies_dir, state_dir, gateway_url)
+        console_url = deploy_console(policies_dir, state_dir, gateway_url, ready_within_s=apps_ready_within_s)
         write_record(
             state_dir,
             PlatformRecord(
@@ -130,9 +146,23 @@ def main() -> None:
     parser.add_argument("--cpus", type=int, required=True)
     parser.add_argument("--demo", action="store_true")
     parser.add_argument("--local-model-gpus", type=int, default=0)
+    parser.add_argument("--apps-ready-within", type=float, default=APPS_READY_WITHIN_S)
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    run_head(Path(args.state_dir), Path(args.policies), args.gpus, args.cpus, args.demo, args.local_model_gpus)
+    try:
+        run_head(
+            Path(args.state_dir),
+            Path(args.policies),
+            args.gpus,
+            args.cpus,
+            args.demo,
+            args.local_model_gpus,
+            args.apps_ready_within,
+        )
+    except AppNotRunning as exc:  # the head has shut down; `up` shows this, not the log's last lines
+        log.error("%s", exc)
+        failure_path(Path(args.state_dir)).write_text(f"{exc}\n")
+        sys.exit(1)
 
 
 if __name__ == "__main__":

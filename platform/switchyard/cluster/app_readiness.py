@@ -1,0 +1,144 @@
+"""Wait, with a deadline, for a Serve application to run; if it does not, say which deployment
+is stuck and why.
+
+`serve.run` waits without bound: on a cluster with no room for a replica, `switchyard up` hung
+with no word. Here the wait ends, and the error names each deployment that is not healthy, the
+resources each of its replicas asks for, what Serve says about it, and what the cluster has
+free, so an operator can tell "no CPU for the console on the head" from "a slow start".
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from switchyard.cluster.placement import HEAD_RESOURCE
+
+APPS_READY_WITHIN_S = 180.0  # a replica's start on a loaded machine takes tens of seconds, not minutes
+POLL_S = 0.5
+
+
+class AppNotRunning(RuntimeError):
+    """A Serve application failed to deploy, or did not run within its deadline."""
+
+
+@dataclass(frozen=True)
+class DeploymentState:
+    """What Serve reports of one deployment, as plain data."""
+
+    name: str
+    status: str  # Serve's DeploymentStatus: HEALTHY, UPDATING, UNHEALTHY, ...
+    replicas: Mapping[str, int]  # replica state -> count
+    message: str
+    needs: Mapping[str, float]  # the resources each replica asks for
+
+
+def describe_unready(
+    app: str,
+    app_status: str,
+    app_message: str,
+    deployments: list[DeploymentState],
+    free: Mapping[str, float],
+    waited_s: float,
+) -> str:
+    """The error for an application that is not running: one line per deployment that is not
+    healthy, then what the cluster has free."""
+    head = (
+        f"the Serve application {app!r} failed to deploy"
+        if app_status == "DEPLOY_FAILED"
+        else f"the Serve application {app!r} was not running after {waited_s:.0f}s (status {app_status})"
+    )
+    lines = [head + (f": {app_message}" if app_message else "")]
+    stuck = [d for d in deployments if d.status != "HEALTHY"]
+    for d in stuck:
+        running = d.replicas.get("RUNNING", 0)
+        others = ", ".join(f"{n} {state.lower()}" for state, n in sorted(d.replicas.items()) if state != "RUNNING")
+        lines.append(
+            f"  deployment {d.name!r} ({d.status}): {running} replica(s) running"
+            + (f", {others}" if others else "")
+            + f"; each replica needs {_resources(d.needs)}"
+        )
+        if d.message:
+            lines.append(f"    Serve says: {d.message}")
+    if not stuck and not deployments:
+        lines.append("  Serve reports no deployments for it yet")
+    # Ray leaves a used-up resource out of what is free: what a stuck replica needs is shown, at 0.
+    asked = {resource: 0.0 for d in stuck for resource in d.needs}
+    lines.append(f"  free on the cluster now: {_resources({**asked, **free})}")
+    return "\n".join(lines)
+
+
+def _resources(resources: Mapping[str, float]) -> str:
+    """Readable resources: a node's own `node:<ip>` tag and the object store are left out (no
+    replica asks for them), memory is in GiB."""
+    shown = [
+        f"{k} {v / 2**30:.1f} GiB" if k == "memory" else f"{k} {v:g}"
+        for k, v in sorted(resources.items())
+        if k != "object_store_memory" and (not k.startswith("node:") or k == HEAD_RESOURCE)
+    ]
+    return ", ".join(shown) or "nothing"
+
+
+def replica_needs(ray_actor_options: Mapping[str, object]) -> dict[str, float]:
+    """A replica's resource request from its deployment's `ray_actor_options`, as Ray counts it
+    (a replica actor with no `num_cpus` asks for none)."""
+    needs: dict[str, float] = {}
+    for option, resource in (("num_cpus", "CPU"), ("num_gpus", "GPU"), ("memory", "memory")):
+        value = ray_actor_options.get(option)
+        if isinstance(value, int | float) and value:
+            needs[resource] = float(value)
+    custom = ray_actor_options.get("resources")
+    if isinstance(custom, Mapping):
+        needs.update({str(k): float(v) for k, v in custom.items() if isinstance(v, int | float)})
+    return needs
+
+
+def wait_until_running(app: str, within_s: float) -> None:
+    """Return once Serve reports `app` RUNNING; raise `AppNotRunning` with the stuck
+    deployments if it fails to deploy or is still not running after `within_s` seconds."""
+    from ray import serve
+
+    start = time.monotonic()
+    while True:
+        overview = serve.status().applications.get(app)
+        status = _name(overview.status) if overview is not None else "NOT_STARTED"
+        if status == "RUNNING":
+            return
+        waited = time.monotonic() - start
+        if status == "DEPLOY_FAILED" or waited >= within_s:
+            raise AppNotRunning(_describe(app, waited))
+        time.sleep(POLL_S)
+
+
+def _name(state: object) -> str:
+    """A Serve status as its name: Serve hands some out as enums and some as plain strings."""
+    return str(getattr(state, "value", state))
+
+
+def _describe(app: str, waited_s: float) -> str:
+    import ray
+    from ray import serve
+    from ray.serve.context import _get_global_client
+
+    overview = serve.status().applications.get(app)
+    details = _get_global_client().get_serve_details().get("applications", {}).get(app, {})
+    configs = {name: d.get("deployment_config", {}) for name, d in (details.get("deployments") or {}).items()}
+    deployments = [
+        DeploymentState(
+            name=name,
+            status=_name(d.status),
+            replicas={_name(state): n for state, n in d.replica_states.items()},
+            message=d.message,
+            needs=replica_needs(configs.get(name, {}).get("ray_actor_options") or {}),
+        )
+        for name, d in (overview.deployments.items() if overview is not None else [])
+    ]
+    return describe_unready(
+        app,
+        _name(overview.status) if overview is not None else "NOT_STARTED",
+        overview.message if overview is not None else "",
+        deployments,
+        ray.available_resources(),
+        waited_s,
+    )
