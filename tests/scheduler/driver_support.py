@@ -76,11 +76,27 @@ _HOLD_FIELDS = {  # version 4's field of the core's Holds -> version 3's field o
 }
 
 
-def as_version_3(node: Any) -> Any:
-    """An encoded state as schema version 3 wrote it: the core's holds were eight fields of the
-    core, where its `_holds` object is."""
+def as_version_4(node: Any) -> Any:
+    """An encoded state as schema version 4 wrote it: the node pool did not know its cordoned
+    nodes (`_cordoned`)."""
     if isinstance(node, list):
-        return [as_version_3(v) for v in node]
+        return [as_version_4(v) for v in node]
+    if not isinstance(node, dict):
+        return node
+    if node.get("c") == "switchyard.scheduler.core.placement:NodePool":
+        return {**node, "v": {k: as_version_4(v) for k, v in node["v"].items() if k != "_cordoned"}}
+    return {k: as_version_4(v) for k, v in node.items()}
+
+
+def as_version_3(node: Any) -> Any:
+    """An encoded state as schema version 3 wrote it: as version 4, and the core's holds were
+    eight fields of the core, where its `_holds` object is."""
+    return _holds_as_version_3(as_version_4(node))
+
+
+def _holds_as_version_3(node: Any) -> Any:
+    if isinstance(node, list):
+        return [_holds_as_version_3(v) for v in node]
     if not isinstance(node, dict):
         return node
     if node.get("c") == "switchyard.scheduler.core.scheduler:Scheduler":
@@ -89,8 +105,8 @@ def as_version_3(node: Any) -> Any:
             if name == "_holds":
                 holds = value["v"]
                 assert set(holds) == {"_pool", *_HOLD_FIELDS}, sorted(holds)
-                fields.update({old: as_version_3(holds[new]) for new, old in _HOLD_FIELDS.items()})
+                fields.update({old: _holds_as_version_3(holds[new]) for new, old in _HOLD_FIELDS.items()})
             else:
-                fields[name] = as_version_3(value)
+                fields[name] = _holds_as_version_3(value)
         return {**node, "v": fields}
-    return {k: as_version_3(v) for k, v in node.items()}
+    return {k: _holds_as_version_3(v) for k, v in node.items()}

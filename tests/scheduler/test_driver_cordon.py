@@ -8,10 +8,11 @@ import json
 from dataclasses import replace
 
 import pytest
-from driver_support import GRACE_S, admit, as_version_3, details, driver, journal, of, submission
+from driver_support import GRACE_S, admit, as_version_3, as_version_4, details, driver, journal, of, submission
 from sched_support import nodes, policy
 
 from switchyard.scheduler.api import ReleaseOutcome, StopReason, WorkloadSubmission
+from switchyard.scheduler.claims import ClaimPolicy
 from switchyard.scheduler.core import DEFAULT_PRIORITY_CLASSES, LeaseState, Node, PriorityClass, WorkloadClass
 from switchyard.scheduler.driver import Driver, inputs, views
 from switchyard.scheduler.driver.effects import SendNotice, StopLaunchedJob
@@ -239,3 +240,68 @@ def test_a_snapshot_from_before_cordons_loads_with_no_node_cordoned() -> None:
     restored.cordon("n0", 3)
     admit(restored, submission("w", "a", 8), 4)
     assert node_of(restored, "w") == "n1"
+
+
+def one_group_of_three(guarantees: dict[str, int]) -> Driver:
+    """Nodes n0, n1, n2 (8 GPUs each), all in node group g0."""
+    d = Driver.empty(policy(guarantees), 0.0, ClaimPolicy(timeout_s=1e9))
+    d.nodes_seen(nodes(3, per_group=3), 0.0)
+    return d
+
+
+def two_node_gang(wid: str, team: str, priority: str = "training") -> WorkloadSubmission:
+    return submission(wid, team, 8, priority).model_copy(update={"bundles": (8, 8), "same_node_group": True})
+
+
+def test_a_busy_cordoned_node_takes_no_room_from_the_rest_of_its_node_group() -> None:
+    """Two nodes of g0 are free and a gang needs two nodes of one group: the third node, busy
+    and cordoned, must not count its leased GPUs against them (a reservation's would; a cordon
+    holds no gang's place). It did, and the gang waited until the cordoned node emptied."""
+    d = one_group_of_three({"a": 24})
+    busy = node_of(d, admit(d, submission("busy", "a", 8), 0).workload_id)
+    d.cordon(busy, 1)
+    d.submit(two_node_gang("gang", "a"), 2)
+    d.tick(3)
+    grant = d.lease("gang")
+    assert grant is not None and {p.node_id for p in grant.placements} == {"n0", "n1", "n2"} - {busy}
+
+
+def test_a_gang_preempts_for_room_beside_a_busy_cordoned_node() -> None:
+    """The same, when the room must be made: exploratory jobs fill the two other nodes, and a
+    training gang preempts them (past their min-runtime). The cordoned node's job is no
+    victim (training, as the gang), so only the two nodes' victims free room."""
+    d = one_group_of_three({"a": 24})
+    busy = node_of(d, admit(d, submission("own", "a", 8), 0).workload_id)
+    admit(d, submission("e0", "a", 8, "exploratory"), 1)
+    admit(d, submission("e1", "a", 8, "exploratory"), 2)
+    d.cordon(busy, 3)
+    later = 100_000.0  # past every min-runtime
+    d.submit(two_node_gang("gang", "a"), later)
+    noticed = sorted(e.notice.job_id for e in of(d.tick(later), SendNotice))
+    assert noticed == ["e0", "e1"]
+    for wid in noticed:
+        d.release(d.state.core.lease_of(wid).lease_id, False, later + 1)  # type: ignore[union-attr]
+    d.tick(later + 2)
+    grant = d.lease("gang")
+    assert grant is not None and {p.node_id for p in grant.placements} == {"n0", "n1", "n2"} - {busy}
+
+
+def test_a_version_4_snapshot_marks_its_cordoned_nodes_in_the_pool() -> None:
+    """Version 4 merged a cordon into the core's holds; the pool learns which nodes are
+    cordoned from the state's cordons (those in the pool: one away from the cluster is not)."""
+    d = Driver.empty(policy({"a": 24}), 0.0, ClaimPolicy(timeout_s=1e9))
+    d.nodes_seen(nodes(4, per_group=3), 0.0)  # n0-n2 in g0, n3 in g1
+    busy = node_of(d, admit(d, submission("busy", "a", 8), 0).workload_id)
+    d.cordon(busy, 1)
+    d.cordon("n3", 1)
+    d.nodes_seen(nodes(3, per_group=3), 1.5)  # n3 away: cordoned for its return, not in the pool
+    current = json.loads(json.dumps(to_document(d.state, 7, 2.0)))
+    old = {**as_version_4(current), "schema_version": 4}
+    assert '"_cordoned"' not in json.dumps(old)
+    snap = from_document(old, "old.json")
+    assert snap.state.core.pool.cordoned() == {busy}
+    assert json.loads(json.dumps(to_document(snap.state, 7, 2.0))) == current
+    restored = Driver(snap.state)
+    restored.submit(two_node_gang("gang", "a"), 3)
+    restored.tick(4)
+    assert restored.lease("gang") is not None

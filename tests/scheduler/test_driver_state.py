@@ -121,7 +121,7 @@ def _notices_as_version_2(node: Any) -> Any:
 def test_a_version_2_snapshot_loads_its_notices_as_preemption_notices() -> None:
     d, lease_id = a_noticed_driver()
     current = json.loads(json.dumps(to_document(d.state, 7, 60.0)))
-    assert current["schema_version"] == SCHEMA_VERSION == 4
+    assert current["schema_version"] == SCHEMA_VERSION == 5
     old = {**as_version_2(current), "schema_version": 2}
     assert "switchyard.scheduler.api:Notice" in json.dumps(old) and "PreemptionNotice" not in json.dumps(old)
     snap = from_document(old, "old.json")

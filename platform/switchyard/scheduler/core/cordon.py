@@ -5,8 +5,9 @@ GPUs, but for no workload. Every search (placement, backfill, victim searches, r
 already sets held GPUs aside, so none of them lands there, and since victim GPUs on the node
 count against the hold too, no preemption is planned for room there. Its leases run on; their
 GPUs return to the node as they end, and stay held. The hold is the node's size, not its free
-GPUs, so it needs no update as leases end (a known cost: a same-node-group search counts a
-cordoned node's leased GPUs against its group's room until they end).
+GPUs, so it needs no update as leases end. The pool also marks the node cordoned, so that a
+same-node-group search counts it as adding no room to its group, rather than counting its
+still-leased GPUs against the group's other nodes (as a reservation's are).
 
 A drain notice is a preemption notice without a preemptor: the lease is put under notice (its
 job checkpoints and releases by the grace deadline, and is stopped then if it has not), its
@@ -26,12 +27,14 @@ from switchyard.scheduler.core.scheduler import Scheduler
 def hold_node(core: Scheduler, name: str) -> None:
     """Cordon: hold every GPU of node `name` (it must be in the pool) for no workload."""
     core._holds.node_change(name, gpus_held=core.pool.node(name).gpus)
+    core.pool.cordon(name)
     core._retarget_reservations()  # reservations on it must choose other nodes
 
 
 def release_node(core: Scheduler, name: str) -> None:
     """Uncordon, or the node is about to leave the pool: the hold `hold_node` took is given back."""
     core._holds.node_change(name, gpus_held=-core.pool.node(name).gpus)
+    core.pool.uncordon(name)
     core._retarget_reservations()  # blocked gangs may reserve it again
 
 

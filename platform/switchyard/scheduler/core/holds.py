@@ -171,8 +171,10 @@ def reservation_amounts(
         if not groups:
             return None
         free_by_group: dict[str, int] = {}
+        cordoned = pool.cordoned()  # their free GPUs take no lease
         for node in pool.nodes():
-            free_by_group[node.node_group] = free_by_group.get(node.node_group, 0) + pool.free(node.name)
+            if node.name not in cordoned:
+                free_by_group[node.node_group] = free_by_group.get(node.node_group, 0) + pool.free(node.name)
         group = max(groups, key=lambda g: (free_by_group.get(g, 0), g))
     if len(request.bundles) == 1 or request.strategy is PlacementStrategy.STRICT_PACK:
         nodes = pool.most_free((request.gpus,), group, held)

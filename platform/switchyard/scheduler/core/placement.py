@@ -30,6 +30,7 @@ class NodePool:
         self._type_gpus: dict[str, int] = {}
         self._other_types: dict[str, dict[str, int]] = {}  # type -> its exclusion (a cache)
         self._group_type: dict[str, str] = {}  # a node group is of one GPU type
+        self._cordoned: set[str] = set()  # nodes that take no new lease (their holds are `Holds`')
         self.total_gpus = 0
         self.free_gpus = 0
         for node in nodes:
@@ -58,6 +59,7 @@ class NodePool:
         self.free_gpus += node.gpus
 
     def remove(self, name: str) -> Node:
+        self._cordoned.discard(name)
         node = self._nodes.pop(name)
         free = self._free.pop(name)
         del self._buckets[free][name]
@@ -99,12 +101,40 @@ class NodePool:
         return self._group_type[group]
 
     def __setstate__(self, state: dict[str, object]) -> None:
-        """A pool pickled before GPU types: every node is of the implicit type."""
+        """A pool pickled before GPU types: every node is of the implicit type; before cordons:
+        none is cordoned."""
         self.__dict__.update(state)
         if "_type_gpus" not in state:
             self._type_gpus = {"": self.total_gpus}
             self._other_types = {}
             self._group_type = dict.fromkeys(self._groups, "")
+        self.__dict__.setdefault("_cordoned", set())
+
+    # -- cordons -----------------------------------------------------------------------------
+    # A cordoned node is held whole (`Holds`), so no search lands there or plans victims there.
+    # Its group's room is another matter: a reservation's held GPUs count against its whole
+    # group even while still in use (they keep other gangs off the free nodes it moves to;
+    # docs/scheduler.md, "Gang placement"), but a cordon holds no gang's place, so a cordoned
+    # node just adds no room to its group, rather than taking its busy GPUs out of the rest.
+    def cordon(self, name: str) -> None:
+        self._cordoned.add(name)
+
+    def uncordon(self, name: str) -> None:
+        self._cordoned.discard(name)
+
+    def cordoned(self) -> frozenset[str]:
+        return frozenset(self._cordoned)
+
+    def group_room(self, group: str, held: Mapping[str, int], bonus: Mapping[str, int]) -> int:
+        """What node group `group` could give a gang: its free GPUs, less all held in it, plus
+        `bonus`; a cordoned node gives nothing (see above)."""
+        room = self._group_free.get(group, 0)
+        for name in self._groups.get(group, ()):
+            if name in self._cordoned:
+                room -= self._free[name]
+            else:
+                room += bonus.get(name, 0) - held.get(name, 0)
+        return room
 
     def held_for_type(self, gpu_type: str, held: Mapping[str, int]) -> dict[str, int]:
         """`held`, plus every node of another GPU type held whole: what a search confined to
@@ -219,13 +249,16 @@ class NodePool:
         return node_group is None or self._nodes[name].node_group == node_group
 
     def _groups_by_fit(self, held: Mapping[str, int], bonus: Mapping[str, int], need: int) -> list[str]:
+        """`group_room` of every group, from the sparse `held` and `bonus` (one pass over each)."""
         avail = dict(self._group_free)
         for name, gpus in held.items():
-            if name in self._nodes:
+            if name in self._nodes and name not in self._cordoned:
                 avail[self._nodes[name].node_group] -= gpus
         for name, gpus in bonus.items():
-            if name in self._nodes:
+            if name in self._nodes and name not in self._cordoned:
                 avail[self._nodes[name].node_group] += gpus
+        for name in self._cordoned:
+            avail[self._nodes[name].node_group] -= self._free[name]
         # Tightest group that could hold the gang first: keep roomy groups whole for the next
         # large gang.
         return sorted((g for g, a in avail.items() if a >= need), key=lambda g: (avail[g], g))

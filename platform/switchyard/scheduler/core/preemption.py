@@ -556,16 +556,8 @@ class VictimSelector:
             for group in pool.group_names()
             if (names := in_group.get(group)) is not None
             and _each_bundle_has_a_node(largest_first, [room[n] for n in names])
-            and (request.node_group is not None or self._group_room(group, freed, held) >= request.gpus)
+            and (request.node_group is not None or pool.group_room(group, held, freed) >= request.gpus)
         ]
-
-    def _group_room(self, group: str, freed: Mapping[str, int], held: Mapping[str, int]) -> int:
-        """The group's free GPUs, less all held in it (even where none are free yet, as
-        `NodePool.find` counts them), plus its candidates' GPUs."""
-        room = self._pool.group_free(group)
-        for node in self._pool.group_nodes(group):
-            room += freed.get(node, 0) - held.get(node, 0)
-        return room
 
     def _plan_in_scope(
         self,

@@ -11,7 +11,8 @@ once by the actor); 2, node cordons (`LiveState.cordons`, and the core's holds f
 preemption-notice type (`LiveState.notices` holds `preemption_channel.PreemptionNotice`s, which
 the job's channel carries too, where it held the api's `Notice` models); 4, the core's holds
 as one object (`core.holds.Holds` in `Scheduler._holds`, where they were eight fields of the
-core).
+core); 5, the node pool knows its cordoned nodes (`NodePool._cordoned`), so that a cordon
+takes no room from the rest of its node group.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from typing import Any
 from switchyard.scheduler.core.state_codec import StateCodecError, decode_state, encode_state
 from switchyard.scheduler.driver.state import LiveState
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 
 
 def _cordons_added(doc: dict[str, Any]) -> dict[str, Any]:
@@ -122,11 +123,34 @@ def _holds_own_object(doc: dict[str, Any]) -> dict[str, Any]:
     return {**doc, "schema_version": 4}
 
 
+_LIVE_STATE = "switchyard.scheduler.driver.state:LiveState"
+_POOL = "switchyard.scheduler.core.placement:NodePool"
+
+
+def _pool_knows_cordons(doc: dict[str, Any]) -> dict[str, Any]:
+    """4 -> 5: the pool marks each cordoned node it has (the state's `cordons` that are among
+    its nodes: a cordoned node away from the cluster is not in the pool)."""
+    doc = copy.deepcopy(doc)
+    entries = list(_entries(doc["state"]))
+    next_id = 1 + max((e["#"] for e in entries if isinstance(e.get("#"), int)), default=-1)
+    cordoned: set[str] = set()
+    for e in entries:
+        if e.get("t") == "obj" and e.get("c") == _LIVE_STATE and "cordons" in e["v"]:  # absent before 2
+            cordoned.update(key for key, _ in e["v"]["cordons"]["v"])
+    for e in entries:
+        if e.get("t") == "obj" and e.get("c") == _POOL:
+            in_pool = sorted(cordoned.intersection(key for key, _ in e["v"]["_nodes"]["v"]))
+            e["v"]["_cordoned"] = {"t": "set", "#": next_id, "v": in_pool}
+            next_id += 1
+    return {**doc, "schema_version": 5}
+
+
 # from-version -> a function rewriting a document of that version into the next one
 MIGRATIONS: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {
     1: _cordons_added,
     2: _one_notice_type,
     3: _holds_own_object,
+    4: _pool_knows_cordons,
 }
 
 
