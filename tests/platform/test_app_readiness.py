@@ -24,10 +24,10 @@ def test_names_each_stuck_deployment_with_what_it_needs_and_what_is_free() -> No
             DeploymentState("assets", "HEALTHY", {"RUNNING": 2}, "", {"CPU": 0.5}),
         ],
         {"CPU": 0.0, "GPU": 8.0, "node:127.0.0.1": 1.0, "object_store_memory": 2e9, "memory": 3 * 2**30},
-        20.4,
+        20.0,
     )
     lines = message.splitlines()
-    assert lines[0] == "the Serve application 'console' was not running after 20s (status DEPLOYING)"
+    assert lines[0] == "the Serve application 'console' was not running within 20s (status DEPLOYING)"
     assert lines[1] == (
         "  deployment 'console' (UPDATING): 0 replica(s) running, 1 starting;"
         " each replica needs CPU 0.1, node:__internal_head__ 0.001"

@@ -40,14 +40,15 @@ def describe_unready(
     app_message: str,
     deployments: list[DeploymentState],
     free: Mapping[str, float],
-    waited_s: float,
+    deadline_s: float,
 ) -> str:
-    """The error for an application that is not running: one line per deployment that is not
-    healthy, then what the cluster has free."""
+    """The error for an application that is not running (by its `deadline_s`, or ever: it
+    failed to deploy): one line per deployment that is not healthy, then what the cluster has
+    free."""
     head = (
         f"the Serve application {app!r} failed to deploy"
         if app_status == "DEPLOY_FAILED"
-        else f"the Serve application {app!r} was not running after {waited_s:.0f}s (status {app_status})"
+        else f"the Serve application {app!r} was not running within {deadline_s:g}s (status {app_status})"
     )
     lines = [head + (f": {app_message}" if app_message else "")]
     stuck = [d for d in deployments if d.status != "HEALTHY"]
@@ -105,9 +106,8 @@ def wait_until_running(app: str, within_s: float) -> None:
         status = _name(overview.status) if overview is not None else "NOT_STARTED"
         if status == "RUNNING":
             return
-        waited = time.monotonic() - start
-        if status == "DEPLOY_FAILED" or waited >= within_s:
-            raise AppNotRunning(_describe(app, waited))
+        if status == "DEPLOY_FAILED" or time.monotonic() - start >= within_s:
+            raise AppNotRunning(_describe(app, within_s))
         time.sleep(POLL_S)
 
 
@@ -116,7 +116,7 @@ def _name(state: object) -> str:
     return str(getattr(state, "value", state))
 
 
-def _describe(app: str, waited_s: float) -> str:
+def _describe(app: str, deadline_s: float) -> str:
     import ray
     from ray import serve
     from ray.serve.context import _get_global_client
@@ -140,5 +140,5 @@ def _describe(app: str, waited_s: float) -> str:
         overview.message if overview is not None else "",
         deployments,
         ray.available_resources(),
-        waited_s,
+        deadline_s,
     )
