@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import fcntl
 import json
 import os
 import subprocess
@@ -268,3 +269,39 @@ async def test_a_journal_under_steady_load_is_compacted_and_still_loses_nothing(
     assert report.charges == 2
     assert ledger.charged_nanos() == 21 * 123_000 + reserved_nanos
     assert open_request.usd > 0
+
+
+async def test_a_recoverer_leaves_a_journal_its_live_writer_compacted_under_it_alone(
+    tmp_path: Path, ledger: BudgetLedger, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Found in CI (a gateway replica killed under load, its successor recovering): a stream
+    the survivor answered for $0.0000059 was charged its whole $0.0058 reservation. The
+    recoverer opened the survivor's journal just before the survivor compacted it (a new file
+    renamed over it, the old one closed), so its lock on the old file succeeded; it then read
+    the new, live journal by its path, charged the open request's reservation (the request's
+    own charge, under the same id, was then a duplicate) and unlinked the journal under its
+    writer. The interleaving is forced here: the writer compacts between the recoverer's open
+    and its lock."""
+    live = _gate(tmp_path, "live", ledger)
+    await _spend(live, 2)  # settled, not yet sent: in the journal
+    open_request, reserved_nanos = await _reserve(live)  # its reservation is in the journal too
+    journal = live.journal
+    assert journal is not None
+    flock = fcntl.flock
+    compacted: list[bool] = []
+
+    def compact_before_the_recoverers_lock(fd: int, operation: int) -> None:
+        if operation & fcntl.LOCK_NB and not compacted:  # the recoverer's try, after its open
+            compacted.append(True)
+            journal.rewrite(live._unsent())
+        flock(fd, operation)
+
+    monkeypatch.setattr(fcntl, "flock", compact_before_the_recoverers_lock)
+    report = await _gate(tmp_path, "successor", ledger).recover()
+    monkeypatch.undo()
+    assert compacted and (report.journals, report.charges) == (0, 0)
+    assert ledger.charged_nanos() == 0, "the live replica's charges and open reservation were sent"
+    assert journal.path.exists(), "the live replica's journal was unlinked under it"
+    await live.settle(open_request, [Bill("gpt-4o-mini", Usage(10, 5), 5_000)])
+    await live.aclose()
+    assert ledger.charged_nanos() == 2 * 123_000 + 5_000 < 2 * 123_000 + reserved_nanos

@@ -154,14 +154,15 @@ def _request_of(charge_id: str) -> str:
     return charge_id.split(".", 1)[0]  # a request's charges: <id>, <id>.2, <id>.3 ...
 
 
-def read_journal(path: Path) -> tuple[dict[str, list[Charge]], int]:
-    """The charges of one journal, grouped by hold, and how many lines were torn: every
-    settled charge, and the reservation of every request that neither settled nor was released."""
+def read_journal(content: bytes, path: Path) -> tuple[dict[str, list[Charge]], int]:
+    """The charges of one journal (`content`, read from `path`), grouped by hold, and how many
+    lines were torn: every settled charge, and the reservation of every request that neither
+    settled nor was released."""
     by_hold: dict[str, list[Charge]] = {}
     provisional: dict[str, tuple[str, Charge]] = {}
     closed: set[str] = set()  # requests settled or released
     torn = 0
-    for number, raw in enumerate(path.read_bytes().split(b"\n"), start=1):
+    for number, raw in enumerate(content.split(b"\n"), start=1):
         if not raw:
             continue
         try:
@@ -186,6 +187,16 @@ def read_journal(path: Path) -> tuple[dict[str, list[Charge]], int]:
     return by_hold, torn
 
 
+def _still_at(path: Path, fd: int) -> bool:
+    """Whether `path` still names the file open at `fd`."""
+    try:
+        named = os.stat(path)
+    except FileNotFoundError:
+        return False
+    opened = os.fstat(fd)
+    return (named.st_dev, named.st_ino) == (opened.st_dev, opened.st_ino)
+
+
 async def recover_orphans(directory: Path, send: SendCharges) -> RecoveryReport:
     """Send the charges of every journal whose writer is gone, then delete the journal.
 
@@ -204,9 +215,15 @@ async def recover_orphans(directory: Path, send: SendCharges) -> RecoveryReport:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
                 continue  # a live writer (or a recoverer working on it)
-            if not path.exists():
-                continue  # another recoverer finished it while this one waited for the lock
-            by_hold, bad = read_journal(path)
+            if not _still_at(path, fd):
+                # Another recoverer finished it, or its live writer compacted it since it was
+                # opened here: the lock just taken is the old file's, and `path` is a new,
+                # live journal whose reservations are requests still open (read by path, they
+                # were charged in full, and the journal unlinked under its writer).
+                continue
+            with open(fd, "rb", closefd=False) as f:
+                content = f.read()  # the file locked, whatever `path` names by now
+            by_hold, bad = read_journal(content, path)
             try:
                 for hold_id, hold_charges in by_hold.items():
                     await send(hold_id, hold_charges)
