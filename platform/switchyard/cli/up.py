@@ -25,7 +25,7 @@ from switchyard.policy.models import Role
 from switchyard.state import state_dir
 
 DEMO_TEAM = "demo"
-HEAD_START_S = 120.0  # Ray's own start and the scheduler's, before the apps' deadlines begin
+HEAD_START_S = 150.0  # Ray's own start and the scheduler's, before the apps' deadlines begin
 
 
 def register(subparsers: Any) -> None:
@@ -142,7 +142,7 @@ def _start_local(args: argparse.Namespace, state: Path, policies: Path) -> Platf
     )  # survives this shell; `down` signals it
     # The head gives up on its own (and says why) once an app misses its deadline; this is the
     # backstop for a head stuck before that.
-    give_up_after = HEAD_START_S + 2 * args.timeout + 30
+    give_up_after = HEAD_START_S + 2 * args.timeout  # two apps, each with its deadline
     deadline = time.monotonic() + give_up_after
     while time.monotonic() < deadline:
         record = read_record(state)

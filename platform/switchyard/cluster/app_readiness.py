@@ -12,8 +12,12 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from switchyard.cluster.placement import HEAD_RESOURCE
+
+if TYPE_CHECKING:
+    from ray.serve.schema import ApplicationStatusOverview
 
 APPS_READY_WITHIN_S = 180.0  # a replica's start on a loaded machine takes tens of seconds, not minutes
 POLL_S = 0.5
@@ -62,7 +66,7 @@ def describe_unready(
         )
         if d.message:
             lines.append(f"    Serve says: {d.message}")
-    if not stuck and not deployments:
+    if not deployments:
         lines.append("  Serve reports no deployments for it yet")
     # Ray leaves a used-up resource out of what is free: what a stuck replica needs is shown, at 0.
     asked = {resource: 0.0 for d in stuck for resource in d.needs}
@@ -107,7 +111,7 @@ def wait_until_running(app: str, within_s: float) -> None:
         if status == "RUNNING":
             return
         if status == "DEPLOY_FAILED" or time.monotonic() - start >= within_s:
-            raise AppNotRunning(_describe(app, within_s))
+            raise AppNotRunning(_describe(app, overview, within_s))
         time.sleep(POLL_S)
 
 
@@ -116,12 +120,10 @@ def _name(state: object) -> str:
     return str(getattr(state, "value", state))
 
 
-def _describe(app: str, deadline_s: float) -> str:
+def _describe(app: str, overview: ApplicationStatusOverview | None, deadline_s: float) -> str:
     import ray
-    from ray import serve
     from ray.serve.context import _get_global_client
 
-    overview = serve.status().applications.get(app)
     details = _get_global_client().get_serve_details().get("applications", {}).get(app, {})
     configs = {name: d.get("deployment_config", {}) for name, d in (details.get("deployments") or {}).items()}
     deployments = [

@@ -125,16 +125,20 @@ class NodePool:
     def cordoned(self) -> frozenset[str]:
         return frozenset(self._cordoned)
 
-    def group_room(self, group: str, held: Mapping[str, int], bonus: Mapping[str, int]) -> int:
-        """What node group `group` could give a gang: its free GPUs, less all held in it, plus
-        `bonus`; a cordoned node gives nothing (see above)."""
-        room = self._group_free.get(group, 0)
-        for name in self._groups.get(group, ()):
-            if name in self._cordoned:
-                room -= self._free[name]
-            else:
-                room += bonus.get(name, 0) - held.get(name, 0)
-        return room
+    def group_rooms(self, held: Mapping[str, int], bonus: Mapping[str, int]) -> dict[str, int]:
+        """What each node group could give a gang: its free GPUs, less all held in it, plus
+        `bonus`; a cordoned node gives nothing (see above). One pass over the sparse `held` and
+        `bonus`, not over the groups' nodes."""
+        rooms = dict(self._group_free)
+        for name, gpus in held.items():
+            if name in self._nodes and name not in self._cordoned:
+                rooms[self._nodes[name].node_group] -= gpus
+        for name, gpus in bonus.items():
+            if name in self._nodes and name not in self._cordoned:
+                rooms[self._nodes[name].node_group] += gpus
+        for name in self._cordoned:
+            rooms[self._nodes[name].node_group] -= self._free[name]
+        return rooms
 
     def held_for_type(self, gpu_type: str, held: Mapping[str, int]) -> dict[str, int]:
         """`held`, plus every node of another GPU type held whole: what a search confined to
@@ -249,16 +253,7 @@ class NodePool:
         return node_group is None or self._nodes[name].node_group == node_group
 
     def _groups_by_fit(self, held: Mapping[str, int], bonus: Mapping[str, int], need: int) -> list[str]:
-        """`group_room` of every group, from the sparse `held` and `bonus` (one pass over each)."""
-        avail = dict(self._group_free)
-        for name, gpus in held.items():
-            if name in self._nodes and name not in self._cordoned:
-                avail[self._nodes[name].node_group] -= gpus
-        for name, gpus in bonus.items():
-            if name in self._nodes and name not in self._cordoned:
-                avail[self._nodes[name].node_group] += gpus
-        for name in self._cordoned:
-            avail[self._nodes[name].node_group] -= self._free[name]
+        avail = self.group_rooms(held, bonus)
         # Tightest group that could hold the gang first: keep roomy groups whole for the next
         # large gang.
         return sorted((g for g, a in avail.items() if a >= need), key=lambda g: (avail[g], g))

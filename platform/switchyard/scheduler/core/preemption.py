@@ -551,12 +551,13 @@ class VictimSelector:
             group = pool.node(node).node_group
             if request.node_group is None or group == request.node_group:
                 in_group.setdefault(group, []).append(node)
+        rooms = None if request.node_group is not None else pool.group_rooms(held, freed)
         return [
             names
             for group in pool.group_names()
             if (names := in_group.get(group)) is not None
             and _each_bundle_has_a_node(largest_first, [room[n] for n in names])
-            and (request.node_group is not None or pool.group_room(group, held, freed) >= request.gpus)
+            and (rooms is None or rooms[group] >= request.gpus)
         ]
 
     def _plan_in_scope(
