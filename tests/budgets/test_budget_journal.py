@@ -274,14 +274,12 @@ async def test_a_journal_under_steady_load_is_compacted_and_still_loses_nothing(
 async def test_a_recoverer_leaves_a_journal_its_live_writer_compacted_under_it_alone(
     tmp_path: Path, ledger: BudgetLedger, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Found in CI (a gateway replica killed under load, its successor recovering): a stream
-    the survivor answered for $0.0000059 was charged its whole $0.0058 reservation. The
-    recoverer opened the survivor's journal just before the survivor compacted it (a new file
-    renamed over it, the old one closed), so its lock on the old file succeeded; it then read
-    the new, live journal by its path, charged the open request's reservation (the request's
-    own charge, under the same id, was then a duplicate) and unlinked the journal under its
-    writer. The interleaving is forced here: the writer compacts between the recoverer's open
-    and its lock."""
+    """Found reading the recovery: a recoverer that opened a live replica's journal just
+    before the replica compacted it (a new file renamed over it, the old one closed) got the
+    old file's lock; it then read the new, live journal by its path, charged its open
+    request's whole reservation (the request's own charge, under the same id, was then a
+    duplicate) and unlinked the journal under its writer. The interleaving is forced here:
+    the writer compacts between the recoverer's open and its lock."""
     live = _gate(tmp_path, "live", ledger)
     await _spend(live, 2)  # settled, not yet sent: in the journal
     open_request, reserved_nanos = await _reserve(live)  # its reservation is in the journal too
