@@ -26,11 +26,12 @@ from ray.serve.handle import DeploymentHandle
 
 from serve_apps.local_model import LocalModel, gpu_options
 from switchyard.audit.gateway import gateway_audit_parts, gateway_audit_router
+from switchyard.budgets.charge_journal import journal_name
 from switchyard.budgets.http import spend_router
 from switchyard.cluster.audit_metrics import SpoolBacklogGauge
 from switchyard.cluster.gateway_metrics import RayGatewayMetrics
 from switchyard.cluster.gateway_state import replica_state
-from switchyard.cluster.ledger import gateway_budget_gate, gateway_spend_source
+from switchyard.cluster.ledger import gateway_budget_gate, gateway_charges_on_host, gateway_spend_source, replica_holder
 from switchyard.cluster.serve_handle import in_cluster_factory
 from switchyard.gateway.auth import KeySnapshot
 from switchyard.gateway.circuit import CircuitBoard
@@ -84,13 +85,17 @@ class Gateway:
         state, policies = replica_state(policies_dir, state_dir, replica)
         self.sources = Sources(policies, KeyStore.in_state_dir(state))
         # Money and audit are never best-effort: the shared ledger and the durable audit store,
-        # or the replica does not start.
-        self.audit, redactor = gateway_audit_parts(policies, state, SpoolBacklogGauge(replica).set)
+        # or the replica does not start. The spool is named after the charge journal, so a
+        # dead replica's streams are recorded at what the ledger charged them.
+        holder = replica_holder()
+        self.audit, redactor = gateway_audit_parts(
+            policies, state, SpoolBacklogGauge(replica).set, journal_name(holder), gateway_charges_on_host(state)
+        )
         audit = self.audit
         # End users are named by their audit pseudonym in the ledger and the idempotency store
         # too, so erasing a subject unlinks all three.
         pseudonym = audit.builder.keyring.pseudonym_for
-        self.budget = budget = gateway_budget_gate(policies, state, pseudonym)
+        self.budget = budget = gateway_budget_gate(policies, state, pseudonym, holder)
         self.local_metrics = InMemoryMetrics()
         metrics = FanOutMetrics(self.local_metrics, RayGatewayMetrics())
         keys = self.sources.key_snapshot()
@@ -133,8 +138,10 @@ class Gateway:
 
     @asynccontextmanager
     async def _lifespan(self, app: FastAPI) -> AsyncIterator[None]:
-        # Charges a killed replica on this host journaled but never sent reach the ledger first.
+        # Charges a killed replica on this host journaled but never sent reach the ledger first;
+        # then its audit spool, whose cut-off streams are recorded at those charges.
         await self.budget.recover()
+        await self.audit.recover()
         self._refresh_task = asyncio.get_running_loop().create_task(self.refresher.run())
         yield
         self._refresh_task.cancel()

@@ -1,6 +1,12 @@
-"""One gateway replica as its own process, for the kill test: the gateway's HTTP app with the
+"""One gateway replica as its own process, for the kill tests: the gateway's HTTP app with the
 audit package's redactor and sink, the real leased budget gate over the SQLite ledger in the
-state directory (with its charge journal), fake in-process providers, served by uvicorn.
+state directory (with its charge journal, the spool named after it, as the Serve app wires
+them), fake in-process providers, served by uvicorn.
+
+Faults on request: a stream whose input says `[stall:<step>]` stops for good at that step of
+its settlement (`settle`: before its charge is journaled; `restate`: charged, its stand-in not
+yet restated; `record`: before its own record is written) and creates `STATE_DIR/stalled/<id>`,
+so a test can kill the replica exactly there.
 
 Usage: python _audit_gateway_replica.py POLICIES_DIR STATE_DIR PORT
 """
@@ -11,7 +17,7 @@ import asyncio
 import json
 import os
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
 
@@ -19,8 +25,9 @@ import uvicorn
 from fastapi import FastAPI
 
 from switchyard.audit.gateway import gateway_audit_parts
+from switchyard.audit.sink import StoreAuditSink
 from switchyard.budgets.admission import Admissions
-from switchyard.budgets.charge_journal import ChargeJournal
+from switchyard.budgets.charge_journal import ChargeJournal, ChargesOnHost, journal_dir, journal_name
 from switchyard.budgets.leased_gate import LeasedBudgetGate
 from switchyard.budgets.ledger import BudgetLedger
 from switchyard.budgets.service import InProcessLedgerClient, LedgerService
@@ -35,7 +42,7 @@ from switchyard.gateway.pipeline import ChatPipeline, GatewayParts
 from switchyard.gateway.pool import ProviderPool
 from switchyard.gateway.providers.base import Completion, Delta, ProviderCall
 from switchyard.gateway.providers.inprocess import InProcessProvider
-from switchyard.gateway.seams import Usage
+from switchyard.gateway.seams import Bill, Exchange, Reservation, Usage
 from switchyard.policy.keys import KeyStore
 from switchyard.policy.store import PolicyStore
 
@@ -63,18 +70,67 @@ class HoldingProvider(InProcessProvider):
             yield piece
 
 
+class Stalls:
+    """Stops a marked stream's settlement at one step for good (the replica is killed there)."""
+
+    def __init__(self, state: Path) -> None:
+        self.marked: dict[str, str] = {}  # request id -> the step it stalls at
+        self.directory = state / "stalled"
+
+    def mark(self, stand_in: Exchange) -> None:
+        text = json.dumps(stand_in.input_messages)
+        for step in ("settle", "restate", "record"):
+            if f"[stall:{step}]" in text:
+                self.marked.setdefault(stand_in.ctx.request_id, step)
+
+    async def at(self, step: str, request_id: str) -> None:
+        if self.marked.get(request_id) == step:
+            self.directory.mkdir(exist_ok=True)
+            (self.directory / request_id).touch()
+            await asyncio.Event().wait()
+
+
+def with_stalls(stalls: Stalls, sink: StoreAuditSink, budget: LeasedBudgetGate) -> None:
+    open_stream, record, settle = sink.open_stream, sink.record, budget.settle
+    opened: set[str] = set()
+
+    async def stalling_open_stream(stand_in: Exchange, durable: bool) -> None:
+        rid = stand_in.ctx.request_id
+        if rid in opened:  # the stand-in restated, after the charge
+            await stalls.at("restate", rid)
+        opened.add(rid)
+        stalls.mark(stand_in)
+        await open_stream(stand_in, durable)
+
+    async def stalling_record(exchange: Exchange, durable: bool) -> None:
+        await stalls.at("record", exchange.ctx.request_id)
+        await record(exchange, durable)
+
+    async def stalling_settle(reservation: Reservation, bills: Sequence[Bill]) -> None:
+        await stalls.at("settle", reservation.reservation_id)
+        await settle(reservation, bills)
+
+    sink.open_stream = stalling_open_stream  # type: ignore[method-assign]
+    sink.record = stalling_record  # type: ignore[method-assign]
+    budget.settle = stalling_settle  # type: ignore[method-assign]
+
+
 def main(policies: Path, state: Path, port: int) -> None:
     store = PolicyStore(policies, state)
     keys = KeyStore.in_state_dir(state)
-    sink, redactor = gateway_audit_parts(store, state)
-    metrics = InMemoryMetrics()
     holder = f"replica-{os.getpid()}"
+    ledger = BudgetLedger(open_database(ledger_url(state)))
+    sink, redactor = gateway_audit_parts(
+        store, state, writer=journal_name(holder), ledger=ChargesOnHost(journal_dir(state), ledger.charges_of)
+    )
+    metrics = InMemoryMetrics()
     budget = LeasedBudgetGate(
         Admissions(lambda: store.current),
-        InProcessLedgerClient(LedgerService(BudgetLedger(open_database(ledger_url(state))))),
+        InProcessLedgerClient(LedgerService(ledger)),
         holder,
-        journal=ChargeJournal(state / "budgets" / "journal", holder),
+        journal=ChargeJournal(journal_dir(state), holder),
     )
+    with_stalls(Stalls(state), sink, budget)
     parts = GatewayParts(
         policies=lambda: store.current,
         keys=KeySnapshot(keys.verifier(), keys.version()),
@@ -90,7 +146,8 @@ def main(policies: Path, state: Path, port: int) -> None:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        await budget.recover()  # as the Serve app does: a dead replica's journaled charges first
+        await budget.recover()  # as the Serve app does: a dead replica's journaled charges first,
+        await sink.recover()  # then its audit spool (its cut-off streams at what they were charged)
         yield
         await budget.aclose()
         await sink.close()

@@ -19,7 +19,7 @@ import socket
 import sqlite3
 import subprocess
 import sys
-from collections.abc import Awaitable
+from collections.abc import AsyncIterator, Awaitable
 from contextlib import closing
 from pathlib import Path
 
@@ -173,6 +173,13 @@ async def test_gateway_with_redaction_and_audit(tmp_path: Path) -> None:
             assert not any(v.encode() in blob for v in (EMAIL, CARD, PHONE)), path
     for client, _ in replicas:
         await client.aclose()
+
+
+async def _until_done(lines: AsyncIterator[str]) -> AsyncIterator[str]:
+    async for line in lines:
+        yield line
+        if line == "data: [DONE]":
+            return
 
 
 def _free_port() -> int:
@@ -350,4 +357,71 @@ async def test_streams_open_when_their_replica_is_killed_are_audited_and_charged
             "a cut-off stream's charge differs from its record"
         )
     assert charged.get(finished) == usd_to_nanos(by_id[finished].cost_usd)
+    assert store.verify() == []
+
+
+async def test_a_replica_killed_at_any_step_of_a_streams_settlement_records_what_the_ledger_charged(
+    tmp_path: Path,
+) -> None:
+    """Found in CI (the Serve kill test, twice in three runs): a stream whose replica died after
+    its charge was journaled and before its stand-in record was restated got a record costing
+    its whole reservation (5,776,900 nanos) while the ledger charged its real cost (5,850). Here
+    the replica is killed at each step of a finished stream's settlement in turn (before the
+    charge, between the charge and the restated stand-in, before the stream's own record);
+    after the next replica's recovery each stream has one record, and its cost and bills are
+    what the ledger charged it, whichever store the death left ahead."""
+    state = tmp_path / "state"
+    policy_store = _policies(tmp_path, state)
+    keys = KeyStore.in_state_dir(state)
+    support = {"authorization": f"Bearer {keys.create('support', Role.MEMBER)[0]}"}
+    steps = ("settle", "restate", "record")
+    proc, base = _start_replica(policy_store.root, state)
+    streamed: dict[str, str] = {}  # request id -> the step its settlement stopped at
+    try:
+        await _wait_ready(base, support, proc)
+        async with httpx.AsyncClient(base_url=base, timeout=10) as client:
+            responses = []
+            for step in steps:
+                body = {
+                    "model": "auto",
+                    "stream": True,
+                    "messages": [{"role": "user", "content": f"[stall:{step}] where is my order?"}],
+                    "variables": {"product": "X"},
+                }
+                request = client.build_request("POST", "/v1/chat/completions", json=body, headers=support)
+                r = await client.send(request, stream=True)
+                assert r.status_code == 200
+                lines = [line async for line in _until_done(r.aiter_lines())]
+                assert any('"content"' in line for line in lines)  # the whole answer, up to [DONE]
+                streamed[r.headers["x-switchyard-request-id"]] = step
+                responses.append(r)  # its body ends only once the settlement does
+            stalled = state / "stalled"
+            for _ in range(200):  # each settlement reaches its step after the client's last byte
+                if stalled.is_dir() and {p.name for p in stalled.iterdir()} == set(streamed):
+                    break
+                await asyncio.sleep(0.05)
+            assert {p.name for p in stalled.iterdir()} == set(streamed), "a settlement never reached its step"
+            proc.send_signal(signal.SIGKILL)
+            proc.wait()
+            for r in responses:
+                with contextlib.suppress(httpx.TransportError):
+                    await r.aclose()
+    finally:
+        proc.kill()
+        proc.wait()
+    await _start_and_stop_a_replica(policy_store.root, state, support)
+    store = AuditStore.in_state_dir(state)
+    records = [e.entry for e in store.find(limit=100_000) if isinstance(e.entry, RequestRecord)]
+    assert sorted(r.request_id for r in records) == sorted(streamed), "not exactly one record per stream"
+    with closing(sqlite3.connect(state / "ledger.db")) as db:
+        rows = db.execute("SELECT charge_id, model, nanos FROM charges ORDER BY charge_id").fetchall()
+    for record in records:
+        step = streamed[record.request_id]
+        charges = [(model, nanos) for cid, model, nanos in rows if cid.split(".")[0] == record.request_id]
+        assert charges, f"stream stopped at {step}: no charge"
+        assert usd_to_nanos(record.cost_usd) == sum(n for _, n in charges), (
+            f"stream stopped at {step}: recorded {usd_to_nanos(record.cost_usd)} nanos, charged {charges}"
+        )
+        assert [(b.model, usd_to_nanos(b.cost_usd)) for b in record.bills] == charges, f"stream stopped at {step}"
+        assert (record.status_code, record.error_code) == (502, "replica_lost"), f"stream stopped at {step}"
     assert store.verify() == []

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import json
 import os
@@ -10,20 +11,30 @@ import sqlite3
 import subprocess
 import sys
 import time
+from collections.abc import Mapping, Sequence
+from contextlib import closing
 from pathlib import Path
 
 import pytest
 from _audit_helpers import make_exchange, make_flow
 
 from switchyard.audit.builder import RecordBuilder
-from switchyard.audit.record import canonical_json
+from switchyard.audit.record import RequestRecord, canonical_json
 from switchyard.audit.redaction import TextScrubber
 from switchyard.audit.sink import StoreAuditSink
 from switchyard.audit.spool import AuditSpool, encode_line, pending_lines, recover_orphans
 from switchyard.audit.store import AuditStore
 from switchyard.audit.subject_keys import SubjectKeyring, b64
+from switchyard.budgets.charge_journal import ChargeJournal, ChargesOnHost, journal_dir
+from switchyard.budgets.ledger import BudgetLedger, Charge, HoldRequest
+from switchyard.budgets.money import usd_to_nanos
+from switchyard.budgets.resolve import BudgetLine
+from switchyard.cli import main
+from switchyard.db.engine import open_database
+from switchyard.db.location import Store, open_store
 from switchyard.gateway.seams import AuditUnavailable
-from switchyard.policy.models import DataPolicies, RiskTier
+from switchyard.policy.keys import PLATFORM_TEAM, KeyStore
+from switchyard.policy.models import DataPolicies, RiskTier, Role
 
 HERE = Path(__file__).parent
 
@@ -228,6 +239,102 @@ async def test_a_restated_stand_in_wins_over_the_first(tmp_path: Path, builder: 
     recover_orphans(tmp_path / "spool", AuditStore.in_state_dir(tmp_path))
     (entry,) = [e.entry for e in store.find(limit=10)]
     assert entry.request_id == "req-charged" and entry.cost_usd == 0.25
+
+
+async def test_a_dead_writers_stand_ins_wait_for_its_charge_journal_then_state_the_ledgers_charges(
+    tmp_path: Path, builder: RecordBuilder
+) -> None:
+    """Found in CI: a stream's replica died after its charge was journaled and before its
+    stand-in was restated, so the stand-in (its whole reservation) disagreed with the ledger
+    (its real charge). A writer named after its charge journal: while that journal is on the
+    host its stand-ins wait (the ledger may not have its charges yet); then each is stored with
+    the ledger's charges of its request as its bills and cost, whatever it was written with. A
+    request the ledger never charged is recorded at none; a ledger that cannot answer keeps
+    them for the next recovery."""
+    ledger = BudgetLedger(open_database(f"sqlite:///{tmp_path / 'ledger.db'}"))
+    line = BudgetLine("team:support:day:2026-12-05", 10**12, "2026-12-06T00:00:00+00:00")
+    ledger.hold(HoldRequest("lease", "w", (line,), 10**9, 10**9, 60))
+    ledger.settle(
+        "lease",
+        [
+            Charge("req-charged", "support", "reply", "gpt-4o-mini", None, "2026-12-05", 5_850, 30, 12),
+            Charge("req-charged.2", "support", "reply", "claude-haiku", None, "2026-12-05", 150, 3, 0, 1),
+        ],
+        close=False,
+    )
+    journals = tmp_path / "journal"
+    journals.mkdir()
+    (journals / "host_7_abc.charges").write_bytes(b"")  # the dead writer's journal, not yet recovered
+    answering = ChargesOnHost(journals, ledger.charges_of)
+    store = AuditStore.in_state_dir(tmp_path)
+    spool = AuditSpool(tmp_path / "spool", store, drain_interval_s=3600, writer_id="host_7_abc", ledger=answering)
+    await spool.start()
+    sink = StoreAuditSink(builder, store, spool)
+    for rid in ("req-charged", "req-uncharged"):  # written at their reservations
+        lost = make_exchange(request_id=rid, status_code=502, error_code="replica_lost", cost_usd=5.7769)
+        await sink.open_stream(lost, durable=False)
+    _die(spool)
+
+    assert recover_orphans(tmp_path / "spool", store, answering).kept == 1 and store.count() == 0
+
+    def ledger_down(request_ids: Sequence[str]) -> Mapping[str, Sequence[Charge]]:
+        raise ConnectionError("ledger unreachable")
+
+    (journals / "host_7_abc.charges").unlink()  # its charges reached the ledger
+    assert recover_orphans(tmp_path / "spool", store, ChargesOnHost(journals, ledger_down)).kept == 1
+    assert store.count() == 0
+
+    report = recover_orphans(tmp_path / "spool", store, answering)
+    assert (report.kept, report.new_entries) == (0, 2)
+    records = {e.entry.request_id: e.entry for e in store.find(limit=10)}
+    charged, uncharged = records["req-charged"], records["req-uncharged"]
+    assert isinstance(charged, RequestRecord) and isinstance(uncharged, RequestRecord)
+    assert usd_to_nanos(charged.cost_usd) == 6_000 and charged.error_code == "replica_lost"
+    assert [(b.model, b.prompt_tokens, b.completion_tokens, b.cached_prompt_tokens) for b in charged.bills] == [
+        ("gpt-4o-mini", 30, 12, 0),
+        ("claude-haiku", 3, 0, 1),
+    ]
+    assert [usd_to_nanos(b.cost_usd) for b in charged.bills] == [5_850, 150]
+    assert (uncharged.cost_usd, uncharged.bills) == (0.0, ())
+    assert store.verify() == []
+    assert sorted(p.name for p in (tmp_path / "spool").iterdir()) == [".recovery"]
+    ledger.db.close()
+
+
+async def test_switchyard_audit_drain_records_a_dead_replicas_cut_off_stream_at_its_charge(
+    audit_state: Path, data_policies: DataPolicies, scrubber: TextScrubber, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The operator's command on a host whose replica died after a stream's charge was
+    journaled and before its stand-in was restated: it sends the journal first, then stores
+    the stand-in at the ledger's charge (it drained the spool first before, at the reservation)."""
+    state = audit_state
+    with closing(open_store(state, Store.LEDGER)) as db:  # where the command will look for it
+        ledger = BudgetLedger(db)
+        line = BudgetLine("team:support:day:2026-12-05", 10**12, "2026-12-06T00:00:00+00:00")
+        ledger.hold(HoldRequest("lease", "dead", (line,), 10**9, 10**9, 60))
+        journal = ChargeJournal(journal_dir(state), "dead")
+        charge = Charge("req-cut", "support", "reply", "gpt-4o-mini", None, "2026-12-05", 5_850, 30, 12)
+        journal.reserve("lease", dataclasses.replace(charge, nanos=5_776_900, prompt_tokens=0, completion_tokens=0))
+        journal.append("lease", charge)  # charged; the replica dies before the restatement
+        assert journal._fd is not None
+        os.close(journal._fd)  # its death: the lock goes, the file stays
+        store = AuditStore.in_state_dir(state)
+        builder = RecordBuilder(data_policies, scrubber, SubjectKeyring.in_state_dir(state))
+        spool = AuditSpool(state / "audit" / "spool", store, drain_interval_s=3600, writer_id=journal.name)
+        await spool.start()
+        lost = make_exchange(request_id="req-cut", status_code=502, error_code="replica_lost", cost_usd=0.0057769)
+        await StoreAuditSink(builder, store, spool).open_stream(lost, durable=False)
+        _die(spool)
+        with KeyStore.in_state_dir(state) as keys:
+            key = keys.create(PLATFORM_TEAM, Role.PLATFORM_ADMIN)[0]
+        drain = ["audit", "drain", "--json", "--state-dir", str(state), "--api-key", key]
+        code = await asyncio.to_thread(main, drain)
+        out = json.loads(capsys.readouterr().out)
+        assert code == 0 and (out["charge_journals"], out["new"], out["stand_ins_kept"]) == (1, 1, 0)
+        (entry,) = [e.entry for e in store.find(limit=10)]
+        assert isinstance(entry, RequestRecord) and entry.error_code == "replica_lost"
+        assert usd_to_nanos(entry.cost_usd) == 5_850 == ledger.charged_nanos()
+        store.close()
 
 
 def test_a_spool_line_is_the_same_bytes_as_before_the_record_was_embedded_verbatim(builder: RecordBuilder) -> None:

@@ -163,3 +163,17 @@ def test_concurrent_connections_never_overspend(ledger: BudgetLedger) -> None:
         other_ledger.db.close()
     assert len(granted) == 30  # 40 tried, exactly 300 / 10 fit
     assert status(ledger)[TEAM.key] == (300, 0)
+
+
+def test_a_requests_charges_are_found_by_its_id_first_to_last_and_no_others(ledger: BudgetLedger) -> None:
+    """`charges_of` (the audit recovery's view of what a cut-off stream was charged): every
+    charge of a request, in attempt order across pages of lookups, and none of a request whose
+    id merely starts the same way."""
+    assert ledger.hold(hold("h", 200)) == HoldGranted("h", 200)
+    many = [charge("req-1" if i == 1 else f"req-1.{i}", i) for i in range(1, 20)]  # more than a page
+    others = [charge("req-10", 7), charge("req-1x", 8), charge("req-10.2", 9)]
+    ledger.settle("h", [*others, *reversed(many)], close=True)
+    found = ledger.charges_of(["req-1", "req-10", "req-2"])
+    assert found["req-1"] == many
+    assert found["req-10"] == [others[0], others[2]]
+    assert "req-2" not in found  # never charged

@@ -4,11 +4,12 @@
 `gateway_redactor(policy_store, state_dir)` here. `gateway_audit_parts` builds both around one
 Presidio scrubber, so the sink reuses the redactor's analysis of the input (a few ms per
 request) and can report its backlog (`on_backlog`, e.g. `SpoolBacklogGauge(replica).set`).
+A replica names its spool after its charge journal (`writer`) and passes the ledger's view
+(`ledger`), so a dead replica's streams are recorded at the cost the ledger charged them.
 """
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable
 from pathlib import Path
 
@@ -20,13 +21,11 @@ from switchyard.audit.http import audit_router
 from switchyard.audit.query import AuditReader
 from switchyard.audit.redaction import PresidioRedactor, TextScrubber
 from switchyard.audit.sink import StoreAuditSink
-from switchyard.audit.spool import AuditSpool, recover_orphans
+from switchyard.audit.spool import AuditSpool, LedgerView
 from switchyard.audit.store import AuditStore
 from switchyard.audit.subject_keys import SubjectKeyring
 from switchyard.policy.keys import Principal
 from switchyard.policy.store import PolicySource
-
-log = logging.getLogger(__name__)
 
 
 def gateway_audit_sink(
@@ -34,19 +33,19 @@ def gateway_audit_sink(
     state_dir: str | Path,
     scrubber: TextScrubber | None = None,
     on_backlog: Callable[[int], None] | None = None,
+    writer: str | None = None,
+    ledger: LedgerView | None = None,
 ) -> StoreAuditSink:
     """The durable/spooled sink: the audit store and keyring of `state_dir` (SQLite files under
     `<state_dir>/audit/`, or the shared database), the spool under `<state_dir>/audit/spool`.
-    Spools that a killed replica left behind are drained here, before the replica takes traffic."""
+    Spools that a killed replica left behind are drained by `await sink.recover()`, which the
+    replica calls before it takes traffic, after its budget gate's `recover()`."""
     store = AuditStore.in_state_dir(Path(state_dir))
     spool_dir = Path(state_dir) / "audit" / "spool"
-    if spool_dir.is_dir():
-        report = recover_orphans(spool_dir, store)
-        if report.files:
-            log.info("drained %d records left by dead gateway replicas", report.new_entries)
     keyring = SubjectKeyring.in_state_dir(Path(state_dir))
     builder = RecordBuilder(lambda: policy_store.current.data, scrubber or TextScrubber(), keyring)
-    return StoreAuditSink(builder, store, AuditSpool(spool_dir, store, on_backlog=on_backlog))
+    spool = AuditSpool(spool_dir, store, on_backlog=on_backlog, writer_id=writer, ledger=ledger)
+    return StoreAuditSink(builder, store, spool)
 
 
 def gateway_redactor(
@@ -56,12 +55,16 @@ def gateway_redactor(
 
 
 def gateway_audit_parts(
-    policy_store: PolicySource, state_dir: str | Path, on_backlog: Callable[[int], None] | None = None
+    policy_store: PolicySource,
+    state_dir: str | Path,
+    on_backlog: Callable[[int], None] | None = None,
+    writer: str | None = None,
+    ledger: LedgerView | None = None,
 ) -> tuple[StoreAuditSink, PresidioRedactor]:
     # Large texts are analysed in a worker process, off the replica's event loop and GIL.
     scrubber = TextScrubber(offload=AnalysisProcessPool())
     return (
-        gateway_audit_sink(policy_store, state_dir, scrubber, on_backlog),
+        gateway_audit_sink(policy_store, state_dir, scrubber, on_backlog, writer, ledger),
         gateway_redactor(policy_store, state_dir, scrubber),
     )
 

@@ -12,7 +12,7 @@ from switchyard.audit.builder import PendingEntry, RecordBuilder
 from switchyard.audit.data_policy import DataPolicySource
 from switchyard.audit.group_commit import GroupCommitter
 from switchyard.audit.redaction import TextScrubber
-from switchyard.audit.spool import AuditSpool
+from switchyard.audit.spool import AuditSpool, DrainReport, recover_orphans
 from switchyard.audit.store import AuditStore
 from switchyard.audit.subject_keys import SubjectKeyring
 from switchyard.db.engine import database_errors
@@ -108,6 +108,14 @@ class StoreAuditSink:
                 raise AuditUnavailable(f"the audit store is unavailable ({type(exc).__name__})") from exc
             return
         await (await self._started_spool()).put(pending)
+
+    async def recover(self) -> DrainReport:
+        """Drain what dead writers on this host left in the spool directory: call before taking
+        traffic, after the budget gate's recovery (a dead replica's stand-ins state the charges
+        its journal sends to the ledger)."""
+        if self.spool is None or not self.spool.directory.is_dir():
+            return DrainReport(0, 0, 0, 0)
+        return await asyncio.to_thread(recover_orphans, self.spool.directory, self.store, self.spool.ledger)
 
     async def close(self) -> None:
         """Drain the spool into the store and release it (a gateway replica's shutdown)."""

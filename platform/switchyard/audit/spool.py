@@ -20,6 +20,12 @@ replica's loss, charged its whole reservation) to the writer's `<writer>.open` f
 the first byte; the request's real record supersedes it (`close_stream`), and only a dead
 writer's unsuperseded ones reach the store, after its spool files, where a request's first
 record wins.
+
+A stand-in is written before its stream's charge is known and restated after, but a death
+can fall between the charge journal's line and the restatement. So when the writer's charges
+are journaled under its name (a gateway replica's), a recovered stand-in states what the
+ledger charged its request, and waits while the dead writer's charge journal is still on the
+host (`LedgerView`): the ledger, not the order of two writes, decides the record's cost.
 """
 
 from __future__ import annotations
@@ -31,14 +37,17 @@ import logging
 import os
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 from switchyard.audit.builder import BodyBlob, PendingEntry
-from switchyard.audit.record import RequestRecord, canonical_json
+from switchyard.audit.record import BillRecord, RequestRecord, canonical_json
 from switchyard.audit.store import AuditStore
 from switchyard.audit.subject_keys import b64, unb64
+from switchyard.budgets.ledger import Charge
+from switchyard.budgets.money import nanos_to_usd
 from switchyard.gateway.seams import AuditUnavailable
 
 log = logging.getLogger(__name__)
@@ -66,6 +75,20 @@ class DrainReport:
     lines: int
     new_entries: int  # lines already in the store (a drain interrupted after commit) are not new
     torn_lines: int  # a partial last line: its `put` never returned, so no response depended on it
+    kept: int = 0  # stand-in files left for a later recovery (their charges are not in the ledger yet)
+
+
+class LedgerView(Protocol):
+    """The budget side of a dead writer's streams, for writers that journal their charges
+    under their own name (`switchyard.budgets.charge_journal.ChargesOnHost`)."""
+
+    def journal_left(self, writer: str) -> bool:
+        """Whether `writer`'s charge journal is still on the host (charges not yet in the ledger)."""
+        ...
+
+    def charged(self, request_ids: Sequence[str]) -> Mapping[str, Sequence[Charge]]:
+        """The ledger's charges of each request, first to last; absent if it has none."""
+        ...
 
 
 def drain_file(path: Path, store: AuditStore) -> DrainReport:
@@ -112,15 +135,28 @@ def _decode_lines(path: Path) -> tuple[list[PendingEntry], int]:
     return entries, torn
 
 
-def recover_open_streams(directory: Path, writer: str, store: AuditStore) -> DrainReport:
-    """A dead writer's streams that never got their own record: each gets its stand-in.
-    Run after the writer's spool files are drained, so a record that did arrive wins."""
+def recover_open_streams(
+    directory: Path, writer: str, store: AuditStore, ledger: LedgerView | None = None
+) -> DrainReport:
+    """A dead writer's streams that never got their own record: each gets its stand-in, at
+    the cost the ledger charged it when `ledger` is given. Run after the writer's spool files
+    are drained, so a record that did arrive wins."""
     path = directory / f"{writer}{OPEN_STREAMS}"
     (directory / f"{writer}{OPEN_STREAMS}.tmp").unlink(missing_ok=True)  # a compaction the death cut short
     if not path.exists():
         return DrainReport(0, 0, 0, 0)
+    if ledger is not None and ledger.journal_left(writer):
+        log.warning("the stand-ins of dead writer %s wait for its charge journal to reach the ledger", writer)
+        return DrainReport(0, 0, 0, 0, kept=1)
     entries, torn = _decode_lines(path)
     latest = {e.record.request_id: e for e in entries}  # a restated stand-in (after its charge) wins
+    if ledger is not None and latest:
+        try:
+            charged = ledger.charged(list(latest))
+        except Exception:  # whatever the ledger's transport raises (Ray, a database): nothing is dropped
+            log.exception("cannot read the ledger's charges of dead writer %s's streams; kept for later", writer)
+            return DrainReport(0, 0, 0, torn, kept=1)
+        latest = {rid: _as_charged(e, charged.get(rid, ())) for rid, e in latest.items()}
     new = store.append(list(latest.values())) if latest else 0
     if new:
         log.warning("%d streams of dead writer %s were cut off by its death; recorded as replica_lost", new, writer)
@@ -128,15 +164,36 @@ def recover_open_streams(directory: Path, writer: str, store: AuditStore) -> Dra
     return DrainReport(1, len(entries), new, torn)
 
 
-def recover_orphans(directory: Path, store: AuditStore) -> DrainReport:
+def _as_charged(stand_in: PendingEntry, charges: Sequence[Charge]) -> PendingEntry:
+    """The stand-in with the ledger's charges of its request as its bills and cost."""
+    if not charges:
+        # Its journal reached the ledger without it: lost in a host crash (docs/budgets.md).
+        log.warning("the ledger has no charge for stream %s; its record states none", stand_in.record.request_id)
+    bills = tuple(
+        BillRecord(
+            model=c.model,
+            prompt_tokens=c.prompt_tokens,
+            completion_tokens=c.completion_tokens,
+            cached_prompt_tokens=c.cached_tokens,
+            cost_usd=nanos_to_usd(c.nanos),
+        )
+        for c in charges
+    )
+    cost = nanos_to_usd(sum(c.nanos for c in charges))
+    return PendingEntry(stand_in.record.model_copy(update={"cost_usd": cost, "bills": bills}), stand_in.bodies)
+
+
+def recover_orphans(directory: Path, store: AuditStore, ledger: LedgerView | None = None) -> DrainReport:
     """Drain every spool whose writer is gone (its lock is not held, or its lock file is gone).
     Who drains after a crash: whichever process calls this first, i.e. the next sink to start
-    on the host, or `switchyard audit drain`. Recoveries are serialised by `.recovery`."""
+    on the host, or `switchyard audit drain`. Recoveries are serialised by `.recovery`.
+    `ledger`: stand-ins get their requests' charges (see `recover_open_streams`)."""
     reports: list[DrainReport] = []
     guard = os.open(directory / ".recovery", os.O_RDWR | os.O_CREAT, 0o600)
     try:
         fcntl.flock(guard, fcntl.LOCK_EX)
         live: set[str] = set()
+        done: set[str] = set()  # writers recovered in this pass (their stand-ins may be kept)
         for lock_path in sorted(directory.glob("*.lock")):
             fd = os.open(lock_path, os.O_RDWR)
             try:
@@ -145,7 +202,8 @@ def recover_orphans(directory: Path, store: AuditStore) -> DrainReport:
                 except BlockingIOError:
                     live.add(lock_path.stem)
                     continue
-                reports.extend(_drain_writer(directory, lock_path.stem, store))
+                reports.extend(_drain_writer(directory, lock_path.stem, store, ledger))
+                done.add(lock_path.stem)
                 lock_path.unlink()
             finally:
                 os.close(fd)
@@ -153,12 +211,13 @@ def recover_orphans(directory: Path, store: AuditStore) -> DrainReport:
         # a spool without one belongs to a dead writer whose recovery was interrupted.
         for spool in sorted(directory.glob("*.spool")):
             writer = spool.name.rsplit(".", 2)[0]
-            if writer not in live and not (directory / f"{writer}.lock").exists():
-                reports.extend(_drain_writer(directory, writer, store))
+            if writer not in live | done and not (directory / f"{writer}.lock").exists():
+                reports.extend(_drain_writer(directory, writer, store, ledger))
+                done.add(writer)
         for stand_ins in sorted(directory.glob(f"*{OPEN_STREAMS}")):
             writer = stand_ins.name.removesuffix(OPEN_STREAMS)
-            if writer not in live and not (directory / f"{writer}.lock").exists():
-                reports.append(recover_open_streams(directory, writer, store))
+            if writer not in live | done and not (directory / f"{writer}.lock").exists():
+                reports.append(recover_open_streams(directory, writer, store, ledger))
     finally:
         os.close(guard)
     total = DrainReport(
@@ -166,6 +225,7 @@ def recover_orphans(directory: Path, store: AuditStore) -> DrainReport:
         sum(r.lines for r in reports),
         sum(r.new_entries for r in reports),
         sum(r.torn_lines for r in reports),
+        sum(r.kept for r in reports),
     )
     if total.files:
         log.info(
@@ -178,9 +238,9 @@ def recover_orphans(directory: Path, store: AuditStore) -> DrainReport:
     return total
 
 
-def _drain_writer(directory: Path, writer: str, store: AuditStore) -> list[DrainReport]:
+def _drain_writer(directory: Path, writer: str, store: AuditStore, ledger: LedgerView | None) -> list[DrainReport]:
     spools = [drain_file(spool, store) for spool in sorted(directory.glob(f"{writer}.*.spool"), key=_spool_number)]
-    return [*spools, recover_open_streams(directory, writer, store)]
+    return [*spools, recover_open_streams(directory, writer, store, ledger)]
 
 
 def pending_lines(directory: Path) -> int:
@@ -201,14 +261,19 @@ class AuditSpool:
         max_backlog: int = 10_000,
         full_wait_s: float = 2.0,
         on_backlog: Callable[[int], None] | None = None,
+        writer_id: str | None = None,
+        ledger: LedgerView | None = None,
     ) -> None:
+        """`writer_id`: the name of this process's charge journal, if it has one (a dead
+        writer's stand-ins are then matched to its charges through `ledger`)."""
         self.directory = directory
         self.store = store
         self.drain_interval_s = drain_interval_s
         self.max_backlog = max_backlog
         self.full_wait_s = full_wait_s
         self._on_backlog = on_backlog
-        self.writer_id = f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        self.ledger = ledger
+        self.writer_id = writer_id or f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
         self._number = 0
         self._fd: int | None = None
         self._lock_fd: int | None = None
@@ -229,7 +294,7 @@ class AuditSpool:
 
     async def start(self) -> DrainReport:
         self.directory.mkdir(parents=True, exist_ok=True, mode=0o700)
-        report = await asyncio.to_thread(recover_orphans, self.directory, self.store)
+        report = await asyncio.to_thread(recover_orphans, self.directory, self.store, self.ledger)
         # Locked under a private name, then renamed: a recoverer can never see the lock file
         # unlocked and take this live writer for a dead one.
         private = self.directory / f".{self.writer_id}.lock.new"

@@ -29,7 +29,7 @@ import fcntl
 import json
 import logging
 import os
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -49,15 +49,29 @@ def _fields(charge: Charge) -> dict[str, object]:
     return dict(vars(charge))
 
 
-def _file_name(holder: str) -> str:
-    # Holder ids are `host:pid:uuid`; keep the file name to safe characters.
-    return "".join(c if c.isalnum() or c in "-_." else "_" for c in holder) + SUFFIX
+def journal_dir(state_dir: str | Path) -> Path:
+    """Where the gateway replicas of a host journal their charges, under its state directory."""
+    return Path(state_dir) / "budgets" / "journal"
+
+
+def journal_name(holder: str) -> str:
+    """The journal's name (its file is `<name>.charges`): the holder id in safe characters.
+    A gateway replica names its audit spool the same, so that a dead replica's streams can be
+    matched to its charges (`ChargesOnHost`)."""
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in holder)  # holders are `host:pid:uuid`
+
+
+def journal_left(directory: Path, name: str) -> bool:
+    """Whether the journal `name` is still in `directory`: some of its charges may not have
+    reached the ledger (its writer is alive, or dead and not yet recovered)."""
+    return (directory / f"{name}{SUFFIX}").exists()
 
 
 class ChargeJournal:
     def __init__(self, directory: Path, holder: str) -> None:
         self.directory = directory
-        self.path = directory / _file_name(holder)
+        self.name = journal_name(holder)
+        self.path = directory / f"{self.name}{SUFFIX}"
         self._fd: int | None = None
         self._reserved: dict[str, bytes] = {}  # request id -> its provisional line, while open
 
@@ -88,9 +102,7 @@ class ChargeJournal:
     def reserve(self, hold_id: str, provisional: Charge) -> None:
         """A request's reservation, before its provider is called: `provisional` is named by
         the request id and worth the whole reservation."""
-        self._reserved[provisional.charge_id] = self._write(
-            {"hold": hold_id, "provisional": _fields(provisional)}
-        )
+        self._reserved[provisional.charge_id] = self._write({"hold": hold_id, "provisional": _fields(provisional)})
 
     def settled(self, request_id: str) -> None:
         """The request's charges are journaled (after `append`): they supersede its reservation."""
@@ -240,3 +252,20 @@ async def recover_orphans(directory: Path, send: SendCharges) -> RecoveryReport:
     if journals:
         log.info("recovered %d charges from %d journals of dead gateway replicas", charges, journals)
     return RecoveryReport(journals, charges, torn, kept)
+
+
+@dataclass(frozen=True)
+class ChargesOnHost:
+    """What the ledger charged the requests of a dead gateway replica on this host, for the
+    audit spool's recovery of its streams (`switchyard.audit.spool.LedgerView`): a stream's
+    stand-in record then states the cost the ledger holds, whichever of the two stores the
+    replica reached last before it died."""
+
+    journals: Path  # the host's charge journal directory
+    lookup: Callable[[Sequence[str]], Mapping[str, Sequence[Charge]]]  # the ledger's `charges_of`
+
+    def journal_left(self, writer: str) -> bool:
+        return journal_left(self.journals, writer)
+
+    def charged(self, request_ids: Sequence[str]) -> Mapping[str, Sequence[Charge]]:
+        return self.lookup(request_ids)

@@ -19,6 +19,7 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from switchyard.budgets.resolve import BudgetLine
 from switchyard.db.engine import Database, Transaction
@@ -152,6 +153,25 @@ class SpendRow:
 
 def _marks(n: int) -> str:
     return ", ".join("?" * n)
+
+
+CHARGE_PAGE = 8  # charge ids read per query when looking a request's charges up
+
+
+def _charge(row: tuple[Any, ...]) -> Charge:
+    charge_id, team, flow, model, user, day, nanos, prompt, completion, cached = row
+    return Charge(
+        charge_id=str(charge_id),
+        team=str(team),
+        flow=str(flow),
+        model=str(model),
+        user=None if user is None else str(user),
+        day=str(day),
+        nanos=int(nanos),
+        prompt_tokens=int(prompt),
+        completion_tokens=int(completion),
+        cached_tokens=int(cached),
+    )
 
 
 class BudgetLedger:
@@ -376,6 +396,30 @@ class BudgetLedger:
         return [
             SpendRow(str(t), str(f), str(m), str(d), int(n), int(c), int(p), int(o)) for t, f, m, d, n, c, p, o in rows
         ]
+
+    def charges_of(self, request_ids: Sequence[str]) -> dict[str, list[Charge]]:
+        """Each request's charges, first to last (`<id>`, then `<id>.2`, `<id>.3` ...: one per
+        billed attempt), looked up by primary key; a request the ledger never charged is absent."""
+        out: dict[str, list[Charge]] = {}
+        with self.db.transaction() as tx:
+            for request_id in request_ids:
+                found: list[Charge] = []
+                first = 1
+                while True:  # a request has as many charges as billed attempts: a few, read a page at a time
+                    ids = [request_id if i == 1 else f"{request_id}.{i}" for i in range(first, first + CHARGE_PAGE)]
+                    rows = tx.execute(
+                        "SELECT charge_id, team, flow, model, end_user, day, nanos, prompt_tokens,"
+                        f" completion_tokens, cached_tokens FROM charges WHERE charge_id IN ({_marks(len(ids))})",
+                        ids,
+                    ).rows
+                    page = {str(r[0]): r for r in rows}
+                    found += [_charge(page[i]) for i in ids if i in page]
+                    if ids[-1] not in page:
+                        break
+                    first += CHARGE_PAGE
+                if found:
+                    out[request_id] = found
+        return out
 
     def charged_nanos(self) -> int:
         with self.db.transaction() as tx:

@@ -97,6 +97,9 @@ class LedgerService:
     def spend(self, team: str | None = None, since_day: str | None = None) -> list[SpendRow]:
         return self.ledger.spend(team, since_day)
 
+    def charges_of(self, request_ids: Sequence[str]) -> dict[str, list[Charge]]:
+        return self.ledger.charges_of(request_ids)
+
 
 class LedgerClient(Protocol):
     """How a gate reaches the shared ledger: in-process, or a Ray actor handle."""

@@ -18,6 +18,7 @@ from switchyard.audit.query import AuditQuery, AuditReader, parse_since
 from switchyard.audit.spool import pending_lines, recover_orphans
 from switchyard.audit.store import AuditStore, distinct
 from switchyard.audit.subject_keys import SubjectKeyring, subject_of
+from switchyard.budgets.charge_journal import ChargesOnHost, journal_dir
 from switchyard.budgets.charge_journal import recover_orphans as recover_charges
 from switchyard.budgets.ledger import BudgetLedger, Charge
 from switchyard.budgets.service import InProcessLedgerClient, LedgerService
@@ -240,19 +241,27 @@ def _shared_idempotency(state: Path) -> Iterator[IdempotencyStore]:
 
 def run_drain(args: argparse.Namespace) -> int:
     require(args, Action.OPERATE, None)
-    directory = _state(args) / "audit" / "spool"
+    state = _state(args)
+    directory = state / "audit" / "spool"
     report = None
-    if directory.exists():
-        with _store(args) as store:
-            report = recover_orphans(directory, store)
+    ledger = BudgetLedger(open_database(ledger_url(state)))
+    try:
+        # The charges first: a dead replica's cut-off streams are recorded at what they charge.
+        charges = _drain_charge_journals(state, ledger)
+        if directory.exists():
+            with _store(args) as store:
+                report = recover_orphans(directory, store, ChargesOnHost(journal_dir(state), ledger.charges_of))
+    finally:
+        ledger.db.close()
     left = pending_lines(directory) if directory.exists() else 0
     result = {
         "files": report.files if report else 0,
         "records": report.lines if report else 0,
         "new": report.new_entries if report else 0,
         "torn": report.torn_lines if report else 0,
+        "stand_ins_kept": report.kept if report else 0,
         "still_spooled_by_live_writers": left,
-        **_drain_charge_journals(_state(args)),
+        **charges,
     }
     if args.json:
         print_json(result)
@@ -261,18 +270,14 @@ def run_drain(args: argparse.Namespace) -> int:
     return 0
 
 
-def _drain_charge_journals(state: Path) -> dict[str, int]:
+def _drain_charge_journals(state: Path, ledger: BudgetLedger) -> dict[str, int]:
     """The budget side of a dead replica: charges it journaled but never sent to the ledger."""
-    ledger = BudgetLedger(open_database(ledger_url(state)))
     client = InProcessLedgerClient(LedgerService(ledger))
 
     async def send(hold_id: str, charges: Sequence[Charge]) -> None:
         await client.settle(hold_id, charges, close=True)
 
-    try:
-        report = asyncio.run(recover_charges(state / "budgets" / "journal", send))
-    finally:
-        ledger.db.close()
+    report = asyncio.run(recover_charges(journal_dir(state), send))
     return {"charge_journals": report.journals, "charges": report.charges, "charge_journals_kept": report.kept}
 
 

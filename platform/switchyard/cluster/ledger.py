@@ -27,7 +27,7 @@ from ray.exceptions import ActorUnavailableError, RayActorError
 from ray.util.metrics import Gauge
 
 from switchyard.budgets.admission import Admissions
-from switchyard.budgets.charge_journal import ChargeJournal
+from switchyard.budgets.charge_journal import ChargeJournal, ChargesOnHost, journal_dir
 from switchyard.budgets.leased_gate import LeaseConfig, LeasedBudgetGate, check_lease_bound
 from switchyard.budgets.ledger import BudgetLedger, Charge, HoldRequest, LineStatus, SoftAlert, SpendRow
 from switchyard.budgets.money import nanos_to_usd
@@ -95,6 +95,9 @@ class LedgerActor:
     def charged_nanos(self) -> int:
         return self.service.ledger.charged_nanos()
 
+    def charges_of(self, request_ids: Sequence[str]) -> dict[str, list[Charge]]:
+        return self.service.charges_of(request_ids)
+
     def health(self) -> dict[str, int]:
         """The process id (changes when Ray restarted the actor) and the open holds."""
         return {"pid": os.getpid(), "open_holds": self.service.ledger.open_holds()}
@@ -161,8 +164,17 @@ class ActorLedgerClient:
         return renewed
 
 
+def replica_holder() -> str:
+    """The id a gateway replica holds its leases under; its charge journal and audit spool are
+    named after it (`journal_name`)."""
+    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+
+
 def gateway_budget_gate(
-    policies: PolicySource, state_dir: str | Path, pseudonym: Callable[[str, str], str] | None = None
+    policies: PolicySource,
+    state_dir: str | Path,
+    pseudonym: Callable[[str, str], str] | None = None,
+    holder: str | None = None,
 ) -> LeasedBudgetGate:
     """The budget gate of one gateway replica: leases from the shared ledger actor.
 
@@ -173,8 +185,8 @@ def gateway_budget_gate(
     sent and its leases returned at once (otherwise they expire after `LeaseConfig.ttl_s`).
     """
     actor = ledger_actor(ledger_url(Path(state_dir)))
-    holder = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
-    journal = ChargeJournal(Path(state_dir) / "budgets" / "journal", holder)
+    holder = holder or replica_holder()
+    journal = ChargeJournal(journal_dir(state_dir), holder)
     config = LeaseConfig()
     check_lease_bound(config, longest_deadline_s(policies.current))  # or the replica does not start
     admissions = Admissions(lambda: policies.current, pseudonym=pseudonym)
@@ -199,3 +211,15 @@ class ActorSpendSource:
 
 def gateway_spend_source(state_dir: str | Path) -> ActorSpendSource:
     return ActorSpendSource(ledger_actor(ledger_url(Path(state_dir))))
+
+
+def gateway_charges_on_host(state_dir: str | Path, timeout_s: float = 30.0) -> ChargesOnHost:
+    """The ledger's charges of dead replicas' requests, for the audit spool's recovery (which
+    runs in a worker thread, so it asks the ledger actor synchronously)."""
+    actor = ledger_actor(ledger_url(Path(state_dir)))
+
+    def lookup(request_ids: Sequence[str]) -> dict[str, list[Charge]]:
+        found: dict[str, list[Charge]] = ray.get(actor.charges_of.remote(list(request_ids)), timeout=timeout_s)
+        return found
+
+    return ChargesOnHost(journal_dir(state_dir), lookup)

@@ -200,7 +200,7 @@ class StreamSettlement:
         o.tool_calls = self.calls.calls()
         o.cost = await p.charge(plan, o, self.reservation, bills)
         if self.stand_in:
-            # Charged now: a death before the record below must leave a stand-in of this cost,
-            # not of the reservation (the journal holds the charge, which wins there too).
+            # Charged now: a death before the record below leaves a stand-in with what was
+            # streamed; its recovery states the cost the ledger holds (docs/budgets.md).
             await p.restate_stand_in(plan, self.redacted, o, self.chain)
         await p.record_outcome(plan, self.redacted, o, self.chain, context="streamed")
