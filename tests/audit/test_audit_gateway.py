@@ -175,6 +175,24 @@ async def test_gateway_with_redaction_and_audit(tmp_path: Path) -> None:
         await client.aclose()
 
 
+async def _records_after_a_restart(
+    policies: Path, state: Path, headers: dict[str, str]
+) -> tuple[AuditStore, list[RequestRecord]]:
+    """The request records once a new replica has recovered what the killed one left."""
+    await _start_and_stop_a_replica(policies, state, headers)
+    store = AuditStore.in_state_dir(state)
+    return store, [e.entry for e in store.find(limit=100_000) if isinstance(e.entry, RequestRecord)]
+
+
+async def _kill_with_streams_open(proc: subprocess.Popen[bytes], streams: list[httpx.Response]) -> None:
+    """SIGKILL the replica while its clients' streams are open, then let the clients go."""
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    for r in streams:
+        with contextlib.suppress(httpx.TransportError):
+            await r.aclose()
+
+
 async def _until_done(lines: AsyncIterator[str]) -> AsyncIterator[str]:
     async for line in lines:
         yield line
@@ -332,17 +350,11 @@ async def test_streams_open_when_their_replica_is_killed_are_audited_and_charged
                     pass  # the role piece first, then the provider's first text
                 held.append(r.headers["x-switchyard-request-id"])
                 streams.append((r, pieces))  # a dropped line iterator would close its stream
-            proc.send_signal(signal.SIGKILL)
-            proc.wait()
-            for r, _ in streams:
-                with contextlib.suppress(httpx.TransportError):
-                    await r.aclose()
+            await _kill_with_streams_open(proc, [r for r, _ in streams])
     finally:
         proc.kill()
         proc.wait()
-    await _start_and_stop_a_replica(policy_store.root, state, support)
-    store = AuditStore.in_state_dir(state)
-    records = [e.entry for e in store.find(limit=100_000) if isinstance(e.entry, RequestRecord)]
+    store, records = await _records_after_a_restart(policy_store.root, state, support)
     ids = [r.request_id for r in records]
     assert len(ids) == len(set(ids)), "a request has two records"
     by_id = {r.request_id: r for r in records}
@@ -401,17 +413,11 @@ async def test_a_replica_killed_at_any_step_of_a_streams_settlement_records_what
                     break
                 await asyncio.sleep(0.05)
             assert {p.name for p in stalled.iterdir()} == set(streamed), "a settlement never reached its step"
-            proc.send_signal(signal.SIGKILL)
-            proc.wait()
-            for r in responses:
-                with contextlib.suppress(httpx.TransportError):
-                    await r.aclose()
+            await _kill_with_streams_open(proc, responses)
     finally:
         proc.kill()
         proc.wait()
-    await _start_and_stop_a_replica(policy_store.root, state, support)
-    store = AuditStore.in_state_dir(state)
-    records = [e.entry for e in store.find(limit=100_000) if isinstance(e.entry, RequestRecord)]
+    store, records = await _records_after_a_restart(policy_store.root, state, support)
     assert sorted(r.request_id for r in records) == sorted(streamed), "not exactly one record per stream"
     with closing(sqlite3.connect(state / "ledger.db")) as db:
         rows = db.execute("SELECT charge_id, model, nanos FROM charges ORDER BY charge_id").fetchall()

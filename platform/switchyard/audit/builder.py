@@ -34,10 +34,22 @@ from switchyard.audit.subject_keys import (
 )
 from switchyard.budgets.money import nanos_to_usd
 from switchyard.gateway.messages import map_text
-from switchyard.gateway.seams import Exchange
+from switchyard.gateway.seams import Bill, Exchange
 from switchyard.policy.models import BodyStorage, DataClass
 
 DAY_S = 86_400
+
+
+def bill_record(bill: Bill) -> BillRecord:
+    """How a billed attempt is recorded."""
+    usage = bill.usage
+    return BillRecord(
+        model=bill.model,
+        prompt_tokens=usage.prompt_tokens,
+        completion_tokens=usage.completion_tokens,
+        cached_prompt_tokens=usage.cached_prompt_tokens,
+        cost_usd=nanos_to_usd(bill.nanos),
+    )
 
 
 @dataclass(frozen=True)
@@ -139,16 +151,7 @@ class RecordBuilder:
             idempotency_key=ctx.idempotency_key,
             contract_result=exchange.contract_result,
             skipped=tuple(SkipRecord(model=m, reason=r) for m, r in exchange.skipped),
-            bills=tuple(
-                BillRecord(
-                    model=b.model,
-                    prompt_tokens=b.usage.prompt_tokens,
-                    completion_tokens=b.usage.completion_tokens,
-                    cached_prompt_tokens=b.usage.cached_prompt_tokens,
-                    cost_usd=nanos_to_usd(b.nanos),
-                )
-                for b in exchange.bills
-            ),
+            bills=tuple(bill_record(b) for b in exchange.bills),
         )
         return PendingEntry(record, tuple(bodies))
 

@@ -42,13 +42,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from switchyard.audit.builder import BodyBlob, PendingEntry
-from switchyard.audit.record import BillRecord, RequestRecord, canonical_json
+from switchyard.audit.builder import BodyBlob, PendingEntry, bill_record
+from switchyard.audit.record import RequestRecord, canonical_json
 from switchyard.audit.store import AuditStore
 from switchyard.audit.subject_keys import b64, unb64
 from switchyard.budgets.ledger import Charge
 from switchyard.budgets.money import nanos_to_usd
-from switchyard.gateway.seams import AuditUnavailable
+from switchyard.gateway.seams import AuditUnavailable, Bill, Usage
 
 log = logging.getLogger(__name__)
 
@@ -170,13 +170,7 @@ def _as_charged(stand_in: PendingEntry, charges: Sequence[Charge]) -> PendingEnt
         # Its journal reached the ledger without it: lost in a host crash (docs/budgets.md).
         log.warning("the ledger has no charge for stream %s; its record states none", stand_in.record.request_id)
     bills = tuple(
-        BillRecord(
-            model=c.model,
-            prompt_tokens=c.prompt_tokens,
-            completion_tokens=c.completion_tokens,
-            cached_prompt_tokens=c.cached_tokens,
-            cost_usd=nanos_to_usd(c.nanos),
-        )
+        bill_record(Bill(c.model, Usage(c.prompt_tokens, c.completion_tokens, c.cached_tokens), c.nanos))
         for c in charges
     )
     cost = nanos_to_usd(sum(c.nanos for c in charges))
