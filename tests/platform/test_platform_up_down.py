@@ -179,6 +179,14 @@ def test_attach_to_existing_cluster(ray_cluster: dict[str, Any], tmp_path: Path)
     assert ray.is_initialized()  # down left the cluster itself alone
 
 
+def attach_and_fail(address: str, state: Path, timeout: str) -> subprocess.CompletedProcess[str]:
+    """`up --address` in its own process, expected to fail (its exit code is the caller's to check)."""
+    from switchyard.ports import listener_port
+
+    args = ("--gateway-port", str(listener_port()), "--timeout", timeout, "--detach", "--state-dir", str(state))
+    return switchyard("up", "--address", address, *args, check=False, timeout=240)
+
+
 def test_attach_to_a_cluster_without_room_fails_naming_the_stuck_deployment(
     ray_cluster: dict[str, Any], tmp_path: Path
 ) -> None:
@@ -189,8 +197,6 @@ def test_attach_to_a_cluster_without_room_fails_naming_the_stuck_deployment(
     from ray import serve
     from ray._private.state import available_resources_per_node  # per node: the public API sums them
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
-    from switchyard.ports import listener_port
 
     @ray.remote(num_cpus=0)
     class CpuHog:
@@ -208,20 +214,7 @@ def test_attach_to_a_cluster_without_room_fails_naming_the_stuck_deployment(
     try:
         ray.get([h.ready.remote() for h in hogs], timeout=60)
         assert ray.available_resources().get("CPU", 0) == 0, cluster_state()
-        up = switchyard(
-            "up",
-            "--address",
-            ray_cluster["gcs_address"],
-            "--gateway-port",
-            str(listener_port()),
-            "--timeout",
-            "20",
-            "--detach",
-            "--state-dir",
-            state,
-            check=False,
-            timeout=240,
-        )
+        up = attach_and_fail(ray_cluster["gcs_address"], Path(state), "20")
         assert up.returncode == 1, f"{up.stdout}\n{up.stderr}"
         assert "the Serve application 'gateway' was not running within 20s" in up.stderr, up.stderr
         assert "deployment 'gateway' (UPDATING): 0 replica(s) running" in up.stderr, up.stderr
@@ -238,3 +231,64 @@ def test_attach_to_a_cluster_without_room_fails_naming_the_stuck_deployment(
             ray.kill(hog)
         if switchyard("down", "--state-dir", state, check=False).returncode != 0:
             undeploy_attached(Path(state))
+
+
+def test_attach_with_a_corrupt_scheduler_log_fails_naming_the_file(ray_cluster: dict[str, Any], tmp_path: Path) -> None:
+    """The scheduler's write-ahead log on the head is corrupt, so its actor's constructor raises:
+    `up --address` says at once that the scheduler failed to start and names the file and line,
+    takes off what it started and exits 1. Before, the client's retries ran a minute and then
+    printed a Ray traceback."""
+    import ray
+    from ray import serve
+
+    state = tmp_path / "state"
+    wal = state / "scheduler-wal" / "wal-000000000001.jsonl"
+    wal.parent.mkdir(parents=True)
+    wal.write_text('not json\n{"seq": 2}\n')
+    started = time.monotonic()
+    up = attach_and_fail(ray_cluster["gcs_address"], state, "60")
+    took = time.monotonic() - started
+    assert up.returncode == 1, f"{up.stdout}\n{up.stderr}"
+    assert "the scheduler failed to start: " in up.stderr, up.stderr
+    assert f"WalCorruptError: {wal}:1: not a write-ahead-log record" in up.stderr, up.stderr
+    assert "took off what it had started" in up.stderr and "Traceback" not in up.stderr, up.stderr
+    assert took < 60, f"it waited out its deadline ({took:.0f}s) instead of reporting the constructor's error"
+    with pytest.raises(ValueError):
+        ray.get_actor("switchyard-scheduler", namespace="switchyard")
+    assert "gateway" not in serve.status().applications
+    assert not (state / "up.json").exists()
+    assert wal.read_text() == 'not json\n{"seq": 2}\n'  # the log is left as it was, for the operator
+
+
+def test_waiting_for_an_actor_names_its_constructors_error_or_the_deadline(ray_cluster: dict[str, Any]) -> None:
+    """`wait_for_actor`: a constructor's error ends the wait at once with its type and message;
+    an actor that never answers is named with the deadline it missed."""
+    import ray
+
+    from switchyard.cluster.actor_readiness import wait_for_actor
+    from switchyard.cluster.app_readiness import PlatformNotRunning
+
+    @ray.remote(num_cpus=0, max_restarts=-1)
+    class Broken:
+        def __init__(self, path: str) -> None:
+            raise ValueError(f"{path}: cannot be read")
+
+        def ping(self) -> bool:
+            return True
+
+    @ray.remote(num_cpus=0)
+    class Slow:
+        def ping(self) -> bool:
+            time.sleep(30)
+            return True
+
+    broken = Broken.remote("/state/x.db")  # type: ignore[attr-defined]
+    started = time.monotonic()
+    with pytest.raises(PlatformNotRunning) as failed:
+        wait_for_actor("broken thing", broken.ping.remote, 30)
+    assert str(failed.value) == "the broken thing failed to start: ValueError: /state/x.db: cannot be read"
+    assert time.monotonic() - started < 20
+    slow = Slow.remote()  # type: ignore[attr-defined]
+    with pytest.raises(PlatformNotRunning, match=r"^the slow thing did not answer within 2s$"):
+        wait_for_actor("slow thing", slow.ping.remote, 2)
+    ray.kill(slow)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -14,7 +13,7 @@ from typing import Any
 
 from switchyard.cli._auth import ensure_admin_key
 from switchyard.cli._output import fail, print_json
-from switchyard.cluster.app_readiness import APPS_READY_WITHIN_S, AppNotRunning
+from switchyard.cluster.app_readiness import APPS_READY_WITHIN_S, PlatformNotRunning, without_frames
 from switchyard.cluster.record import PlatformRecord, read_record
 from switchyard.db.location import UnsafeLayout
 from switchyard.paths import policies_dir
@@ -25,7 +24,7 @@ from switchyard.policy.models import Role
 from switchyard.state import state_dir
 
 DEMO_TEAM = "demo"
-HEAD_START_S = 150.0  # Ray's own start and the scheduler's, before the apps' deadlines begin
+HEAD_START_S = 150.0  # Ray's own start, before the parts' deadlines begin
 
 
 def register(subparsers: Any) -> None:
@@ -51,8 +50,9 @@ def register(subparsers: Any) -> None:
         "--timeout",
         type=float,
         default=APPS_READY_WITHIN_S,
-        help="seconds the gateway and the console each may take to run before `up` gives up, undoes what it"
-        f" started and names the deployment that is stuck (default {APPS_READY_WITHIN_S:.0f})",
+        help="seconds each part (the scheduler, the policy publisher, the gateway, the console) may take to"
+        " start before `up` gives up, undoes what it started and names the part that is stuck and why"
+        f" (default {APPS_READY_WITHIN_S:.0f})",
     )
     p.add_argument("--detach", action="store_true", help="return once up, leaving it running")
     p.add_argument("--policies", help="policy directory (default: the repo's policies/)")
@@ -140,9 +140,9 @@ def _start_local(args: argparse.Namespace, state: Path, policies: Path) -> Platf
     proc = subprocess.Popen(
         cmd, stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True
     )  # survives this shell; `down` signals it
-    # The head gives up on its own (and says why) once an app misses its deadline; this is the
+    # The head gives up on its own (and says why) once a part misses its deadline; this is the
     # backstop for a head stuck before that.
-    give_up_after = HEAD_START_S + 2 * args.timeout  # two apps, each with its deadline
+    give_up_after = HEAD_START_S + 4 * args.timeout  # four parts, each with its deadline
     deadline = time.monotonic() + give_up_after
     while time.monotonic() < deadline:
         record = read_record(state)
@@ -164,26 +164,10 @@ def _start_local(args: argparse.Namespace, state: Path, policies: Path) -> Platf
     return fail(f"the platform did not come up within {give_up_after:.0f}s; see {logs / 'head.log'}", 1)
 
 
-ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;]*m")
-
-
 def failure_excerpt(log: str, keep: int = 12) -> str:
     """The last lines of a failed head's log that say what went wrong, without the traceback
     frames around them (a user reads the error; the log file keeps the frames)."""
-    lines: list[str] = []
-    in_frame = False
-    for raw in ANSI_ESCAPE.sub("", log).splitlines():
-        line = raw.rstrip()
-        stripped = line.strip()
-        if stripped.startswith("Traceback (most recent call last)") or stripped.startswith('File "'):
-            in_frame = True  # a frame's source line (and its ^^^ markers) follow
-            continue
-        if in_frame and (line.startswith("    ") or not stripped or set(stripped) <= set("^~ ")):
-            continue
-        in_frame = False
-        if stripped:
-            lines.append(line)
-    return "\n".join(lines[-keep:]) or "(the log says nothing more)"
+    return "\n".join(without_frames(log)[-keep:]) or "(the log says nothing more)"
 
 
 def _attach(args: argparse.Namespace, state: Path, policies: Path) -> PlatformRecord | int:
@@ -192,10 +176,10 @@ def _attach(args: argparse.Namespace, state: Path, policies: Path) -> PlatformRe
     os.environ.update(PLATFORM_ENV)
     import ray
 
+    from switchyard.cluster.actor_readiness import wait_for_actor
     from switchyard.cluster.deploy import deploy_console, deploy_gateway, start_scheduler, undeploy
     from switchyard.cluster.placement import cluster_hosts
     from switchyard.cluster.record import NAMESPACE, write_record
-    from switchyard.cluster.scheduler_client import RetryPolicy, SchedulerClient
     from switchyard.db.location import check_layout
 
     # The cluster's workers' logs are not this command's output.
@@ -204,12 +188,12 @@ def _attach(args: argparse.Namespace, state: Path, policies: Path) -> PlatformRe
     dashboard_url = f"http://{context.dashboard_url}" if context.dashboard_url else None
     try:
         scheduler = start_scheduler(policies, state, dashboard_url)
-        SchedulerClient.of_handle(scheduler, RetryPolicy(call_timeout_s=60)).ping()
+        wait_for_actor("scheduler", scheduler.ping.remote, args.timeout)
         gateway_url = deploy_gateway(
             policies, state, args.gateway_port, local_model_gpus=args.local_model_gpus, ready_within_s=args.timeout
         )
         console_url = deploy_console(policies, state, gateway_url, ready_within_s=args.timeout)
-    except AppNotRunning as exc:
+    except PlatformNotRunning as exc:
         # Someone else's cluster: take off what this `up` put on it, Serve itself aside (as `down` does).
         undeploy(shutdown_serve=False, policies_dir=policies, state_dir=state)
         return fail(f"{exc}\nswitchyard took off what it had started; the cluster is as it was", 1)

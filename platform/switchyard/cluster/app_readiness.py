@@ -9,6 +9,7 @@ free, so an operator can tell "no CPU for the console on the head" from "a slow 
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -23,8 +24,39 @@ APPS_READY_WITHIN_S = 180.0  # a replica's start on a loaded machine takes tens 
 POLL_S = 0.5
 
 
-class AppNotRunning(RuntimeError):
+class PlatformNotRunning(RuntimeError):
+    """A part of the platform (an actor, a Serve application) did not start; the message says
+    which and why, for `up` to print as it is."""
+
+
+class AppNotRunning(PlatformNotRunning):
     """A Serve application failed to deploy, or did not run within its deadline."""
+
+
+ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;]*m")
+FRAME_STARTS = ("Traceback (most recent call last)", 'File "')
+
+
+def without_frames(text: str, after_last_frame: bool = False) -> list[str]:
+    """The non-empty lines of `text` (ANSI colours removed, right-stripped) that are not part
+    of a Python traceback's frames: a `File "..."` line, its source line and ^^^ markers.
+    `after_last_frame`: only the lines after the last frame, i.e. the error itself."""
+    lines: list[str] = []
+    in_frame = False
+    for raw in ANSI_ESCAPE.sub("", text).splitlines():
+        line = raw.rstrip()
+        stripped = line.strip()
+        if stripped.startswith(FRAME_STARTS):
+            in_frame = True  # a frame's source line (and its ^^^ markers) follow
+            if after_last_frame:
+                lines = []
+            continue
+        if in_frame and (line.startswith("    ") or not stripped or set(stripped) <= set("^~ ")):
+            continue
+        in_frame = False
+        if stripped:
+            lines.append(line)
+    return lines
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,7 @@ import ray
 from ray import serve
 from ray.serve import RunTarget
 
+from switchyard.cluster.actor_readiness import wait_for_actor
 from switchyard.cluster.app_readiness import APPS_READY_WITHIN_S, wait_until_running
 from switchyard.cluster.grant_holds import remove_holds
 from switchyard.cluster.placement import on_head
@@ -83,7 +84,7 @@ def deploy_gateway(
     pool (the deployment waits until the scheduler has GPUs for its first replica). Raises
     `AppNotRunning` if the app is not running within `ready_within_s`."""
     # Replicas serve the set the head publishes; its policy files load, or no gateway deploys.
-    ray.get(policy_publisher(policies_dir, state_dir).status.remote(), timeout=60)
+    wait_for_actor("policy publisher", policy_publisher(policies_dir, state_dir).status.remote, ready_within_s)
     serve.start(http_options={"host": "127.0.0.1", "port": port})
     from ray.serve.context import _get_global_client
 

@@ -19,7 +19,7 @@ import threading
 import time
 from pathlib import Path
 
-from switchyard.cluster.app_readiness import APPS_READY_WITHIN_S, AppNotRunning
+from switchyard.cluster.app_readiness import APPS_READY_WITHIN_S, PlatformNotRunning
 from switchyard.cluster.record import NAMESPACE, PlatformRecord, clear_record, write_record
 from switchyard.ports import listener_port
 
@@ -65,9 +65,9 @@ def run_head(
     os.environ["RAY_TMPDIR"] = str(temp_dir)
     import ray  # after the environment: Ray reads it at import and init
 
+    from switchyard.cluster.actor_readiness import wait_for_actor
     from switchyard.cluster.deploy import deploy_console, deploy_gateway, start_scheduler, undeploy
     from switchyard.cluster.grant_holds import node_resources
-    from switchyard.cluster.scheduler_client import RetryPolicy, SchedulerClient
 
     context = ray.init(
         address="local",
@@ -87,7 +87,7 @@ def run_head(
     try:
         dashboard = context.dashboard_url
         scheduler = start_scheduler(policies_dir, state_dir, f"http://{dashboard}" if dashboard else None)
-        SchedulerClient.of_handle(scheduler, RetryPolicy(call_timeout_s=60)).ping()
+        wait_for_actor("scheduler", scheduler.ping.remote, apps_ready_within_s)
         gateway_url = deploy_gateway(
             policies_dir,
             state_dir,
@@ -159,7 +159,7 @@ def main() -> None:
             args.local_model_gpus,
             args.apps_ready_within,
         )
-    except AppNotRunning as exc:  # the head has shut down; `up` shows this, not the log's last lines
+    except PlatformNotRunning as exc:  # the head has shut down; `up` shows this, not the log's last lines
         log.error("%s", exc)
         failure_path(Path(args.state_dir)).write_text(f"{exc}\n")
         sys.exit(1)
