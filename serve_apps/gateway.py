@@ -38,6 +38,7 @@ from switchyard.gateway.circuit import CircuitBoard
 from switchyard.gateway.embeddings import EmbeddingsPipeline
 from switchyard.gateway.eval_signing import EvalSigner
 from switchyard.gateway.evalbook import EvalBook
+from switchyard.gateway.host_recovery import HostRecovery
 from switchyard.gateway.http import create_app
 from switchyard.gateway.idempotency_sql import SqlIdempotencyStore
 from switchyard.gateway.metrics import FanOutMetrics, InMemoryMetrics
@@ -96,6 +97,9 @@ class Gateway:
         # too, so erasing a subject unlinks all three.
         pseudonym = audit.builder.keyring.pseudonym_for
         self.budget = budget = gateway_budget_gate(policies, state, pseudonym, holder)
+        # What dead replicas on this host left: sent on at startup, then looked for again
+        # while this replica lives (before their holds expire; after a ledger outage).
+        self.recovery = HostRecovery(budget, audit)
         self.local_metrics = InMemoryMetrics()
         metrics = FanOutMetrics(self.local_metrics, RayGatewayMetrics())
         keys = self.sources.key_snapshot()
@@ -140,11 +144,12 @@ class Gateway:
     async def _lifespan(self, app: FastAPI) -> AsyncIterator[None]:
         # Charges a killed replica on this host journaled but never sent reach the ledger first;
         # then its audit spool, whose cut-off streams are recorded at those charges.
-        await self.budget.recover()
-        await self.audit.recover()
+        await self.recovery.recover()
+        self.recovery.start()
         self._refresh_task = asyncio.get_running_loop().create_task(self.refresher.run())
         yield
         self._refresh_task.cancel()
+        await self.recovery.stop()
         await self.pipeline.drain()  # streams whose clients left are still settling and auditing
         await self.pipeline.aclose()
         await self.embeddings.aclose()  # drains its settle-and-audit work first

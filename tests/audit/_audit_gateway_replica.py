@@ -8,7 +8,8 @@ its settlement (`settle`: before its charge is journaled; `restate`: charged, it
 yet restated; `record`: before its own record is written) and creates `STATE_DIR/stalled/<id>`,
 so a test can kill the replica exactly there.
 
-Usage: python _audit_gateway_replica.py POLICIES_DIR STATE_DIR PORT
+Usage: python _audit_gateway_replica.py POLICIES_DIR STATE_DIR PORT [RECOVER_EVERY_S]
+(how often the replica looks for what dead replicas left; default the Serve app's)
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from switchyard.db.engine import open_database
 from switchyard.db.location import ledger_url
 from switchyard.gateway.auth import KeySnapshot
 from switchyard.gateway.circuit import CircuitBoard
+from switchyard.gateway.host_recovery import RECOVER_EVERY_S, HostRecovery
 from switchyard.gateway.http import create_app
 from switchyard.gateway.idempotency import InMemoryIdempotencyStore
 from switchyard.gateway.metrics import InMemoryMetrics
@@ -115,7 +117,7 @@ def with_stalls(stalls: Stalls, sink: StoreAuditSink, budget: LeasedBudgetGate) 
     budget.settle = stalling_settle  # type: ignore[method-assign]
 
 
-def main(policies: Path, state: Path, port: int) -> None:
+def main(policies: Path, state: Path, port: int, recover_every_s: float) -> None:
     store = PolicyStore(policies, state)
     keys = KeyStore.in_state_dir(state)
     holder = f"replica-{os.getpid()}"
@@ -144,11 +146,16 @@ def main(policies: Path, state: Path, port: int) -> None:
     )
     pipeline = ChatPipeline(parts)
 
+    recovery = HostRecovery(budget, sink, recover_every_s)
+
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        await budget.recover()  # as the Serve app does: a dead replica's journaled charges first,
-        await sink.recover()  # then its audit spool (its cut-off streams at what they were charged)
+        # As the Serve app does: a dead replica's journaled charges first, then its audit spool
+        # (its cut-off streams at what they were charged); then again every `recover_every_s`.
+        await recovery.recover()
+        recovery.start()
         yield
+        await recovery.stop()
         await budget.aclose()
         await sink.close()
 
@@ -156,4 +163,9 @@ def main(policies: Path, state: Path, port: int) -> None:
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3]))
+    main(
+        Path(sys.argv[1]),
+        Path(sys.argv[2]),
+        int(sys.argv[3]),
+        float(sys.argv[4]) if len(sys.argv) > 4 else RECOVER_EVERY_S,
+    )

@@ -206,11 +206,15 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _start_replica(policies: Path, state: Path) -> tuple[subprocess.Popen[bytes], str]:
+def _start_replica(
+    policies: Path, state: Path, recover_every_s: float | None = None
+) -> tuple[subprocess.Popen[bytes], str]:
     port = _free_port()
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(repo_root() / "platform"), str(HERE)])}
+    every = [] if recover_every_s is None else [str(recover_every_s)]
     proc = subprocess.Popen(
-        [sys.executable, str(HERE / "_audit_gateway_replica.py"), str(policies), str(state), str(port)], env=env
+        [sys.executable, str(HERE / "_audit_gateway_replica.py"), str(policies), str(state), str(port), *every],
+        env=env,
     )
     return proc, f"http://127.0.0.1:{port}"
 
@@ -372,6 +376,59 @@ async def test_streams_open_when_their_replica_is_killed_are_audited_and_charged
     assert store.verify() == []
 
 
+async def _stall_streams(
+    client: httpx.AsyncClient, headers: dict[str, str], steps: tuple[str, ...], state: Path
+) -> tuple[dict[str, str], list[httpx.Response]]:
+    """One stream per step, each read to `[DONE]` and left with its settlement stopped at its
+    step for good: (request id -> step, the responses, whose bodies end only with the replica)."""
+    streamed: dict[str, str] = {}
+    responses = []
+    for step in steps:
+        body = {
+            "model": "auto",
+            "stream": True,
+            "messages": [{"role": "user", "content": f"[stall:{step}] where is my order?"}],
+            "variables": {"product": "X"},
+        }
+        request = client.build_request("POST", "/v1/chat/completions", json=body, headers=headers)
+        r = await client.send(request, stream=True)
+        assert r.status_code == 200
+        lines = [line async for line in _until_done(r.aiter_lines())]
+        assert any('"content"' in line for line in lines)  # the whole answer, up to [DONE]
+        streamed[r.headers["x-switchyard-request-id"]] = step
+        responses.append(r)  # its body ends only once the settlement does
+    stalled = state / "stalled"
+    for _ in range(200):  # each settlement reaches its step after the client's last byte
+        if stalled.is_dir() and set(streamed) <= {p.name for p in stalled.iterdir()}:
+            break
+        await asyncio.sleep(0.05)
+    assert set(streamed) <= {p.name for p in stalled.iterdir()}, "a settlement never reached its step"
+    return streamed, responses
+
+
+def _stream_records(state: Path) -> list[RequestRecord]:
+    return [e.entry for e in AuditStore.in_state_dir(state).find(limit=100_000) if isinstance(e.entry, RequestRecord)]
+
+
+def _assert_recorded_at_the_ledgers_charges(
+    state: Path, records: list[RequestRecord], streamed: dict[str, str]
+) -> None:
+    """Each stream cut off by its replica's death: one record, lost with its replica, whose cost
+    and bills are what the ledger charged its request."""
+    assert sorted(r.request_id for r in records) == sorted(streamed), "not exactly one record per stream"
+    with closing(sqlite3.connect(state / "ledger.db")) as db:
+        rows = db.execute("SELECT charge_id, model, nanos FROM charges ORDER BY charge_id").fetchall()
+    for record in records:
+        step = streamed[record.request_id]
+        charges = [(model, nanos) for cid, model, nanos in rows if cid.split(".")[0] == record.request_id]
+        assert charges, f"stream stopped at {step}: no charge"
+        assert usd_to_nanos(record.cost_usd) == sum(n for _, n in charges), (
+            f"stream stopped at {step}: recorded {usd_to_nanos(record.cost_usd)} nanos, charged {charges}"
+        )
+        assert [(b.model, usd_to_nanos(b.cost_usd)) for b in record.bills] == charges, f"stream stopped at {step}"
+        assert (record.status_code, record.error_code) == (502, "replica_lost"), f"stream stopped at {step}"
+
+
 async def test_a_replica_killed_at_any_step_of_a_streams_settlement_records_what_the_ledger_charged(
     tmp_path: Path,
 ) -> None:
@@ -386,48 +443,54 @@ async def test_a_replica_killed_at_any_step_of_a_streams_settlement_records_what
     policy_store = _policies(tmp_path, state)
     keys = KeyStore.in_state_dir(state)
     support = {"authorization": f"Bearer {keys.create('support', Role.MEMBER)[0]}"}
-    steps = ("settle", "restate", "record")
     proc, base = _start_replica(policy_store.root, state)
-    streamed: dict[str, str] = {}  # request id -> the step its settlement stopped at
     try:
         await _wait_ready(base, support, proc)
         async with httpx.AsyncClient(base_url=base, timeout=10) as client:
-            responses = []
-            for step in steps:
-                body = {
-                    "model": "auto",
-                    "stream": True,
-                    "messages": [{"role": "user", "content": f"[stall:{step}] where is my order?"}],
-                    "variables": {"product": "X"},
-                }
-                request = client.build_request("POST", "/v1/chat/completions", json=body, headers=support)
-                r = await client.send(request, stream=True)
-                assert r.status_code == 200
-                lines = [line async for line in _until_done(r.aiter_lines())]
-                assert any('"content"' in line for line in lines)  # the whole answer, up to [DONE]
-                streamed[r.headers["x-switchyard-request-id"]] = step
-                responses.append(r)  # its body ends only once the settlement does
-            stalled = state / "stalled"
-            for _ in range(200):  # each settlement reaches its step after the client's last byte
-                if stalled.is_dir() and {p.name for p in stalled.iterdir()} == set(streamed):
-                    break
-                await asyncio.sleep(0.05)
-            assert {p.name for p in stalled.iterdir()} == set(streamed), "a settlement never reached its step"
+            streamed, responses = await _stall_streams(client, support, ("settle", "restate", "record"), state)
             await _kill_with_streams_open(proc, responses)
     finally:
         proc.kill()
         proc.wait()
     store, records = await _records_after_a_restart(policy_store.root, state, support)
-    assert sorted(r.request_id for r in records) == sorted(streamed), "not exactly one record per stream"
-    with closing(sqlite3.connect(state / "ledger.db")) as db:
-        rows = db.execute("SELECT charge_id, model, nanos FROM charges ORDER BY charge_id").fetchall()
-    for record in records:
-        step = streamed[record.request_id]
-        charges = [(model, nanos) for cid, model, nanos in rows if cid.split(".")[0] == record.request_id]
-        assert charges, f"stream stopped at {step}: no charge"
-        assert usd_to_nanos(record.cost_usd) == sum(n for _, n in charges), (
-            f"stream stopped at {step}: recorded {usd_to_nanos(record.cost_usd)} nanos, charged {charges}"
-        )
-        assert [(b.model, usd_to_nanos(b.cost_usd)) for b in record.bills] == charges, f"stream stopped at {step}"
-        assert (record.status_code, record.error_code) == (502, "replica_lost"), f"stream stopped at {step}"
+    _assert_recorded_at_the_ledgers_charges(state, records, streamed)
     assert store.verify() == []
+
+
+async def test_a_live_replica_sends_on_what_a_dead_neighbour_left_without_a_restart(tmp_path: Path) -> None:
+    """Found reading the recovery (stop 34): only a replica *starting* on the host recovered a
+    dead one's charge journal and audit spool. When Serve restarted the dead replica on another
+    host, its journaled charges stayed out of the ledger while its holds expired (150 s) and
+    their money was handed out again, and its cut-off streams had no audit record, until some
+    replica next started there. Here two replicas share a host; one is killed with streams
+    stopped before and after their charges; the other, never restarted, sends the charges to
+    the ledger and records the streams at them within a few of its recovery passes."""
+    state = tmp_path / "state"
+    policy_store = _policies(tmp_path, state)
+    keys = KeyStore.in_state_dir(state)
+    support = {"authorization": f"Bearer {keys.create('support', Role.MEMBER)[0]}"}
+    every_s = 0.5
+    survivor, survivor_base = _start_replica(policy_store.root, state, every_s)
+    doomed, doomed_base = _start_replica(policy_store.root, state, every_s)
+    try:
+        await _wait_ready(survivor_base, support, survivor)
+        await _wait_ready(doomed_base, support, doomed)
+        async with httpx.AsyncClient(base_url=doomed_base, timeout=10) as client:
+            streamed, responses = await _stall_streams(client, support, ("settle", "restate"), state)
+            await _kill_with_streams_open(doomed, responses)
+        records: list[RequestRecord] = []
+        for _ in range(int(20 / 0.1)):  # 40 of the survivor's passes
+            records = _stream_records(state)
+            if len(records) >= len(streamed):
+                break
+            await asyncio.sleep(0.1)
+        assert survivor.poll() is None, "the survivor exited"
+        assert records, "the live replica never recovered its dead neighbour's streams"
+        _assert_recorded_at_the_ledgers_charges(state, records, streamed)
+    finally:
+        for proc in (doomed, survivor):
+            proc.send_signal(signal.SIGTERM)
+            proc.wait()
+    assert not list((state / "budgets" / "journal").glob("*.charges")), "a journal was left"
+    _assert_recorded_at_the_ledgers_charges(state, _stream_records(state), streamed)  # nothing twice
+    assert AuditStore.in_state_dir(state).verify() == []

@@ -24,6 +24,7 @@ from switchyard.budgets.ledger import BudgetLedger, Charge, SoftAlert
 from switchyard.budgets.service import InProcessLedgerClient, LedgerService
 from switchyard.cli import main
 from switchyard.db.location import Store, open_store
+from switchyard.gateway.host_recovery import HostRecovery
 from switchyard.gateway.seams import Bill, Reservation, Usage
 from switchyard.policy.keys import PLATFORM_TEAM, KeyStore
 from switchyard.policy.models import Role
@@ -218,6 +219,74 @@ async def test_a_request_in_flight_when_its_replica_dies_is_charged_its_reservat
     again = await _gate(tmp_path, "third", ledger).recover()
     assert again.charges == 0 and ledger.charged_nanos() == 2 * 123_000 + 99_000 + reserved_nanos
     assert in_flight.reservation_id != late.reservation_id
+
+
+class _LedgerDown(InProcessLedgerClient):
+    """A ledger the replica cannot reach until `down` is cleared (a restart, a partition)."""
+
+    def __init__(self, service: LedgerService) -> None:
+        super().__init__(service)
+        self.down = True
+
+    async def settle(
+        self, hold_id: str, charges: Sequence[Charge], close: bool, keep_nanos: int | None = None
+    ) -> list[SoftAlert]:
+        if self.down:
+            raise ConnectionError("the ledger is restarting")
+        return await super().settle(hold_id, charges, close, keep_nanos)
+
+
+class _AuditPasses:
+    """The audit side of a host recovery: notes, at each pass, whether the dead replica's
+    journal was still on the host (its stand-ins would wait), and fails its second pass."""
+
+    def __init__(self, journal: Path) -> None:
+        self.journal = journal
+        self.journal_there: list[bool] = []
+
+    async def recover(self) -> None:
+        self.journal_there.append(self.journal.exists())
+        if len(self.journal_there) == 2:
+            raise OSError("database is locked")
+
+
+async def test_a_journal_kept_while_the_ledger_was_down_is_sent_by_the_live_replicas_next_pass(
+    tmp_path: Path, ledger: BudgetLedger
+) -> None:
+    """Found reading the recovery (stop 34): a journal kept because the ledger could not be
+    reached waited for the next replica to start on the host (or `audit drain`), while the dead
+    replica's holds expired and their money was handed out again. A live replica's recovery now
+    looks again every pass: a failing pass (ledger down, audit store locked) is logged, and the
+    charges land once the ledger answers, before the audit side's pass."""
+    dead = _gate(tmp_path, "dead", ledger)
+    await _spend(dead, 3)
+    journal = _die(dead.journal)
+    client = _LedgerDown(LedgerService(ledger))
+    ps = shipped()
+    survivor = LeasedBudgetGate(
+        Admissions(lambda: ps), client, "survivor", NEVER_FLUSH, journal=ChargeJournal(tmp_path / "journal", "survivor")
+    )
+    audit = _AuditPasses(journal.path)
+    recovery = HostRecovery(survivor, audit, every_s=0.05)
+    await recovery.recover()  # the replica's startup, the ledger down: kept, not dropped
+    assert journal.path.exists() and ledger.charged_nanos() == 0
+    recovery.start()
+    for _ in range(100):  # the audit side's failing pass, and more, while the ledger is down
+        if len(audit.journal_there) >= 4:
+            break
+        await asyncio.sleep(0.02)
+    assert audit.journal_there[:4] == [True] * 4 and ledger.charged_nanos() == 0
+    client.down = False
+    for _ in range(200):
+        if not journal.path.exists() and not audit.journal_there[-1]:
+            break
+        await asyncio.sleep(0.02)
+    await recovery.stop()
+    assert ledger.charged_nanos() == 3 * 123_000, "the kept charges never reached the ledger"
+    assert not journal.path.exists() and audit.journal_there[-1] is False
+    passes = len(audit.journal_there)
+    await asyncio.sleep(0.15)
+    assert len(audit.journal_there) == passes, "the recovery went on after stop()"
 
 
 class _SpendingWhileSettling(InProcessLedgerClient):
