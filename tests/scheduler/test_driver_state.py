@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from driver_support import GRACE_S, admit, as_version_3, driver, submission
+from driver_support import GRACE_S, admit, as_version_3, as_version_5, driver, submission
 from pydantic import BaseModel
 
 from switchyard.cluster.scheduler_journal import SchedulerJournal
@@ -121,7 +121,7 @@ def _notices_as_version_2(node: Any) -> Any:
 def test_a_version_2_snapshot_loads_its_notices_as_preemption_notices() -> None:
     d, lease_id = a_noticed_driver()
     current = json.loads(json.dumps(to_document(d.state, 7, 60.0)))
-    assert current["schema_version"] == SCHEMA_VERSION == 5
+    assert current["schema_version"] == SCHEMA_VERSION == 6
     old = {**as_version_2(current), "schema_version": 2}
     assert "switchyard.scheduler.api:Notice" in json.dumps(old) and "PreemptionNotice" not in json.dumps(old)
     snap = from_document(old, "old.json")
@@ -186,6 +186,30 @@ def test_a_version_3_snapshot_that_does_not_migrate_is_refused_by_name() -> None
     text = json.dumps(old).replace('"_hold_counts"', '"_counts"')
     with pytest.raises(SnapshotVersionError, match=r"old.json: snapshot schema version 3 does not migrate to 4"):
         from_document(json.loads(text), "old.json")
+
+
+def test_a_version_5_snapshot_counts_the_inference_gpus_a_reservation_avoids() -> None:
+    """Version 6 counts the GPUs of running non-preemptible leases per node, which a blocked
+    gang's reservation treats as held; a version 5 snapshot gets the count from its leases.
+    n0: an inference replica (7 GPUs free); n1: a 2-GPU lease (6 free). A blocked 8-GPU gang
+    then reserves n1, where it can start, and not n0, the node closest to fitting it."""
+    d = driver({"inf": 8, "a": 8}, node_count=2)
+    admit(d, submission("inf-0", "inf", 1, "production-inference"), 0)
+    fill = admit(d, submission("a-fill", "a", 7), 0)
+    admit(d, submission("a-two", "a", 2), 0)
+    placed = {w: {p.node_id for p in d.lease(w).placements} for w in ("inf-0", "a-fill", "a-two")}  # type: ignore[union-attr]
+    assert placed == {"inf-0": {"n0"}, "a-fill": {"n0"}, "a-two": {"n1"}}
+    d.release(fill.lease_id, True, 1)
+    current = json.loads(json.dumps(to_document(d.state, 7, 2.0)))
+    old = {**as_version_5(current), "schema_version": 5}
+    assert '"_unpreemptible"' not in json.dumps(old)
+    snap = from_document(old, "old.json")
+    assert snap.state.core._unpreemptible == d.state.core._unpreemptible == {"n0": 1}
+    assert json.loads(json.dumps(to_document(snap.state, 7, 2.0))) == current
+    restored = Driver(snap.state)
+    restored.submit(submission("a-big", "a", 8, "exploratory"), 3)
+    restored.tick(3)
+    assert restored.state.core.reservations() == {"a-big": {"n1": 8}}
 
 
 def test_a_pickled_journal_with_a_notice_loads_it_as_a_preemption_notice(

@@ -157,6 +157,26 @@ def test_a_reservation_is_not_placed_beside_an_immune_lease() -> None:
     assert [(r.workload_id, r.gpus_by_node) for r in decision.reservations] == [("c-big", (("n1", 8),))]
 
 
+def test_a_reservation_is_not_placed_beside_an_inference_replica() -> None:
+    """As beside an immune lease: n0 runs an inference replica (non-preemptible, 7 GPUs free),
+    n1 a 2-GPU borrower (6 free). A blocked 8-GPU gang used to reserve n0, the node closest to
+    fitting it, and then wait for the replica to leave; in the October replay a 32-GPU gang's
+    reservation sat on a node whose six inference replicas had run for 645 hours. It reserves
+    n1 now, and starts there when the borrower ends."""
+    s = Scheduler(_policy({"a": 7, "b": 0, "c": 0}, inference_gpus=8), nodes(1))
+    _start(s, ("inf-0", "inf", 1, "production-inference"), ("a-fill", "a", 7, "batch"))
+    s.add_node(Node("n1", 8, "g0", "r0"), 0.0)
+    s.submit(gang("b-x", "b", (2,), "exploratory"), 0.0)
+    assert [x.placement for x in s.schedule(0.0).starts] == [("n1",)]
+    s.release(s.lease_of("a-fill").lease_id, 1.0, finished=True)  # type: ignore[union-attr]
+    s.submit(gang("c-big", "c", (8,), "exploratory"), 1.0)
+    decision = s.schedule(1.0)
+    assert not decision.starts and not decision.notices
+    assert [(r.workload_id, r.gpus_by_node) for r in decision.reservations] == [("c-big", (("n1", 8),))]
+    s.release(s.lease_of("b-x").lease_id, 2.0, finished=True)  # type: ignore[union-attr]
+    assert [(x.workload_id, x.placement) for x in s.schedule(2.0).starts] == [("c-big", ("n1",))]
+
+
 def test_an_exposed_settled_lease_becomes_immune_when_an_immune_one_ends() -> None:
     """The ledger alone: a's guarantee (8) holds one immune 8-GPU lease; a second settled lease
     waits exposed, and becomes immune (oldest first) when the first ends; reservations see the

@@ -92,6 +92,7 @@ class Scheduler:
         self._preemptible_gpus: dict[int, int] = {}  # priority value -> GPUs in running leases
         self._next_victim_search: dict[tuple[object, ...], float] = {}  # shape -> retry time
         self._running: dict[tuple[str, int], dict[str, Lease]] = {}  # quota entry -> leases
+        self._unpreemptible: dict[str, int] = {}  # node -> GPUs of running non-preemptible leases
         self._priority = {p.name: p for p in policy.priority_classes}
         self._typed = bool(policy.gpu_types)
         self._types_of: dict[tuple[str, WorkloadClass, tuple[str, ...]], tuple[str, ...]] = {}  # a cache
@@ -222,8 +223,8 @@ class Scheduler:
     def __setstate__(self, state: dict[str, object]) -> None:
         """A core pickled by an older version (the live scheduler's journal) lacks the hold
         counts kept since: they are rebuilt from the holds, which every version records. The
-        victim index is rebuilt from the running leases whatever the version (older ones kept
-        a per-decision cache in its place)."""
+        victim index (older versions kept a per-decision cache in its place) and the
+        non-preemptible GPUs per node are rebuilt from the running leases whatever the version."""
         self.__dict__.update(state)
         if "_holds" not in state:  # pickled before holds were their own object
             self._holds = Holds.from_core_fields(self.__dict__)
@@ -232,9 +233,11 @@ class Scheduler:
             self._types_of = {}
             self._arriving_type = {}
         self._victims = VictimSelector(self.policy, self._book, self._pool)
+        self._unpreemptible = {}
         for key, leases in self._running.items():
             for lease in leases.values():
                 self._victims.track(lease, key)
+                self._count_unpreemptible(lease, +1)
 
     # -- the decision -------------------------------------------------------------------------
     def schedule(self, now: float) -> Decisions:
@@ -487,8 +490,11 @@ class Scheduler:
         return self._pool.held_for_type(gpu_type, held) if self._typed else held
 
     def _reserve(self, request: GangRequest, kind: HoldKind, gpu_type: str = "") -> None:
-        # An immune settled lease's GPUs count as held: nothing will free them early.
+        # GPUs nothing will free early count as held: immune settled leases, and non-preemptible
+        # ones (inference replicas may run for weeks: a gang reserved beside them waited).
         held = dict(self._victims.settled.pinned(self._typed_held(self._holds.per_node, gpu_type)))
+        for node, gpus in self._unpreemptible.items():
+            held[node] = held.get(node, 0) + gpus
         amounts = reservation_amounts(self._pool, request, held, gpu_type if self._typed else None)
         if amounts is not None:
             self._holds.add(request, self._value(request), amounts, kind)
@@ -597,6 +603,17 @@ class Scheduler:
         priority = self._priority[lease.request.priority_class]
         if priority.preemptible:
             self._preemptible_gpus[priority.value] = self._preemptible_gpus.get(priority.value, 0) + sign * lease.gpus
+        self._count_unpreemptible(lease, sign)
+
+    def _count_unpreemptible(self, lease: Lease, sign: int) -> None:
+        if self._priority[lease.request.priority_class].preemptible:
+            return
+        for node, gpus in lease.gpus_by_node().items():
+            left = self._unpreemptible.get(node, 0) + sign * gpus
+            if left:
+                self._unpreemptible[node] = left
+            else:
+                del self._unpreemptible[node]
 
     def _enqueue(self, pending: PendingWorkload) -> None:
         # FIFO ignores priority: one level for everything.
@@ -667,4 +684,3 @@ class Scheduler:
         """Queued gangs that more GPUs (of a type) would let start (`core.explain`): what a
         driver asks an autoscaler for."""
         return explain.waiting_for_capacity(self)
-

@@ -12,7 +12,9 @@ preemption-notice type (`LiveState.notices` holds `preemption_channel.Preemption
 the job's channel carries too, where it held the api's `Notice` models); 4, the core's holds
 as one object (`core.holds.Holds` in `Scheduler._holds`, where they were eight fields of the
 core); 5, the node pool knows its cordoned nodes (`NodePool._cordoned`), so that a cordon
-takes no room from the rest of its node group.
+takes no room from the rest of its node group; 6, the core counts the GPUs of running
+non-preemptible leases per node (`Scheduler._unpreemptible`), which a reservation treats as
+held.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from typing import Any
 from switchyard.scheduler.core.state_codec import StateCodecError, decode_state, encode_state
 from switchyard.scheduler.driver.state import LiveState
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 
 
 def _cordons_added(doc: dict[str, Any]) -> dict[str, Any]:
@@ -145,12 +147,49 @@ def _pool_knows_cordons(doc: dict[str, Any]) -> dict[str, Any]:
     return {**doc, "schema_version": 5}
 
 
+def _unpreemptible_counted(doc: dict[str, Any]) -> dict[str, Any]:
+    """5 -> 6: the core's GPUs of running non-preemptible leases per node, counted from its
+    running leases (`_running`) and priority classes, and written where the core keeps the
+    field (after `_running`, so object ids come out as this version numbers them)."""
+    doc = copy.deepcopy(doc)
+    entries = list(_entries(doc["state"]))
+    by_id = {e["#"]: e for e in entries if isinstance(e.get("#"), int)}
+    next_id = 1 + max(by_id, default=-1)
+
+    def deref(node: dict[str, Any]) -> dict[str, Any]:
+        return by_id[node["@"]] if "@" in node else node
+
+    for e in entries:
+        if e.get("t") != "obj" or e.get("c") != _SCHEDULER:
+            continue
+        old = e["v"]
+        preemptible = {name: deref(cls)["v"]["preemptible"] for name, cls in deref(old["_priority"])["v"]}
+        gpus_on: dict[str, int] = {}
+        for _, leases in deref(old["_running"])["v"]:
+            for _, ref in deref(leases)["v"]:
+                lease = deref(ref)["v"]
+                request = deref(lease["request"])["v"]
+                if preemptible[request["priority_class"]]:
+                    continue
+                for node, gpus in zip(lease["placement"]["v"], request["bundles"]["v"], strict=True):
+                    gpus_on[node] = gpus_on.get(node, 0) + gpus
+        v: dict[str, Any] = {}
+        for name, value in old.items():
+            v[name] = value
+            if name == "_running":
+                v["_unpreemptible"] = {"t": "dict", "#": next_id, "v": [[n, g] for n, g in gpus_on.items()]}
+                next_id += 1
+        e["v"] = v
+    return {**doc, "schema_version": 6}
+
+
 # from-version -> a function rewriting a document of that version into the next one
 MIGRATIONS: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {
     1: _cordons_added,
     2: _one_notice_type,
     3: _holds_own_object,
     4: _pool_knows_cordons,
+    5: _unpreemptible_counted,
 }
 
 
