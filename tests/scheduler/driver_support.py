@@ -76,32 +76,27 @@ _HOLD_FIELDS = {  # version 4's field of the core's Holds -> version 3's field o
 }
 
 
+def _without(node: Any, cls: str, field: str) -> Any:
+    """An encoded state with field `field` of every `cls` object left out."""
+    if isinstance(node, list):
+        return [_without(v, cls, field) for v in node]
+    if not isinstance(node, dict):
+        return node
+    if node.get("c") == cls:
+        return {**node, "v": {k: _without(v, cls, field) for k, v in node["v"].items() if k != field}}
+    return {k: _without(v, cls, field) for k, v in node.items()}
+
+
 def as_version_5(node: Any) -> Any:
     """An encoded state as schema version 5 wrote it: the core did not count the GPUs of
     non-preemptible leases per node (`_unpreemptible`)."""
-    if isinstance(node, list):
-        return [as_version_5(v) for v in node]
-    if not isinstance(node, dict):
-        return node
-    if node.get("c") == "switchyard.scheduler.core.scheduler:Scheduler":
-        return {**node, "v": {k: as_version_5(v) for k, v in node["v"].items() if k != "_unpreemptible"}}
-    return {k: as_version_5(v) for k, v in node.items()}
+    return _without(node, "switchyard.scheduler.core.scheduler:Scheduler", "_unpreemptible")
 
 
 def as_version_4(node: Any) -> Any:
     """An encoded state as schema version 4 wrote it: as version 5, and the node pool did not
     know its cordoned nodes (`_cordoned`)."""
-    return _pool_as_version_4(as_version_5(node))
-
-
-def _pool_as_version_4(node: Any) -> Any:
-    if isinstance(node, list):
-        return [_pool_as_version_4(v) for v in node]
-    if not isinstance(node, dict):
-        return node
-    if node.get("c") == "switchyard.scheduler.core.placement:NodePool":
-        return {**node, "v": {k: _pool_as_version_4(v) for k, v in node["v"].items() if k != "_cordoned"}}
-    return {k: _pool_as_version_4(v) for k, v in node.items()}
+    return _without(as_version_5(node), "switchyard.scheduler.core.placement:NodePool", "_cordoned")
 
 
 def as_version_3(node: Any) -> Any:
