@@ -108,6 +108,25 @@ def test_a_member_within_its_guarantee_reclaims_what_its_cohort_lent() -> None:
     assert [x.workload_id for x in s.schedule(20.0).starts] == ["b0"]
 
 
+def test_a_member_reclaims_from_its_cohort_when_a_cheaper_borrower_is_outside_it() -> None:
+    """The cluster is full: a borrows b's idle guarantee inside the cohort (16 GPUs), and x,
+    outside it, the 8 nobody is guaranteed. b's request is within its guarantee, but the
+    cohort would borrow 8 past its limit of 0. x's exploratory job is the cheapest victim
+    anywhere, yet its leaving frees nothing the cohort may use: the search used to pick it,
+    find b still refused, and give up, so b waited for a's jobs to end. It takes one of a's."""
+    s = Scheduler(one_cohort(borrowing=0), flat_nodes(3))
+    s.submit(job("a0", "a", 8), 0.0)
+    s.submit(job("a1", "a", 8), 0.0)
+    s.submit(job("x0", "x", 8, "exploratory"), 0.0)
+    assert len(s.schedule(0.0).starts) == 3
+    s.submit(job("b0", "b", 8, "training"), 4000.0)
+    d = s.schedule(4000.0)
+    assert [(n.workload_id, n.reason.value) for n in d.notices] in ([("a0", "reclaim")], [("a1", "reclaim")])
+    s.release(d.notices[0].lease_id, 4100.0)
+    assert [x.workload_id for x in s.schedule(4100.0).starts] == ["b0"]
+    assert s.lease_of("x0") is not None
+
+
 # -- a generated workload: two GPU types, a two-level cohort tree ------------------------
 
 

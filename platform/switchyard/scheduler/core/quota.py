@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 
-from switchyard.scheduler.core.cohort import CohortLedger
+from switchyard.scheduler.core.cohort import CohortBreach, CohortLedger
 from switchyard.scheduler.core.cohort import QuotaKey as QuotaKey
 from switchyard.scheduler.core.model import WorkloadClass
 from switchyard.scheduler.core.policy import Cohort, Quota, Team
@@ -32,6 +32,9 @@ class Admission:
     reclaim: bool = False
     """Refused though within its guarantee: a cohort above it lent that guarantee to
     borrowers, so taking back their GPUs (preemption) admits it."""
+    cohort: str | None = None
+    """With `reclaim`: the cohort whose borrowing limit refuses it. Only its members' leases
+    can make room: freeing GPUs outside it leaves what it borrows unchanged."""
 
 
 class QuotaBook:
@@ -133,7 +136,7 @@ class QuotaBook:
             breach = self._cohort_breach(key, after, freed)
             if breach is None:
                 return Admission(True, False)
-            return Admission(False, False, breach, reclaim=True)
+            return Admission(False, False, breach.describe(), reclaim=True, cohort=breach.cohort)
         if not may_borrow:
             return Admission(False, True, "over guarantee and may not borrow")
         if quota.borrowing_limit_gpus is not None and (after - quota.guaranteed_gpus > quota.borrowing_limit_gpus):
@@ -161,10 +164,10 @@ class QuotaBook:
                 deltas[other] = self._floor(other, usage - gpus_freed) - self._floor(other, usage)
         return deltas
 
-    def _cohort_breach(self, key: QuotaKey, after: int, freed: Mapping[QuotaKey, int]) -> str | None:
+    def _cohort_breach(self, key: QuotaKey, after: int, freed: Mapping[QuotaKey, int]) -> CohortBreach | None:
         assert self._cohorts is not None
         _, breach = self._cohorts.after(self._footprint_deltas(key, after, freed))
-        return None if breach is None else breach.describe()
+        return breach
 
     def _check_cohorts(self, key: QuotaKey, after: int, capacity: int, freed: Mapping[QuotaKey, int]) -> Admission:
         assert self._cohorts is not None
@@ -174,6 +177,12 @@ class QuotaBook:
         if self._kept_back.get(self._quota[key].gpu_type, 0) + moved > capacity:
             return Admission(False, True, NO_LENDABLE_CAPACITY)
         return Admission(True, True)
+
+    def members(self, cohort: str) -> frozenset[QuotaKey]:
+        """The quota entries under `cohort`, at any depth."""
+        if self._cohorts is None:
+            return frozenset()
+        return frozenset(k for k in self._quota if cohort in self._cohorts.ancestors(k))
 
     def cohort_borrowed(self, cohort: str, gpu_type: str = "") -> int:
         """GPUs of `gpu_type` a cohort's members use from outside it."""

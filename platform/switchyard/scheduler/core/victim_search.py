@@ -15,6 +15,7 @@ from switchyard.scheduler.core.model import (
     Decisions,
     GangRequest,
     HoldKind,
+    Lease,
     LeaseState,
     PendingWorkload,
     PreemptionDecision,
@@ -68,6 +69,8 @@ def try_preempt(
     if own_entry_only:
         key = core._key(request, gpu_type)
         running = {key: core._running[key]} if key in core._running else {}
+    else:
+        running = _that_can_make_room(core, request, gpu_type)
     plan = core._victims.plan(core._on_type(request, gpu_type), running, held, now)
     if plan is not None and not core._admission(request, _freed_by_entry(core, plan), gpu_type).allowed:
         plan = None  # room on the nodes, but its quota would still refuse it
@@ -108,6 +111,20 @@ def try_escalate(
         return False
     _notify(core, request, plan, now, decisions, gpu_type)
     return True
+
+
+def _that_can_make_room(core: Scheduler, request: GangRequest, gpu_type: str) -> dict[QuotaKey, dict[str, Lease]]:
+    """The running leases whose leaving can admit `request`: all of them, except for a request
+    within its guarantee that a cohort's borrowing limit refuses (it reclaims what the cohort
+    lent out): then only the cohort members'. Searching all, it found the cheapest victims
+    outside the cohort, whose leaving left the cohort as far over its limit, and gave up."""
+    if not core.policy.cohorts:
+        return core._running
+    admission = core._admission(request, gpu_type=gpu_type)
+    if admission.cohort is None:
+        return core._running
+    members = core._book.members(admission.cohort)
+    return {key: leases for key, leases in core._running.items() if key in members}
 
 
 def _freed_by_entry(core: Scheduler, plan: VictimPlan) -> dict[QuotaKey, int]:
