@@ -11,6 +11,7 @@ import pytest
 
 from switchyard.cli import main
 from switchyard.scheduler.sim.engine import JobRecord
+from switchyard.scheduler.sim.inference import load_azure_profile, packaged_profile
 from switchyard.scheduler.sim.metrics import most_preempted
 from switchyard.scheduler.sim.run import SimSpec, run
 from switchyard.scheduler.sim.trace import load_trace
@@ -61,6 +62,10 @@ def test_a_2031_trace_replays_its_jobs(tmp_path: Path) -> None:
         ("2031-05-02T09:00:00,3600,16,a,,,1x16", "jobs.csv:3: column 'gang': a bundle of 16 GPUs"),
         ("2031-05-02T09:00:00,3600,1,,,,", "jobs.csv:3: column 'team': ''"),
         ("2031-05-02T09:00:00,3600,1,a,vip,,", "job job-3 has priority class 'vip'"),
+        ("1e30,3600,1,a,,,", "jobs.csv:3: column 'submit_time': '1e30': unix seconds out of range"),
+        ("nan,3600,1,a,,,", "jobs.csv:3: column 'submit_time': 'nan': unix seconds out of range"),
+        ("2031-05-02T09:00:00,inf,1,a,,,", "jobs.csv:3: column 'duration_s': 'inf': must be a finite number"),
+        ("9000-01-01T00:00:00,3600,1,a,,,", "from line 2 (2031-05-02) to line 3 (9000-01-01); a trace may span"),
     ],
 )
 def test_bad_rows_are_named_without_a_traceback(
@@ -135,3 +140,61 @@ def test_most_preempted_counts_notices_per_job() -> None:
         "most_preempted_job": "y",
     }
     assert most_preempted([]) == {"max_preemptions_per_job": 0, "most_preempted_job": None}
+
+
+POLICY = """version: 1
+teams:
+  - name: inference
+    quotas: [{classes: [inference], guaranteed_gpus: 4}]
+  - name: a
+    quotas: [{classes: [training, batch-fine-tune, exploratory], guaranteed_gpus: 8}]
+  - name: b
+    quotas: [{classes: [training, batch-fine-tune, exploratory], guaranteed_gpus: 4}]
+"""
+
+
+def test_an_operators_own_trace_replays_from_its_own_directory(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # docs/scheduler.md's example: a spreadsheet export (byte-order mark before the header)
+    # and a policy file, in a directory with neither Philly's team sizes nor the Azure trace.
+    trace = tmp_path / "mine.csv"
+    trace.write_bytes(
+        ("\ufeff" + HEADER + "2031-05-02T09:00:00,3600,8,a,,,\n2031-05-02T10:00:00,600,2,b,,,\n").encode("utf-8")
+    )
+    policy = tmp_path / "scheduler.yaml"
+    policy.write_text(POLICY)
+    args = ["sim", "--trace", str(trace), "--policy-file", str(policy), "--gpus", "16", "--no-anomaly", "--json"]
+    assert main(args) == 0, capsys.readouterr().err
+    report = json.loads(capsys.readouterr().out)
+    assert report["jobs"] == 2
+    assert report["inference_guarantee_gpus"] > 0  # the shipped burst profile drove inference
+
+
+def test_a_trace_without_team_guarantees_says_what_to_give(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    trace = tmp_path / "mine.csv"
+    trace.write_text(HEADER + "2031-05-02T09:00:00,3600,8,a,,,\n")
+    assert main(["sim", "--trace", str(trace), "--gpus", "16", "--no-inference", "--no-anomaly"]) != 0
+    err = capsys.readouterr().err
+    assert "no team guarantees" in err and "--policy-file" in err and "--teams" in err
+    assert "Traceback" not in err
+
+
+def test_a_philly_row_names_its_bad_column(tmp_path: Path) -> None:
+    path = tmp_path / "philly.csv"
+    path.write_text("timestamp,duration,num_gpus,gpu_time,cluster\n2017-10-01 00:00:00,60,0,0,a\n")
+    with pytest.raises(ValueError, match=r"philly.csv:2: column 'num_gpus': '0': must be a positive integer"):
+        load_trace(path, seed=0)
+    path.write_text("timestamp,duration,num_gpus,gpu_time,cluster\n2017-10-01 00:00:00,inf,1,0,a\n")
+    with pytest.raises(ValueError, match=r"philly.csv:2: column 'duration': 'inf'"):
+        load_trace(path, seed=0)
+
+
+AZURE = Path(__file__).resolve().parents[3] / "shared" / "traces" / "azure_llm_inference_conv_2023.csv"
+
+
+@pytest.mark.skipif(not AZURE.exists(), reason="shared traces not present")
+def test_the_shipped_inference_profile_is_the_azure_traces() -> None:
+    # The default profile must be exactly what --azure <the Azure CSV> gives, so the
+    # documented results do not depend on the CSV lying next to the trace.
+    assert packaged_profile() == load_azure_profile(AZURE)

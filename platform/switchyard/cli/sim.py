@@ -49,7 +49,11 @@ def register(subparsers: Any) -> None:
         "default: every earlier job; without --from: the trace's first part",
     )
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--azure", type=Path, help="Azure LLM inference CSV (burstiness)")
+    parser.add_argument(
+        "--azure",
+        type=Path,
+        help="Azure LLM inference CSV for the inference bursts (default: the Azure conversation trace's, shipped)",
+    )
     parser.add_argument("--no-inference", action="store_true", help="replay training jobs only")
     parser.add_argument("--inference-peak-rps", type=float, help="peak inference requests/s (default 0.25 per GPU)")
     parser.add_argument(

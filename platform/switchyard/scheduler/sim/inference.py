@@ -13,14 +13,21 @@ target(t)   = the largest replica count needed over the last `scale_down_delay_m
 from __future__ import annotations
 
 import csv
+import json
 import math
 import random
 from collections import deque
 from dataclasses import dataclass
+from importlib import resources
 from pathlib import Path
 
 DEFAULT_REPLICA_TOKENS_PER_S = 10_000.0
 """Stated per-replica capacity: prompt + generated tokens per second one GPU replica serves."""
+
+PACKAGED_PROFILE = "azure_conv_2023_profile.json"
+"""The Azure conversation trace's profile, as `load_azure_profile` derives it from
+`../shared/traces/azure_llm_inference_conv_2023.csv` (CC-BY 4.0), shipped beside this module:
+a replay of an operator's own trace needs no Azure file."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,7 +42,7 @@ def load_azure_profile(path: str | Path) -> AzureProfile:
     tokens = 0
     requests = 0
     try:
-        with path.open(newline="") as handle:
+        with path.open(newline="", encoding="utf-8-sig") as handle:
             for line, row in enumerate(csv.DictReader(handle), start=2):
                 try:
                     tokens += int(row["ContextTokens"]) + int(row["GeneratedTokens"])
@@ -52,6 +59,12 @@ def load_azure_profile(path: str | Path) -> AzureProfile:
     full = [c for c in counts if c >= median / 2]  # the trace's partial first/last minutes
     mean = sum(full) / len(full)
     return AzureProfile(tuple(c / mean for c in full), tokens / requests)
+
+
+def packaged_profile() -> AzureProfile:
+    """The default burst profile and token mix (`PACKAGED_PROFILE`); `--azure FILE` replaces it."""
+    document = json.loads(resources.files(__package__).joinpath(PACKAGED_PROFILE).read_text())
+    return AzureProfile(tuple(float(b) for b in document["burst"]), float(document["tokens_per_request"]))
 
 
 def diurnal(t_s: float) -> float:

@@ -19,7 +19,7 @@ from switchyard.scheduler.core.policy import (
 from switchyard.scheduler.fairness import JobTimes, finish_time_fairness, percentile
 from switchyard.scheduler.sim.baselines import PolicyName, classes_for, knobs_for
 from switchyard.scheduler.sim.engine import Cluster, SimTrace, Simulation, SimWindow
-from switchyard.scheduler.sim.inference import InferenceDemand, load_azure_profile
+from switchyard.scheduler.sim.inference import InferenceDemand, load_azure_profile, packaged_profile
 from switchyard.scheduler.sim.metrics import ReportInputs, build_report
 from switchyard.scheduler.sim.teams import (
     INFERENCE_TEAM,
@@ -82,6 +82,11 @@ def _policy(spec: SimSpec, jobs: list[TraceJob], inference_gpus: int) -> tuple[S
             raise ValueError(f"{spec.policy_file}: teams {sorted(missing)} are in the trace but not in the file")
     else:
         teams_file = spec.teams_file or spec.trace.parent / "philly_vc_nodes.csv"
+        if spec.teams_file is None and not teams_file.exists():
+            raise ValueError(
+                f"{spec.trace}: no team guarantees to replay it with: give --policy-file (a scheduler.yaml "
+                f"with teams:) or --teams (a CSV of vc,node num); the default, {teams_file}, does not exist"
+            )
         research = max(0, spec.gpus - inference_gpus)
         teams = philly_teams(read_vc_nodes(teams_file), {j.team for j in jobs}, research, inference_gpus)
     knobs = knobs_for(spec.policy, switchyard_knobs)
@@ -117,9 +122,9 @@ def run(spec: SimSpec) -> SimResult:
     demand = None
     inference_gpus = 0
     if spec.inference:
-        azure = spec.azure_file or spec.trace.parent / "azure_llm_inference_conv_2023.csv"
+        profile = load_azure_profile(spec.azure_file) if spec.azure_file else packaged_profile()
         peak_rps = spec.inference_peak_rps if spec.inference_peak_rps is not None else 0.25 * spec.gpus
-        demand = InferenceDemand(load_azure_profile(azure), peak_rps, spec.seed)
+        demand = InferenceDemand(profile, peak_rps, spec.seed)
         inference_gpus = demand.peak(int(start_s // 60), int(window.end_s // 60) + 1)
     policy, inference_gpus = _policy(spec, jobs, inference_gpus)
     file = load_policy_file(spec.policy_file) if spec.policy_file else None

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from switchyard.scheduler.core.model import WorkloadClass
 from switchyard.scheduler.core.policy import Quota, Team
+from switchyard.scheduler.sim.trace_rows import CSV_ENCODING
 
 INFERENCE_TEAM = "inference"
 RESEARCH_CLASSES = frozenset({WorkloadClass.TRAINING, WorkloadClass.BATCH_FINE_TUNE, WorkloadClass.EXPLORATORY})
@@ -20,7 +21,7 @@ class TeamsFileError(ValueError):
 def read_vc_nodes(path: str | Path) -> dict[str, int]:
     path = Path(path)
     try:
-        with path.open(newline="") as handle:
+        with path.open(newline="", encoding=CSV_ENCODING) as handle:
             rows = list(csv.DictReader(handle))
     except OSError as err:
         raise TeamsFileError(f"{path}: cannot read: {err}") from None

@@ -27,7 +27,11 @@ from pathlib import Path
 from switchyard.scheduler.core.model import PlacementStrategy, WorkloadClass
 from switchyard.scheduler.sim.trace_generic import GENERIC_COLUMNS, read_generic
 from switchyard.scheduler.sim.trace_philly import PHILLY_COLUMNS, read_philly
-from switchyard.scheduler.sim.trace_rows import TraceError, TraceRow
+from switchyard.scheduler.sim.trace_rows import CSV_ENCODING, TraceError, TraceRow
+
+MAX_SPAN_S = 10 * 365.25 * 86400.0
+"""A trace spanning longer has a wrong date (a typo'd year): its replay would run for hours
+through empty years, so it is refused naming the two rows."""
 
 _PRIORITY = {
     WorkloadClass.TRAINING: "training",
@@ -100,8 +104,24 @@ def epoch_of(rows: list[TraceRow]) -> datetime:
     return datetime(day.year, day.month, day.day, tzinfo=UTC)
 
 
+def _check_span(rows: list[TraceRow], path: Path) -> None:
+    if not rows:
+        return
+    first = min(rows, key=lambda r: r.submit_unix_s)
+    last = max(rows, key=lambda r: r.submit_unix_s)
+    span = last.submit_unix_s - first.submit_unix_s
+    if span > MAX_SPAN_S:
+        raise TraceError(
+            f"{path}: submit times span {span / 86400:,.0f} days, from line {first.line} "
+            f"({datetime.fromtimestamp(first.submit_unix_s, UTC):%Y-%m-%d}) to line {last.line} "
+            f"({datetime.fromtimestamp(last.submit_unix_s, UTC):%Y-%m-%d}); a trace may span at most "
+            f"{MAX_SPAN_S / 86400 / 365.25:.0f} years: is one of those dates wrong?"
+        )
+
+
 def to_jobs(rows: list[TraceRow], seed: int, gpus_per_node: int, path: Path) -> Trace:
     """Rows in file order -> jobs; one seeded coin per row, drawn in file order."""
+    _check_span(rows, path)
     rng = random.Random(seed)
     epoch = epoch_of(rows)
     jobs = [_job(row, rng.random(), epoch.timestamp(), gpus_per_node, path) for row in rows]
@@ -136,7 +156,7 @@ def load_trace(path: str | Path, seed: int, gpus_per_node: int = 8) -> Trace:
     """Philly's CSV or the generic CSV, told apart by the header."""
     path = Path(path)
     try:
-        with path.open(newline="") as handle:
+        with path.open(newline="", encoding=CSV_ENCODING) as handle:
             header = set(next(csv.reader(handle), []))
         if header >= GENERIC_COLUMNS:
             rows = read_generic(path)

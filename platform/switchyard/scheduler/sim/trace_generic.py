@@ -9,16 +9,20 @@ cell means "by rule", as when the column is absent.
 from __future__ import annotations
 
 import csv
-from collections.abc import Callable
 from pathlib import Path
-from typing import TypeVar
 
-from switchyard.scheduler.sim.trace_rows import TraceError, TraceRow, parse_submit_time
+from switchyard.scheduler.sim.trace_rows import (
+    CSV_ENCODING,
+    TraceError,
+    TraceRow,
+    cell,
+    finite_seconds,
+    parse_submit_time,
+    positive_int,
+)
 
 GENERIC_COLUMNS = frozenset({"submit_time", "duration_s", "gpus", "team"})
 OPTIONAL_COLUMNS = frozenset({"job_id", "priority_class", "gpu_type", "gang"})
-
-_T = TypeVar("_T")
 
 
 def parse_gang(text: str) -> tuple[int, ...]:
@@ -32,28 +36,6 @@ def parse_gang(text: str) -> tuple[int, ...]:
     return (gpus,) * bundles
 
 
-def _cell(path: Path, line: int, row: dict[str, str], column: str, parse: Callable[[str], _T]) -> _T:
-    text = row.get(column) or ""
-    try:
-        return parse(text)
-    except ValueError as err:
-        raise TraceError(f"{path}:{line}: column {column!r}: {text!r}: {err}") from None
-
-
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value <= 0:
-        raise ValueError("must be a positive integer")
-    return value
-
-
-def _duration(text: str) -> float:
-    value = float(text)
-    if not value >= 0:  # also refuses NaN
-        raise ValueError("must be a number of seconds >= 0")
-    return value
-
-
 def _required(text: str) -> str:
     if not text.strip():
         raise ValueError("must not be empty")
@@ -61,19 +43,19 @@ def _required(text: str) -> str:
 
 
 def _row(path: Path, line: int, row: dict[str, str]) -> TraceRow:
-    gpus = _cell(path, line, row, "gpus", _positive_int)
+    gpus = cell(path, line, row, "gpus", positive_int)
     bundles = None
     if (row.get("gang") or "").strip():
-        bundles = _cell(path, line, row, "gang", parse_gang)
+        bundles = cell(path, line, row, "gang", parse_gang)
         if sum(bundles) != gpus:
             raise TraceError(f"{path}:{line}: column 'gang': {row['gang']!r} is {sum(bundles)} GPUs, gpus is {gpus}")
     return TraceRow(
         line=line,
         workload_id=(row.get("job_id") or "").strip() or f"job-{line}",
-        submit_unix_s=_cell(path, line, row, "submit_time", parse_submit_time),
-        duration_s=_cell(path, line, row, "duration_s", _duration),
+        submit_unix_s=cell(path, line, row, "submit_time", parse_submit_time),
+        duration_s=cell(path, line, row, "duration_s", finite_seconds),
         gpus=gpus,
-        team=_cell(path, line, row, "team", _required),
+        team=cell(path, line, row, "team", _required),
         priority_class=(row.get("priority_class") or "").strip() or None,
         gpu_type=(row.get("gpu_type") or "").strip() or None,
         bundles=bundles,
@@ -81,7 +63,7 @@ def _row(path: Path, line: int, row: dict[str, str]) -> TraceRow:
 
 
 def read_generic(path: Path) -> list[TraceRow]:
-    with path.open(newline="") as handle:
+    with path.open(newline="", encoding=CSV_ENCODING) as handle:
         reader = csv.DictReader(handle)
         missing = GENERIC_COLUMNS - set(reader.fieldnames or [])
         if missing:

@@ -2,8 +2,17 @@
 
 from __future__ import annotations
 
+import math
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from pathlib import Path
+from typing import TypeVar
+
+CSV_ENCODING = "utf-8-sig"
+"""UTF-8, with or without the byte-order mark that spreadsheet exports put before the header."""
+
+_T = TypeVar("_T")
 
 
 class TraceError(ValueError):
@@ -29,10 +38,38 @@ def parse_submit_time(text: str) -> float:
     """Unix seconds from ISO 8601 (naive times are UTC) or from a plain number of unix seconds."""
     text = text.strip()
     try:
-        return float(text)
+        seconds = float(text)
     except ValueError:
-        pass
-    stamp = datetime.fromisoformat(text)
-    if stamp.tzinfo is None:
-        stamp = stamp.replace(tzinfo=UTC)
-    return stamp.timestamp()
+        stamp = datetime.fromisoformat(text)
+        if stamp.tzinfo is None:
+            stamp = stamp.replace(tzinfo=UTC)
+        return stamp.timestamp()
+    try:
+        datetime.fromtimestamp(seconds, UTC)  # a date the simulator's epoch and windows can use
+    except (OverflowError, OSError, ValueError):
+        raise ValueError("unix seconds out of range (years 1-9999)") from None
+    return seconds
+
+
+def finite_seconds(text: str) -> float:
+    """A duration in seconds: a finite number >= 0."""
+    value = float(text)
+    if not (math.isfinite(value) and value >= 0):  # also refuses NaN
+        raise ValueError("must be a finite number of seconds >= 0")
+    return value
+
+
+def cell(path: Path, line: int, row: Mapping[str, str | None], column: str, parse: Callable[[str], _T]) -> _T:
+    """Parse one cell; a bad value names the file, line and column."""
+    text = row.get(column) or ""
+    try:
+        return parse(text)
+    except ValueError as err:
+        raise TraceError(f"{path}:{line}: column {column!r}: {text!r}: {err}") from None
+
+
+def positive_int(text: str) -> int:
+    value = int(text)
+    if value <= 0:
+        raise ValueError("must be a positive integer")
+    return value
