@@ -1,7 +1,7 @@
 """Full trace replay: every policy on the same input, one results table (markdown).
 
     .venv/bin/python bench/scheduler_sim.py --gpus 672 --window oct [--policy-file F] [--json-dir D]
-        [--seeds 0,1,2]
+        [--seeds 0,1,2] [--size-teams]
 
 Prints the overall table, the per-team p99 wait table and each run's simulated events per
 second. With several seeds: each seed's tables, then the mean and range over the seeds of
@@ -17,11 +17,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "platform"))
 
+from sim_inputs import TRACE, for_size
+
 from switchyard.scheduler.sim.baselines import PolicyName
 from switchyard.scheduler.sim.metrics import QUALITY_METRICS
 from switchyard.scheduler.sim.run import WINDOWS, SimSpec, run
 
-TRACE = Path(__file__).resolve().parents[2] / "shared" / "traces" / "philly_jobs_sep_oct_2017.csv"
 COLUMNS = QUALITY_METRICS
 
 
@@ -36,25 +37,37 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0, help="class assignment and inference seed")
     parser.add_argument("--seeds", help="several seeds, comma-separated (overrides --seed): adds mean and range")
     parser.add_argument("--json-dir", type=Path, help="also write each report as JSON here")
+    parser.add_argument(
+        "--size-teams",
+        action="store_true",
+        help="ignore the policy file's teams: size Philly's teams for --gpus (knobs and classes kept)",
+    )
     args = parser.parse_args()
     seeds = [int(s) for s in args.seeds.split(",")] if args.seeds else [args.seed]
     by_seed: dict[int, dict[str, dict[str, object]]] = {}
-    for seed in seeds:
-        by_seed[seed] = run_seed(args, seed)
-        print(f"\n## seed {seed}\n")
-        print_tables(by_seed[seed])
+    with for_size(args.policy_file, args.size_teams) as policy_file:
+        for seed in seeds:
+            by_seed[seed] = run_seed(args, policy_file, seed)
+            print(f"\n## seed {seed}\n")
+            print_tables(by_seed[seed])
     if len(seeds) > 1:
         print(f"\n## mean [min, max] over seeds {','.join(map(str, seeds))}\n")
         print_spread(by_seed)
-    extra = f" --policy-file {args.policy_file}" if args.policy_file else ""
+    print(f"\nreproduce: {reproduce(args)}")
+
+
+def reproduce(args: argparse.Namespace) -> str:
     picked = f"--seeds {args.seeds}" if args.seeds else f"--seed {args.seed}"
-    print(
-        f"\nreproduce: .venv/bin/python bench/scheduler_sim.py --gpus {args.gpus} "
-        f"--window {args.window} {picked}{extra}" + (" --no-anomaly" if args.no_anomaly else "")
-    )
+    words = [".venv/bin/python bench/scheduler_sim.py", f"--gpus {args.gpus} --window {args.window} {picked}"]
+    if args.policy_file:
+        words.append(f"--policy-file {args.policy_file}")
+    if args.policies != ",".join(p.value for p in PolicyName):
+        words.append(f"--policies {args.policies}")
+    words += [flag for flag, on in (("--size-teams", args.size_teams), ("--no-anomaly", args.no_anomaly)) if on]
+    return " ".join(words)
 
 
-def run_seed(args: argparse.Namespace, seed: int) -> dict[str, dict[str, object]]:
+def run_seed(args: argparse.Namespace, policy_file: Path | None, seed: int) -> dict[str, dict[str, object]]:
     reports = {}
     for name in args.policies.split(","):
         frm, to = WINDOWS[args.window]
@@ -64,7 +77,7 @@ def run_seed(args: argparse.Namespace, seed: int) -> dict[str, dict[str, object]
             PolicyName(name),
             frm,
             to,
-            policy_file=args.policy_file,
+            policy_file=policy_file,
             anomaly=not args.no_anomaly,
             seed=seed,
         )

@@ -19,15 +19,14 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "platform"))
 
+from sim_inputs import POLICY_FILE, TRACE
+
 from switchyard.scheduler.core.config import load_policy_file
 from switchyard.scheduler.fairness import percentile
 from switchyard.scheduler.sim.engine import SimWindow
 from switchyard.scheduler.sim.run import WINDOWS, private_knobs, run_private
 from switchyard.scheduler.sim.trace import load_trace
 from switchyard.scheduler.sim.window import resolve_window, select_jobs
-
-ROOT = Path(__file__).resolve().parents[1]
-TRACE = ROOT.parent / "shared" / "traces" / "philly_jobs_sep_oct_2017.csv"
 
 
 def main() -> None:
@@ -38,7 +37,7 @@ def main() -> None:
     parser.add_argument("--to", dest="window_to", help="date or fraction; default: the trace's end")
     parser.add_argument("--gpus", default="32,40,48,56,64,80,96", help="private cluster sizes (multiples of 8)")
     parser.add_argument("--trace", type=Path, default=TRACE)
-    parser.add_argument("--policy-file", type=Path, default=ROOT / "bench" / "philly_scheduler.yaml")
+    parser.add_argument("--policy-file", type=Path, default=POLICY_FILE)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     knobs = private_knobs(load_policy_file(args.policy_file).to_policy().knobs)
@@ -51,8 +50,10 @@ def main() -> None:
     if not measured:
         raise SystemExit(f"team {args.team!r} has no jobs in the window {frm} .. {to}")
     demand = sum(j.gpus * j.duration_s for j in measured) / (replay.end_s - replay.start_s)
-    print(f"# team {args.team}, {frm} .. {to} (seed {args.seed}): {len(measured)} jobs, mean demand {demand:.1f} GPUs, "
-          f"largest gang {max(j.gpus for j in measured)} GPUs")
+    print(
+        f"# team {args.team}, {frm} .. {to} (seed {args.seed}): {len(measured)} jobs, mean demand {demand:.1f} GPUs, "
+        f"largest gang {max(j.gpus for j in measured)} GPUs"
+    )
     print(f"# {' '.join(sys.argv)}")
     print("| private GPUs | p50 wait s | p99 wait s | max wait s |")
     print("|---|---|---|---|")
