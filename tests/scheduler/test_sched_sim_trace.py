@@ -198,3 +198,26 @@ def test_the_shipped_inference_profile_is_the_azure_traces() -> None:
     # The default profile must be exactly what --azure <the Azure CSV> gives, so the
     # documented results do not depend on the CSV lying next to the trace.
     assert packaged_profile() == load_azure_profile(AZURE)
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--inference-peak-rps", "-5"], "--inference-peak-rps must be a finite number >= 0, got -5.0"),
+        (["--inference-peak-rps", "nan"], "--inference-peak-rps must be a finite number >= 0"),
+        (["--slo-bound-s", "-1"], "--slo-bound-s must be a positive number of seconds, got -1.0"),
+        (["--max-jobs", "-1"], "--max-jobs must be >= 0, got -1"),
+        (["--plot", "/nonexistent-switchyard-dir/wait.png"], "directory /nonexistent-switchyard-dir does not exist"),
+    ],
+)
+def test_flags_a_run_cannot_mean_are_refused_before_it_runs(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], flags: list[str], message: str
+) -> None:
+    # The plot's directory is checked before the replay: a long run must not end in a
+    # traceback and lose its report.
+    path = _trace(tmp_path, "2031-05-02T09:00:00,600,1,a,,,\n")
+    args = ["sim", "--trace", str(path), "--teams", str(tmp_path / "teams.csv"), "--gpus", "16", "--no-anomaly"]
+    assert main([*args, *flags]) == 2
+    captured = capsys.readouterr()
+    assert message in captured.err and "Traceback" not in captured.err
+    assert captured.out == ""

@@ -86,6 +86,8 @@ def handle(args: argparse.Namespace) -> int:
         frm, to, warmup = _window(args)
     except ValueError as err:
         return fail(str(err))
+    if args.plot is not None and not args.plot.resolve().parent.is_dir():
+        return fail(f"--plot {args.plot}: directory {args.plot.resolve().parent} does not exist")
     spec = SimSpec(
         trace=args.trace,
         gpus=args.gpus,
@@ -107,14 +109,17 @@ def handle(args: argparse.Namespace) -> int:
         result = run(spec)
     except (TraceError, TeamsFileError, PolicyFileError, ValueError) as err:
         return fail(str(err))
+    if args.json:
+        print_json(result.report)
+    else:
+        _print_human(result.report)
     if args.plot:
         from switchyard.scheduler.sim.plot import write_plot
 
-        write_plot(result.trace, args.plot, f"{args.policy} on {args.gpus} GPUs, {_label(args)}")
-    if args.json:
-        print_json(result.report)
-        return 0
-    _print_human(result.report)
+        try:
+            write_plot(result.trace, args.plot, f"{args.policy} on {args.gpus} GPUs, {_label(args)}")
+        except OSError as err:  # the report above is printed: only the plot is lost
+            return fail(f"--plot {args.plot}: cannot write: {err.strerror or err}")
     return 0
 
 

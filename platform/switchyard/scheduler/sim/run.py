@@ -111,9 +111,21 @@ def _policy(spec: SimSpec, jobs: list[TraceJob], inference_gpus: int) -> tuple[S
     return policy, inference_gpus
 
 
-def run(spec: SimSpec) -> SimResult:
+def _check_spec(spec: SimSpec) -> None:
+    """Numbers a run cannot mean, named as the CLI flag that sets them."""
     if spec.gpus <= 0:
         raise ValueError(f"--gpus must be positive, got {spec.gpus}")
+    rps = spec.inference_peak_rps
+    if rps is not None and not (math.isfinite(rps) and rps >= 0):
+        raise ValueError(f"--inference-peak-rps must be a finite number >= 0, got {rps}")
+    if not (math.isfinite(spec.slo_bound_s) and spec.slo_bound_s > 0):
+        raise ValueError(f"--slo-bound-s must be a positive number of seconds, got {spec.slo_bound_s}")
+    if spec.max_jobs is not None and spec.max_jobs < 0:
+        raise ValueError(f"--max-jobs must be >= 0, got {spec.max_jobs}")
+
+
+def run(spec: SimSpec) -> SimResult:
+    _check_spec(spec)
     trace_in = load_trace(spec.trace, spec.seed)
     replay = resolve_window(trace_in, spec.window_from, spec.window_to, spec.warmup_s)
     window = SimWindow(replay.start_s, replay.end_s, spec.tail_days * 86400)
