@@ -180,6 +180,14 @@ def test_a_trace_without_team_guarantees_says_what_to_give(tmp_path: Path, capsy
     assert "Traceback" not in err
 
 
+def test_a_trace_without_rows_is_named(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # It used to replay nothing and print a report of zeros, as if the cluster had been idle.
+    path = _trace(tmp_path, "")
+    args = ["sim", "--trace", str(path), "--teams", str(tmp_path / "teams.csv"), "--gpus", "16", "--no-anomaly"]
+    assert main(args) == 2
+    assert "jobs.csv: no jobs: the file has a header and no rows" in capsys.readouterr().err
+
+
 def test_a_philly_row_names_its_bad_column(tmp_path: Path) -> None:
     path = tmp_path / "philly.csv"
     path.write_text("timestamp,duration,num_gpus,gpu_time,cluster\n2017-10-01 00:00:00,60,0,0,a\n")

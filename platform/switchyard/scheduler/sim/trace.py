@@ -106,7 +106,7 @@ def epoch_of(rows: list[TraceRow]) -> datetime:
 
 def _check_span(rows: list[TraceRow], path: Path) -> None:
     if not rows:
-        return
+        raise TraceError(f"{path}: no jobs: the file has a header and no rows")
     first = min(rows, key=lambda r: r.submit_unix_s)
     last = max(rows, key=lambda r: r.submit_unix_s)
     span = last.submit_unix_s - first.submit_unix_s
