@@ -21,6 +21,8 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
+from switchyard.scheduler.sim.trace_rows import CSV_ENCODING
+
 DEFAULT_REPLICA_TOKENS_PER_S = 10_000.0
 """Stated per-replica capacity: prompt + generated tokens per second one GPU replica serves."""
 
@@ -42,7 +44,7 @@ def load_azure_profile(path: str | Path) -> AzureProfile:
     tokens = 0
     requests = 0
     try:
-        with path.open(newline="", encoding="utf-8-sig") as handle:
+        with path.open(newline="", encoding=CSV_ENCODING) as handle:
             for line, row in enumerate(csv.DictReader(handle), start=2):
                 try:
                     tokens += int(row["ContextTokens"]) + int(row["GeneratedTokens"])
