@@ -4,7 +4,7 @@ what each replica asks for, what Serve says, what the cluster has free."""
 from __future__ import annotations
 
 from switchyard.cli.up import failure_excerpt
-from switchyard.cluster.app_readiness import DeploymentState, describe_unready, replica_needs
+from switchyard.cluster.app_readiness import DeploymentState, HeadRoom, describe_unready, replica_needs
 
 PENDING = (
     "Deployment 'console' in application 'console' has 1 replicas that have taken more than 30s to be"
@@ -36,6 +36,26 @@ def test_names_each_stuck_deployment_with_what_it_needs_and_what_is_free() -> No
     # Used up, so Ray leaves it out of what is free: said as 0, since it is what the replica lacks.
     assert lines[3] == "  free on the cluster now: CPU 0, GPU 8, memory 3.0 GiB, node:__internal_head__ 0"
     assert "assets" not in message  # a healthy deployment is not what is wrong
+
+
+def test_a_replica_pinned_to_the_head_is_told_what_the_head_has_and_who_holds_it() -> None:
+    """The cluster had CPU 7.5 free and the console (CPU 0.1, pinned to the head) still could
+    not start: the head's own CPUs were held. The error says so, and by whom."""
+    console = DeploymentState(
+        "console", "UPDATING", {"STARTING": 1}, PENDING, {"CPU": 0.1, "node:__internal_head__": 0.001}
+    )
+    head = HeadRoom(
+        free={"node:__internal_head__": 0.993, "memory": 2**30},
+        cpu_holders={"LedgerActor": 3.0, "ServeReplica:gateway:gateway": 1.0, "ServeController": 0.0},
+    )
+    message = describe_unready("console", "DEPLOYING", "", [console], {"CPU": 7.5}, 180.0, head)
+    assert message.splitlines()[-1] == (
+        "  free on the head node now: CPU 0, memory 1.0 GiB, node:__internal_head__ 0.993;"
+        " its CPUs are held by LedgerActor CPU 3, ServeReplica:gateway:gateway CPU 1"
+    )
+    gateway = DeploymentState("gateway", "UPDATING", {"STARTING": 1}, "", {"CPU": 1.0})
+    unpinned = describe_unready("gateway", "DEPLOYING", "", [gateway], {"CPU": 0.0}, 180.0, head)
+    assert "head node" not in unpinned  # a replica that may go anywhere waits on the cluster
 
 
 def test_a_failed_deploy_says_so_with_serve_s_reason() -> None:

@@ -179,6 +179,39 @@ def test_attach_to_existing_cluster(ray_cluster: dict[str, Any], tmp_path: Path)
     assert ray.is_initialized()  # down left the cluster itself alone
 
 
+def test_the_platforms_head_actors_leave_the_heads_cpus_free(
+    ray_cluster: dict[str, Any], repo: Path, tmp_path: Path
+) -> None:
+    """The ledger pinned itself to the head with a custom resource and no `num_cpus`, so Ray
+    held one of the head's CPUs for its whole life. Two ledgers left by earlier platforms and a
+    gateway replica filled the session head's 4 CPUs, and `up --address` timed out waiting for
+    the console's replica (CPU 0.1 on the head) while the cluster as a whole had 7.5 CPUs free."""
+    import ray
+    from ray.util.state import list_actors
+
+    from switchyard.cluster.app_readiness import head_room
+    from switchyard.cluster.ledger import ledger_actor
+    from switchyard.cluster.policy_publisher import policy_publisher
+    from switchyard.db.engine import SQLITE_PREFIX
+
+    (tmp_path / "state").mkdir()
+    ledger = ledger_actor(SQLITE_PREFIX + str(tmp_path / "ledger.db"), name="head-cpu-ledger", detached=False)
+    publisher = policy_publisher(repo / "policies", tmp_path / "state")
+    try:
+        ray.get([ledger.health.remote(), publisher.status.remote()], timeout=120)
+        for actor in (ledger, publisher):
+            (row,) = list_actors(filters=[("actor_id", "=", actor._actor_id.hex())], detail=True)
+            assert row.required_resources.get("CPU", 0) == 0, (row.class_name, row.required_resources)
+            assert row.required_resources.get("node:__internal_head__", 0) > 0, (row.class_name, row.required_resources)
+        # What `up`'s error says of the head when a replica pinned there cannot start.
+        room = head_room()
+        assert room is not None and room.free.get("node:__internal_head__", 0) > 0, room
+        assert room.cpu_holders.get("LedgerActor") == 0 and "PolicyPublisher" in room.cpu_holders, room
+    finally:
+        for actor in (ledger, publisher):
+            ray.kill(actor, no_restart=True)
+
+
 def attach_and_fail(address: str, state: Path, timeout: str) -> subprocess.CompletedProcess[str]:
     """`up --address` in its own process, expected to fail (its exit code is the caller's to check)."""
     from switchyard.ports import listener_port

@@ -9,6 +9,7 @@ free, so an operator can tell "no CPU for the console on the head" from "a slow 
 
 from __future__ import annotations
 
+import logging
 import re
 import time
 from collections.abc import Mapping
@@ -19,6 +20,8 @@ from switchyard.cluster.placement import HEAD_RESOURCE
 
 if TYPE_CHECKING:
     from ray.serve.schema import ApplicationStatusOverview
+
+log = logging.getLogger(__name__)
 
 APPS_READY_WITHIN_S = 180.0  # a replica's start on a loaded machine takes tens of seconds, not minutes
 POLL_S = 0.5
@@ -70,6 +73,15 @@ class DeploymentState:
     needs: Mapping[str, float]  # the resources each replica asks for
 
 
+@dataclass(frozen=True)
+class HeadRoom:
+    """What the head node has free, and which live actors hold its CPUs: a replica pinned to
+    the head waits on the head alone, whatever the other nodes have free."""
+
+    free: Mapping[str, float]
+    cpu_holders: Mapping[str, float]  # actor class (or Serve replica) -> CPUs its live actors hold
+
+
 def describe_unready(
     app: str,
     app_status: str,
@@ -77,10 +89,12 @@ def describe_unready(
     deployments: list[DeploymentState],
     free: Mapping[str, float],
     deadline_s: float,
+    head_room: HeadRoom | None = None,
 ) -> str:
     """The error for an application that is not running (by its `deadline_s`, or ever: it
     failed to deploy): one line per deployment that is not healthy, then what the cluster has
-    free."""
+    free, and, when a stuck replica is pinned to the head, what the head has free and who
+    holds its CPUs."""
     head = (
         f"the Serve application {app!r} failed to deploy"
         if app_status == "DEPLOY_FAILED"
@@ -103,6 +117,12 @@ def describe_unready(
     # Ray leaves a used-up resource out of what is free: what a stuck replica needs is shown, at 0.
     asked = {resource: 0.0 for d in stuck for resource in d.needs}
     lines.append(f"  free on the cluster now: {_resources({**asked, **free})}")
+    if head_room is not None and any(HEAD_RESOURCE in d.needs for d in stuck):
+        holders = ", ".join(f"{name} CPU {cpus:g}" for name, cpus in sorted(head_room.cpu_holders.items()) if cpus)
+        lines.append(
+            f"  free on the head node now: {_resources({'CPU': 0.0, **head_room.free})}"
+            + (f"; its CPUs are held by {holders}" if holders else "")
+        )
     return "\n".join(lines)
 
 
@@ -175,4 +195,27 @@ def _describe(app: str, overview: ApplicationStatusOverview | None, deadline_s: 
         deployments,
         ray.available_resources(),
         deadline_s,
+        head_room() if any(HEAD_RESOURCE in d.needs for d in deployments) else None,
     )
+
+
+def head_room() -> HeadRoom | None:
+    """The head's free resources and its CPU holders, or None if Ray cannot say (the error is
+    still given, without this line)."""
+    import ray
+    from ray._private.state import available_resources_per_node  # per node: the public API sums them
+    from ray.util.state import list_actors
+    from ray.util.state.exception import RayStateApiException
+
+    try:
+        head = next(n["NodeID"] for n in ray.nodes() if n["Alive"] and HEAD_RESOURCE in n["Resources"])
+        actors = list_actors(filters=[("node_id", "=", head), ("state", "=", "ALIVE")], detail=True, limit=10_000)
+        free = available_resources_per_node().get(head, {})
+    except (StopIteration, RayStateApiException, ray.exceptions.RayError) as exc:
+        log.warning("could not read the head node's free resources: %s", exc)
+        return None
+    holders: dict[str, float] = {}
+    for actor in actors:
+        name = actor.class_name  # a Serve replica's names its app and deployment
+        holders[name] = holders.get(name, 0.0) + float((actor.required_resources or {}).get("CPU", 0.0))
+    return HeadRoom(free=free, cpu_holders=holders)

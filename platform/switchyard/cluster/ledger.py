@@ -52,7 +52,9 @@ def _team_of(key: str) -> str:
     return "" if scope == "org" else rest.split(":", 1)[0].split("/", 1)[0]
 
 
-@ray.remote(max_restarts=-1, max_task_retries=-1)
+# num_cpus=0: an actor that names a custom resource (the head pin) and no CPUs holds one whole CPU
+# for its life; that starved the head of room for the console's replica (see `placement`).
+@ray.remote(num_cpus=0, max_restarts=-1, max_task_retries=-1)
 class LedgerActor:
     def __init__(self, url: str, expire_every_s: float = 1.0) -> None:
         self.service = LedgerService(BudgetLedger(open_database(url)), expire_every_s=expire_every_s)
