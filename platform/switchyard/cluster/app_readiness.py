@@ -138,8 +138,9 @@ def _resources(resources: Mapping[str, float]) -> str:
 
 
 def replica_needs(ray_actor_options: Mapping[str, object]) -> dict[str, float]:
-    """A replica's resource request from its deployment's `ray_actor_options`, as Ray counts it
-    (a replica actor with no `num_cpus` asks for none)."""
+    """A replica's resource request from the `ray_actor_options` Serve reports for its
+    deployment. Serve has already filled in `num_cpus=1` where the deployment gave none, so an
+    option missing here is one the replica does not ask for."""
     needs: dict[str, float] = {}
     for option, resource in (("num_cpus", "CPU"), ("num_gpus", "GPU"), ("memory", "memory")):
         value = ray_actor_options.get(option)
