@@ -4,6 +4,7 @@ Serve tests only), so the fast tests never start Ray."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -67,9 +68,12 @@ def serve_gateway(
 ) -> Iterator[str]:
     """The gateway Serve app (2 replicas + the local model) on the session's Ray cluster,
     removed after the module so later tests can deploy their own app at `/`."""
+    import ray
     from ray import serve
 
     from serve_apps.gateway import build_app
+    from switchyard.cluster.ledger import stop_ledger_actor
+    from switchyard.cluster.policy_publisher import find_publisher
 
     policies, state, _ = gw_dirs
     serve.run(
@@ -81,3 +85,7 @@ def serve_gateway(
         yield serve_http
     finally:
         serve.delete("gateway")
+        # The replicas started these (detached): they would outlive the module.
+        stop_ledger_actor(state)
+        with contextlib.suppress(ValueError):  # none: no replica got as far as asking for it
+            ray.kill(find_publisher(policies, state), no_restart=True)

@@ -103,6 +103,7 @@ def two_nodes(
     from ray import serve
 
     from serve_apps.gateway import Gateway
+    from switchyard.cluster.ledger import stop_ledger_actor
     from switchyard.cluster.policy_publisher import find_publisher
 
     root = tmp_path_factory.mktemp("multinode")
@@ -142,6 +143,7 @@ def two_nodes(
         yield Cluster2(serve_http, head_state, policies, keys, [n.node_id for n in nodes])
     finally:
         serve.delete(APP)
+        stop_ledger_actor(head_state)  # before the database URL is put back: it names the actor
         with contextlib.suppress(ValueError):  # never started: the test failed before a replica asked
             ray.kill(find_publisher(policies, head_state), no_restart=True)
         for node in nodes:

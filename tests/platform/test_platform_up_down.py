@@ -150,6 +150,7 @@ def test_attach_to_existing_cluster(ray_cluster: dict[str, Any], tmp_path: Path)
     from switchyard.ports import listener_port
 
     state = str(tmp_path / "state")
+    ledgers_before = alive_ledgers()
     try:  # `up` inside: one that fails half-way must not leave its actors on the shared cluster
         up = as_json(
             switchyard(
@@ -176,7 +177,17 @@ def test_attach_to_existing_cluster(ray_cluster: dict[str, Any], tmp_path: Path)
             undeploy_attached(Path(state))
     with pytest.raises(ValueError):
         ray.get_actor("switchyard-scheduler", namespace="switchyard")
+    # The gateway's replicas created the platform's ledger actor (detached): down stops it too.
+    assert alive_ledgers() == ledgers_before
     assert ray.is_initialized()  # down left the cluster itself alone
+
+
+def alive_ledgers() -> set[str]:
+    """The names of the ledger actors alive on the session's cluster (earlier tests leave theirs)."""
+    from ray.util.state import list_actors
+
+    rows = list_actors(filters=[("class_name", "=", "LedgerActor"), ("state", "=", "ALIVE")], limit=10_000)
+    return {row.name for row in rows}
 
 
 def test_the_platforms_head_actors_leave_the_heads_cpus_free(

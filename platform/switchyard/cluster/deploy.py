@@ -19,6 +19,7 @@ from ray.serve import RunTarget
 from switchyard.cluster.actor_readiness import wait_for_actor
 from switchyard.cluster.app_readiness import APPS_READY_WITHIN_S, wait_until_running
 from switchyard.cluster.grant_holds import remove_holds
+from switchyard.cluster.ledger import stop_ledger_actor
 from switchyard.cluster.placement import on_head
 from switchyard.cluster.policy_publisher import find_publisher, policy_publisher
 from switchyard.cluster.record import CONSOLE_APP, GATEWAY_APP, NAMESPACE, SCHEDULER_ACTOR
@@ -112,8 +113,8 @@ def deploy_console(
 
 
 def undeploy(shutdown_serve: bool, policies_dir: Path, state_dir: Path) -> None:
-    """Remove the gateway app, the scheduler and the policy publisher; Serve itself only if we
-    started it."""
+    """Remove the console and gateway apps, the scheduler, the policy publisher and the ledger
+    actor; Serve itself only if we started it."""
     for app in (CONSOLE_APP, GATEWAY_APP):
         try:
             serve.delete(app)
@@ -132,3 +133,6 @@ def undeploy(shutdown_serve: bool, policies_dir: Path, state_dir: Path) -> None:
         ray.kill(find_publisher(policies_dir, state_dir), no_restart=True)
     except ValueError:
         log.info("no policy publisher to stop")
+    # After the apps: a replica stopping sends its queued charges to the ledger first.
+    if not stop_ledger_actor(state_dir):
+        log.info("no ledger actor to stop")

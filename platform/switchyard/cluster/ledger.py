@@ -34,6 +34,7 @@ from switchyard.budgets.money import nanos_to_usd
 from switchyard.budgets.ratelimit import PermitDemand
 from switchyard.budgets.service import Admission, LedgerService
 from switchyard.cluster.placement import on_head
+from switchyard.cluster.record import NAMESPACE
 from switchyard.db.engine import open_database
 from switchyard.db.location import ledger_url
 from switchyard.gateway.seams import BudgetUnavailable
@@ -115,15 +116,34 @@ class LedgerActor:
             self._remaining.set(nanos_to_usd(s.remaining_nanos), tags)
 
 
+def ledger_actor_name(url: str) -> str:
+    """The ledger actor's name, bound to the ledger's URL, so two platforms on one cluster never
+    share a ledger by mistake."""
+    return f"{LEDGER_ACTOR}-{hashlib.sha256(url.encode()).hexdigest()[:10]}"
+
+
 def ledger_actor(url: str, name: str | None = None, detached: bool = True) -> Any:
-    """The shared ledger actor: created on first use, found by name afterwards. The default name
-    is bound to the ledger's URL, so two platforms on one cluster never share a ledger by mistake."""
-    if name is None:
-        name = f"{LEDGER_ACTOR}-{hashlib.sha256(url.encode()).hexdigest()[:10]}"
-    options: dict[str, Any] = {"name": name, "get_if_exists": True, **on_head()}  # SQLite: the head's disk
+    """The shared ledger actor: created on first use (by the first gateway replica), found by
+    name afterwards; in the platform's namespace, where `switchyard down` finds it to stop it."""
+    options: dict[str, Any] = {
+        "name": name or ledger_actor_name(url),
+        "namespace": NAMESPACE,  # else the creator's: Serve's, for a replica
+        "get_if_exists": True,
+        **on_head(),  # SQLite: the head's disk
+    }
     if detached:
         options["lifetime"] = "detached"  # outlives the process that created it (the first replica)
     return LedgerActor.options(**options).remote(url)  # type: ignore[attr-defined]
+
+
+def stop_ledger_actor(state_dir: Path) -> bool:
+    """Stop the ledger actor of the platform whose state is `state_dir` (its store keeps every
+    balance; the next replica to ask starts a new one over it). False if none was running."""
+    try:
+        ray.kill(ray.get_actor(ledger_actor_name(ledger_url(state_dir)), namespace=NAMESPACE), no_restart=True)
+    except ValueError:
+        return False
+    return True
 
 
 class ActorLedgerClient:
