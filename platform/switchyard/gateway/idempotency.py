@@ -1,10 +1,9 @@
 """Idempotent retries: one upstream call per (team, Idempotency-Key), its response replayed.
 
 The store is a seam: `InMemoryIdempotencyStore` serves one process (tests, benchmarks); the
-cluster adapter (`switchyard.cluster.gateway_idempotency`) puts the same logic in a named,
-detached actor so every replica shares it and it outlives a replica restart; the SQL store
-(`switchyard.gateway.idempotency_sql`) keeps it in the shared database, so it outlives every
-process. All of them apply the same decisions (`decide_claim`, `after_complete`, ...).
+SQL store (`switchyard.gateway.idempotency_sql`), which the gateway's replicas use, keeps it
+in the shared database, so every replica shares it and it outlives every process. Both apply
+the same decisions (`decide_claim`, `after_complete`, ...).
 
 Protocol: `claim` returns a `Claim` saying what to do. `owner` means "make the call, then
 `complete` or `abandon`"; `replay` carries the stored response; `conflict` means the key was
