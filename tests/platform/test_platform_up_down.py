@@ -171,6 +171,7 @@ def test_attach_to_existing_cluster(ray_cluster: dict[str, Any], tmp_path: Path)
         assert "gateway" in status["serve"] and status["gpus"]["total"] == 16
         groups = {n["node_group"] for n in status["nodes"] if n["gpus"]}
         assert groups == {"a", "b"}
+        assert_a_second_platform_leaves_the_first_alone(ray_cluster["gcs_address"], Path(state), tmp_path / "other")
     finally:
         down = switchyard("down", "--state-dir", state, check=False)
         if down.returncode != 0:  # `up` failed before recording the platform: undo it here
@@ -180,6 +181,75 @@ def test_attach_to_existing_cluster(ray_cluster: dict[str, Any], tmp_path: Path)
     # The gateway's replicas created the platform's ledger actor (detached): down stops it too.
     assert alive_ledgers() == ledgers_before
     assert ray.is_initialized()  # down left the cluster itself alone
+
+
+def assert_a_second_platform_leaves_the_first_alone(address: str, first: Path, second: Path) -> None:
+    """A cluster has one scheduler, a named actor: a second platform attached to it used to
+    reuse the first one's scheduler (its policies, its state), replace its Serve apps, and stop
+    both with its own `down`. Now its `up` is refused before it touches the cluster, and a
+    `down` from a stale record of another platform leaves the running one alone."""
+    import ray
+    from ray import serve
+
+    scheduler = ray.get_actor("switchyard-scheduler", namespace="switchyard")
+    incarnation = ray.get(scheduler.ping.remote(), timeout=60)
+
+    def first_platform() -> tuple[float, str, dict[str, float]]:
+        """The scheduler's incarnation and owner, and when each Serve app was last deployed."""
+        apps = {name: app.last_deployed_time_s for name, app in serve.status().applications.items()}
+        return ray.get(scheduler.ping.remote(), timeout=60), ray.get(scheduler.state_dir.remote(), timeout=60), apps
+
+    before = first_platform()
+    assert before[1] == str(first.resolve()) and {"gateway", "console"} <= before[2].keys(), before
+    up = attach_and_fail(address, second, "60")
+    assert up.returncode == 1, f"{up.stdout}\n{up.stderr}"
+    told = f"refusing to attach: this cluster already runs a switchyard platform (state dir {first.resolve()})"
+    assert told in up.stderr, up.stderr
+    assert f"switchyard down --state-dir {first.resolve()}" in up.stderr and "Traceback" not in up.stderr, up.stderr
+    assert not (second / "up.json").exists()
+    assert first_platform() == before
+    # An operator's stale record: a platform that once ran on this cluster from `second`.
+    record = json.loads((first / "up.json").read_text())
+    (second / "up.json").write_text(json.dumps({**record, "state_dir": str(second.resolve())}))
+    down = switchyard("down", "--state-dir", str(second), check=False)
+    assert down.returncode == 1, f"{down.stdout}\n{down.stderr}"
+    assert f"another platform's (state dir {first.resolve()}), so switchyard left them alone" in down.stderr
+    assert not (second / "up.json").exists() and "Traceback" not in down.stderr, down.stderr
+    assert first_platform() == before
+    assert incarnation == before[0]
+
+
+def test_attach_to_a_cluster_whose_serve_runs_an_app_named_like_the_platforms_is_refused(
+    ray_cluster: dict[str, Any], tmp_path: Path
+) -> None:
+    """A team's own Serve app named `console` runs on the cluster and no platform does: `up
+    --address` would have replaced it with the platform's console. It is refused, naming the
+    app, and the team's app keeps running."""
+    import ray
+    from ray import serve
+
+    @serve.deployment(num_replicas=1, ray_actor_options={"num_cpus": 0})
+    class TeamConsole:
+        def __call__(self, request: Any) -> str:
+            return "the team's own console"
+
+    serve.run(TeamConsole.bind(), name="console", route_prefix="/team-console")  # type: ignore[attr-defined]
+    state = tmp_path / "state"
+    try:
+        deployed = serve.status().applications["console"].last_deployed_time_s
+        up = attach_and_fail(ray_cluster["gcs_address"], state, "60")
+        assert up.returncode == 1, f"{up.stdout}\n{up.stderr}"
+        assert "refusing to attach: this cluster's Serve already runs applications named 'console'" in up.stderr
+        assert "Traceback" not in up.stderr, up.stderr
+        app = serve.status().applications["console"]
+        assert (getattr(app.status, "value", app.status), app.last_deployed_time_s) == ("RUNNING", deployed)
+        with pytest.raises(ValueError):
+            ray.get_actor("switchyard-scheduler", namespace="switchyard")
+        assert not (state / "up.json").exists()
+    finally:
+        if switchyard("down", "--state-dir", str(state), check=False).returncode != 0:
+            undeploy_attached(state)  # `up` got further than it should have: take its parts off
+        serve.delete("console")
 
 
 def alive_ledgers() -> set[str]:

@@ -14,6 +14,7 @@ from switchyard.cluster.record import clear_record, read_record
 from switchyard.state import state_dir
 
 STOP_TIMEOUT_S = 90.0
+OCCUPANT_TIMEOUT_S = 30.0  # for the cluster's scheduler to say whose it is
 
 
 def register(subparsers: Any) -> None:
@@ -69,11 +70,25 @@ def stop_platform(state: Path) -> int:
         os.environ.update(PLATFORM_ENV)
         import ray
 
-        from switchyard.cluster.deploy import undeploy
+        from switchyard.cluster.deploy import cluster_occupant, stop_own_actors, undeploy
+        from switchyard.cluster.occupant import another_platform
         from switchyard.cluster.record import NAMESPACE
 
-        ray.init(address=record.ray_address, namespace=NAMESPACE)
-        undeploy(shutdown_serve=False, policies_dir=Path(record.policies_dir), state_dir=Path(record.state_dir))
+        policies, platform_state = Path(record.policies_dir), Path(record.state_dir)
+        # The cluster's workers' logs (another platform's, a team's) are not this command's output.
+        ray.init(address=record.ray_address, namespace=NAMESPACE, log_to_driver=False)
+        other = another_platform(platform_state, cluster_occupant(OCCUPANT_TIMEOUT_S))
+        if other is not None:  # a stale record: the apps and scheduler there are another platform's
+            stop_own_actors(policies, platform_state)
+            ray.shutdown()
+            clear_record(state)
+            return fail(
+                f"the platform recorded in {state} no longer runs on {record.ray_address}: the scheduler and apps "
+                f"there are another platform's (state dir {other}), so switchyard left them alone, stopped only "
+                "this platform's own actors and cleared its record",
+                1,
+            )
+        undeploy(shutdown_serve=False, policies_dir=policies, state_dir=platform_state)
         ray.shutdown()
         clear_record(state)
     return 0

@@ -14,12 +14,14 @@ from typing import Any
 
 import ray
 from ray import serve
+from ray.exceptions import GetTimeoutError, RayActorError
 from ray.serve import RunTarget
 
 from switchyard.cluster.actor_readiness import wait_for_actor
 from switchyard.cluster.app_readiness import APPS_READY_WITHIN_S, wait_until_running
 from switchyard.cluster.grant_holds import remove_holds
 from switchyard.cluster.ledger import stop_ledger_actor
+from switchyard.cluster.occupant import ClusterOccupant
 from switchyard.cluster.placement import on_head
 from switchyard.cluster.policy_publisher import find_publisher, policy_publisher
 from switchyard.cluster.record import CONSOLE_APP, GATEWAY_APP, NAMESPACE, SCHEDULER_ACTOR
@@ -58,6 +60,23 @@ def start_scheduler(policies_dir: Path, state_dir: Path, dashboard_url: str | No
         max_task_retries=3,
         **on_head(),  # its journal is on the head's disk
     ).remote(str(policies_dir), str(state_dir), dashboard_url)
+
+
+def cluster_occupant(timeout_s: float) -> ClusterOccupant:
+    """What of a switchyard platform runs on the cluster this driver is attached to."""
+    apps = frozenset(serve.status().applications)  # no Serve yet: no applications
+    try:
+        scheduler = ray.get_actor(SCHEDULER_ACTOR, namespace=NAMESPACE)
+    except ValueError:
+        return ClusterOccupant(scheduler=False, state_dir=None, serve_apps=apps)
+    try:
+        owner = ray.get(scheduler.state_dir.remote(), timeout=timeout_s)
+    except AttributeError:  # a scheduler from before `state_dir`
+        owner = None
+    except (GetTimeoutError, RayActorError) as exc:  # restarting, or stuck: alive, but whose is unknown
+        log.warning("the cluster's scheduler did not say its state dir: %s", exc)
+        owner = None
+    return ClusterOccupant(scheduler=True, state_dir=owner, serve_apps=apps)
 
 
 def local_model_args(policies_dir: Path, gpus_per_replica: int) -> dict[str, str]:
@@ -129,10 +148,16 @@ def undeploy(shutdown_serve: bool, policies_dir: Path, state_dir: Path) -> None:
     removed = remove_holds(SCHEDULER_ACTOR)  # detached: they would hold Serve slots on a cluster we attached to
     if removed:
         log.info("removed the scheduler's %d grant holds", removed)
+    # After the apps: a replica stopping sends its queued charges to the ledger first.
+    stop_own_actors(policies_dir, state_dir)
+
+
+def stop_own_actors(policies_dir: Path, state_dir: Path) -> None:
+    """Stop the actors named after this platform's state dir alone (the policy publisher and the
+    ledger), leaving the cluster's apps and scheduler, which may be another platform's."""
     try:
         ray.kill(find_publisher(policies_dir, state_dir), no_restart=True)
     except ValueError:
         log.info("no policy publisher to stop")
-    # After the apps: a replica stopping sends its queued charges to the ledger first.
     if not stop_ledger_actor(state_dir):
         log.info("no ledger actor to stop")

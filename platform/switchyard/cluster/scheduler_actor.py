@@ -75,6 +75,7 @@ __all__ = ["LiveState", "SchedulerActor", "cluster_gpu_nodes"]
 
 log = logging.getLogger(__name__)
 
+
 def cluster_gpu_nodes() -> list[Node]:
     """Alive Ray nodes with GPUs, as the core's `Node`s (named by Ray node id). Topology and
     GPU type come from the node's labels (`ray start --labels`): `switchyard/node-group`,
@@ -119,6 +120,7 @@ class SchedulerActor:
         nodes (the benchmark's 1,250 nodes on one machine); never set on a real cluster."""
         claims = ClaimPolicy(timeout_s=claim_timeout_s)
         self._policy = load_policy_file(Path(policies_dir) / "scheduler.yaml").to_policy()
+        self._state_dir = state_dir
         self._journal = SchedulerJournal(Path(state_dir) / "scheduler.db")
         self._fixed_nodes = None if fixed_nodes is None else [Node(**n) for n in fixed_nodes]
         self._snapshot_every_s = snapshot_every_s
@@ -267,6 +269,11 @@ class SchedulerActor:
     def ping(self) -> float:
         """When this incarnation of the actor started (changes when Ray restarts it)."""
         return self._started_at
+
+    def state_dir(self) -> str:
+        """The platform's state dir this scheduler keeps its journal in (`up --address` checks
+        that a cluster's scheduler is its own platform's)."""
+        return self._state_dir
 
     def pid(self) -> int:
         """This incarnation's process id (the benchmark and the WAL test kill it)."""
