@@ -37,8 +37,9 @@ def test_another_platform_is_named_with_the_commands_that_use_or_stop_it() -> No
 def test_a_scheduler_that_does_not_say_whose_it_is_is_refused_too() -> None:
     """An earlier version's scheduler, or one that did not answer: it may be another platform's."""
     refusal = attach_refusal(OURS, occupant(scheduler=True, state_dir=None), PLATFORM_APPS)
-    assert refusal is not None and "which did not say its state dir" in refusal
-    assert "--state-dir None" not in refusal
+    assert refusal is not None and "whose scheduler did not say its state dir" in refusal
+    assert "stop it first with `switchyard down --state-dir` and its state dir" in refusal
+    assert "None" not in refusal
 
 
 def test_apps_named_like_the_platforms_without_a_scheduler_are_named() -> None:

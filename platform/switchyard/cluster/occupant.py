@@ -39,11 +39,18 @@ def attach_refusal(ours: Path, occupant: ClusterOccupant, platform_apps: Iterabl
     if occupant.scheduler:
         if occupant.state_dir is not None and Path(occupant.state_dir) == ours:
             return None  # this platform's own
-        which = f"state dir {occupant.state_dir}" if occupant.state_dir else "which did not say its state dir"
-        use = f" --state-dir {occupant.state_dir}" if occupant.state_dir else ""
+        why = (
+            "A cluster has one scheduler, the one authority over its GPUs, so a second platform would share its "
+            "scheduler and replace its apps."
+        )
+        if occupant.state_dir is None:
+            return (
+                f"this cluster already runs a switchyard platform, whose scheduler did not say its state dir. {why} "
+                "Use that platform, or stop it first with `switchyard down --state-dir` and its state dir"
+            )
+        use = f" --state-dir {occupant.state_dir}"
         return (
-            f"this cluster already runs a switchyard platform ({which}). A cluster has one scheduler, the one "
-            "authority over its GPUs, so a second platform would share its scheduler and replace its apps. "
+            f"this cluster already runs a switchyard platform (state dir {occupant.state_dir}). {why} "
             f"Use that platform (`switchyard status{use}`), or stop it first (`switchyard down{use}`)"
         )
     taken = sorted(occupant.serve_apps.intersection(platform_apps))
