@@ -184,7 +184,7 @@ def _attach(args: argparse.Namespace, state: Path, policies: Path) -> PlatformRe
         start_scheduler,
         undeploy,
     )
-    from switchyard.cluster.occupant import ClusterOccupant, attach_refusal
+    from switchyard.cluster.occupant import attach_refusal
     from switchyard.cluster.placement import cluster_hosts
     from switchyard.cluster.record import NAMESPACE, write_record
     from switchyard.cluster.serve_configs import PLATFORM_APPS
@@ -193,23 +193,20 @@ def _attach(args: argparse.Namespace, state: Path, policies: Path) -> PlatformRe
     # The cluster's workers' logs are not this command's output.
     context = ray.init(address=args.address, namespace=NAMESPACE, log_to_driver=False)
     check_layout(state, cluster_hosts())  # UnsafeLayout: reported by `run`
+
+    def refusal() -> str | None:
+        return attach_refusal(state, cluster_occupant(args.timeout), PLATFORM_APPS)
+
     # Before anything is started: on refusal the cluster, and the platform on it, are left untouched.
-    refusal = attach_refusal(state, cluster_occupant(args.timeout), PLATFORM_APPS)
-    if refusal is not None:
-        return fail(f"refusing to attach: {refusal}", 1)
+    if (refused := refusal()) is not None:
+        return fail(f"refusing to attach: {refused}", 1)
     dashboard_url = f"http://{context.dashboard_url}" if context.dashboard_url else None
     try:
         scheduler = start_scheduler(policies, state, dashboard_url)
         wait_for_actor("scheduler", scheduler.ping.remote, args.timeout)
         # Another `up` may have started its scheduler since the check (the name is claimed once).
-        owner = ClusterOccupant(
-            scheduler=True,
-            state_dir=ray.get(scheduler.state_dir.remote(), timeout=args.timeout),
-            serve_apps=frozenset(),
-        )
-        refusal = attach_refusal(state, owner, PLATFORM_APPS)
-        if refusal is not None:
-            return fail(f"refusing to attach: {refusal}", 1)
+        if (refused := refusal()) is not None:
+            return fail(f"refusing to attach: {refused}", 1)
         gateway_url = deploy_gateway(
             policies, state, args.gateway_port, local_model_gpus=args.local_model_gpus, ready_within_s=args.timeout
         )
