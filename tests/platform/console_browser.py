@@ -65,8 +65,22 @@ class Console:
         response = self.page.goto(f"{self.base}{path}")
         assert response is not None
         if shot and self.shots is not None:
-            self.page.screenshot(path=str(self.shots / f"{shot}.png"))  # the viewport: docs show the top
+            self.screenshot(self.shots / f"{shot}.png")
         return int(response.status)
+
+    def screenshot(self, path: Path) -> None:
+        """The viewport (docs show the top). Chromium now and then refuses one capture ("Unable to
+        capture screenshot", a CDP error, not a timeout) and takes the same picture when asked
+        again: that is the browser's hiccup, not the console's, so it is asked once more."""
+        from playwright.sync_api import Error
+
+        try:
+            self.page.screenshot(path=str(path))
+        except Error as refused:
+            if "Unable to capture screenshot" not in refused.message:
+                raise
+            time.sleep(0.25)
+            self.page.screenshot(path=str(path))
 
     def figure(self, selector: str) -> str:
         return str(self.page.locator(selector).first.inner_text()).strip()
