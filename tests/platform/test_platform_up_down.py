@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -90,6 +91,14 @@ def test_local_platform_up_status_down(tmp_path: Path) -> None:
         # A second `up` on the same state dir refuses instead of starting a second cluster.
         again = switchyard("up", "--detach", "--state-dir", state, check=False)
         assert again.returncode != 0 and "already up" in again.stderr
+        # A copy of the record in another state dir names this platform's supervisor: its `down`
+        # must leave the platform running (the status checks below see it up) and clear the copy.
+        copy = tmp_path / "copy"
+        copy.mkdir()
+        shutil.copy(Path(state) / "up.json", copy / "up.json")
+        stale = switchyard("down", "--state-dir", str(copy), check=False)
+        assert stale.returncode == 1 and f"(state dir {Path(state).resolve()})" in stale.stderr, stale.stderr
+        assert pid_alive(supervisor) and not (copy / "up.json").exists()
 
         status = as_json(switchyard("status", "--state-dir", state, "--json"))
         assert status["gpus"]["total"] == 8

@@ -5,12 +5,14 @@ from __future__ import annotations
 import argparse
 import os
 import signal
+import sys
 import time
 from pathlib import Path
 from typing import Any
 
 from switchyard.cli._output import fail, print_json
 from switchyard.cluster.record import clear_record, read_record
+from switchyard.cluster.supervisor import look_up
 from switchyard.state import state_dir
 
 STOP_TIMEOUT_S = 90.0
@@ -50,7 +52,16 @@ def stop_platform(state: Path) -> int:
     if record.owns_cluster:
         pid = record.supervisor_pid
         assert pid is not None, "a platform that owns its cluster records its supervisor"
-        if _alive(pid):
+        supervisor = look_up(pid)
+        if supervisor.alive and supervisor.state_dir is not None and not supervisor.serves(state):
+            clear_record(state)  # a copied record: the platform it names is another state dir's
+            return fail(
+                f"the platform recorded in {state} is not running: its supervisor's PID {pid} is the supervisor "
+                f"of another platform (state dir {supervisor.state_dir}), so switchyard left it alone and cleared "
+                "this record",
+                1,
+            )
+        if supervisor.serves(state):
             os.kill(pid, signal.SIGTERM)  # the supervisor undeploys and shuts its Ray down
             deadline = time.monotonic() + STOP_TIMEOUT_S
             while _alive(pid) and time.monotonic() < deadline:
@@ -63,6 +74,12 @@ def stop_platform(state: Path) -> int:
                     f"Ray processes under {record.ray_temp_dir} may remain",
                     1,
                 )
+        else:  # it died without clearing its record (and the PID may be another process's now)
+            print(
+                f"switchyard: the supervisor recorded in {state} (PID {pid}) had already stopped; "
+                f"Ray processes under {record.ray_temp_dir} may remain",
+                file=sys.stderr,
+            )
         clear_record(state)
     else:
         from switchyard.cluster.head import PLATFORM_ENV

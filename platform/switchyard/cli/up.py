@@ -113,6 +113,7 @@ def _prepare_shared_state(state: Path) -> str | None:
 
 def _start_local(args: argparse.Namespace, state: Path, policies: Path) -> PlatformRecord | int:
     from switchyard.cluster.head import failure_path
+    from switchyard.cluster.supervisor import HEAD_MODULE
 
     logs = state / "logs"
     logs.mkdir(exist_ok=True)
@@ -123,7 +124,7 @@ def _start_local(args: argparse.Namespace, state: Path, policies: Path) -> Platf
     cmd = [
         sys.executable,
         "-m",
-        "switchyard.cluster.head",
+        HEAD_MODULE,
         "--state-dir",
         str(state),
         "--policies",

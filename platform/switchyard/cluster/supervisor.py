@@ -1,0 +1,72 @@
+"""Whether the process a platform record names is that platform's supervisor.
+
+A local platform's record (`up.json`) names its supervisor's PID, and `down` signals that PID.
+A record copied into another state dir, or one a crashed supervisor left behind whose PID was
+reused, names a process that is not this state dir's supervisor: signalling it would stop
+another platform, or some unrelated process. `down` asks this module first.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+HEAD_MODULE = "switchyard.cluster.head"  # `up` runs the supervisor as `python -m HEAD_MODULE`
+
+
+def supervised_state_dir(cmdline: Sequence[str], cwd: Path) -> Path | None:
+    """The state dir a process supervises, from its command line (relative paths are the
+    process's own, so they resolve against its working directory); None when the process is not
+    a switchyard head."""
+    args = _module_args(list(cmdline))
+    if args is None:
+        return None
+    for i, arg in enumerate(args):
+        if arg == "--state-dir" and i + 1 < len(args):
+            return (cwd / args[i + 1]).resolve()
+        if arg.startswith("--state-dir="):
+            return (cwd / arg.removeprefix("--state-dir=")).resolve()
+    return None
+
+
+def _module_args(cmdline: list[str]) -> list[str] | None:
+    """The arguments after `python [options] -m HEAD_MODULE`; None for any other command (a
+    script, `-c`, another module)."""
+    i = 1  # past the interpreter
+    while i < len(cmdline):
+        arg = cmdline[i]
+        if arg == "-m":
+            return cmdline[i + 2 :] if cmdline[i + 1 : i + 2] == [HEAD_MODULE] else None
+        if arg in ("-W", "-X"):  # the interpreter's options that take a value
+            i += 2
+        elif arg.startswith("-") and arg != "-c":
+            i += 1
+        else:
+            return None
+    return None
+
+
+@dataclass(frozen=True)
+class Supervisor:
+    """What runs under a recorded supervisor PID now."""
+
+    alive: bool
+    state_dir: Path | None  # the state dir it supervises; None: not a switchyard head (or unreadable)
+
+    def serves(self, state: Path) -> bool:
+        return self.alive and self.state_dir == state.resolve()
+
+
+def look_up(pid: int) -> Supervisor:
+    """The process under `pid`, as `down` must know it before signalling."""
+    import psutil  # reads a process's command line on every OS Ray runs on
+
+    try:
+        process = psutil.Process(pid)
+        cmdline, cwd = process.cmdline(), Path(process.cwd())
+    except psutil.NoSuchProcess:  # ZombieProcess too: exited, not yet reaped
+        return Supervisor(alive=False, state_dir=None)
+    except psutil.AccessDenied:  # another user's process: not a supervisor this user started
+        return Supervisor(alive=True, state_dir=None)
+    return Supervisor(alive=True, state_dir=supervised_state_dir(cmdline, cwd))
