@@ -14,6 +14,9 @@ from typing import Any
 
 import pytest
 
+from switchyard.cluster.record import write_record
+from tests.platform.test_stale_records import gone_pid, local_record
+
 pytestmark = pytest.mark.ray
 
 
@@ -83,7 +86,12 @@ def pid_alive(pid: int) -> bool:
 @pytest.mark.own_cluster
 def test_local_platform_up_status_down(tmp_path: Path) -> None:
     state = str(tmp_path / "state")
-    up = as_json(switchyard("up", "--demo", "--detach", "--gpus", "8", "--state-dir", state, "--json"))
+    # A platform that crashed (or whose machine restarted) left its record: `up` clears it and starts.
+    Path(state).mkdir()
+    write_record(Path(state), local_record(Path(state), gone_pid()))
+    started = switchyard("up", "--demo", "--detach", "--gpus", "8", "--state-dir", state, "--json")
+    assert "clearing the record of a platform that is not running: its supervisor (PID" in started.stderr
+    up = as_json(started)
     assert up["demo_api_key"].startswith("sy_") and up["gateway_url"].startswith("http://127.0.0.1:")
     record = json.loads((Path(state) / "up.json").read_text())
     supervisor = record["supervisor_pid"]
@@ -224,6 +232,19 @@ def assert_a_second_platform_leaves_the_first_alone(address: str, first: Path, s
     assert down.returncode == 1, f"{down.stdout}\n{down.stderr}"
     assert f"another platform's (state dir {first.resolve()}), so switchyard left them alone" in down.stderr
     assert not (second / "up.json").exists() and "Traceback" not in down.stderr, down.stderr
+    assert first_platform() == before
+    # A verbatim copy of the first's record (it names the first's state dir) in another state
+    # dir: `status` of the copy shows no platform rather than the first, and its `down` used to
+    # take the first's apps and scheduler off.
+    copy = second.parent / "copy"
+    copy.mkdir()
+    shutil.copy(first / "up.json", copy / "up.json")
+    shown = switchyard("status", "--state-dir", str(copy), check=False)
+    assert shown.returncode == 2 and shown.stdout == "", f"{shown.stdout}\n{shown.stderr}"
+    assert f"runs another platform now (state dir {first.resolve()};" in shown.stderr, shown.stderr
+    down = switchyard("down", "--state-dir", str(copy), check=False)
+    assert down.returncode == 1, f"{down.stdout}\n{down.stderr}"
+    assert f"another platform's (state dir {first.resolve()}), so switchyard left them alone" in down.stderr
     assert first_platform() == before
     assert incarnation == before[0]
 

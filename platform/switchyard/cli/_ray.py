@@ -12,6 +12,18 @@ import contextlib
 import os
 import sys
 from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from switchyard.cluster.record import PlatformRecord
+
+OCCUPANT_TIMEOUT_S = 30.0  # for the cluster's scheduler to say whose it is
+
+
+class NotRunning(LookupError):
+    """The state dir's record describes no running platform; the message says why, and what
+    clears the record."""
 
 
 @contextlib.contextmanager
@@ -37,3 +49,31 @@ def attached(address: str) -> Iterator[None]:
             yield
         finally:
             ray.shutdown()
+
+
+@contextlib.contextmanager
+def attached_platform(state: Path, record: PlatformRecord) -> Iterator[None]:
+    """Attached to the cluster of the platform recorded in `state`, once it is known to run
+    there. Raises NotRunning, before waiting on Ray, when its supervisor is gone or its cluster
+    does not answer, and, once attached, when the cluster runs another platform (a stale or
+    copied record of an attached platform), whose scheduler would take this command's work."""
+    from switchyard.cluster.record_liveness import not_running, stale_record_message
+
+    why = not_running(state, record)
+    if why is not None:
+        raise NotRunning(stale_record_message(state, why))
+    with attached(record.ray_address):
+        if not record.owns_cluster:
+            from switchyard.cluster.deploy import cluster_occupant
+            from switchyard.cluster.occupant import another_platform
+
+            other = another_platform(state, cluster_occupant(OCCUPANT_TIMEOUT_S))
+            if other is not None:
+                raise NotRunning(
+                    stale_record_message(
+                        state,
+                        f"its cluster {record.ray_address} runs another platform now (state dir {other}; "
+                        f"`switchyard status --state-dir {other}` shows it)",
+                    )
+                )
+        yield

@@ -42,13 +42,14 @@ def add_commands(commands: Any) -> None:
 
 @contextmanager
 def _scheduler(args: argparse.Namespace) -> Iterator[SchedulerClient]:
-    from switchyard.cli._ray import attached
+    from switchyard.cli._ray import attached_platform
     from switchyard.cluster.record import read_record
 
-    record = read_record(state_dir(args.state_dir))
+    state = state_dir(args.state_dir)
+    record = read_record(state)
     if record is None:
         raise LookupError("no platform is up (start one with `switchyard up`)")
-    with attached(record.ray_address):
+    with attached_platform(state, record):  # NotRunning is a LookupError: the command fails naming why
         from switchyard.cluster.scheduler_client import platform_scheduler  # imports ray
 
         yield platform_scheduler()

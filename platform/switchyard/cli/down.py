@@ -11,12 +11,13 @@ from pathlib import Path
 from typing import Any
 
 from switchyard.cli._output import fail, print_json
+from switchyard.cli._ray import OCCUPANT_TIMEOUT_S
 from switchyard.cluster.record import clear_record, read_record
+from switchyard.cluster.record_liveness import cluster_silent
 from switchyard.cluster.supervisor import look_up
 from switchyard.state import state_dir
 
 STOP_TIMEOUT_S = 90.0
-OCCUPANT_TIMEOUT_S = 30.0  # for the cluster's scheduler to say whose it is
 
 
 def register(subparsers: Any) -> None:
@@ -91,7 +92,17 @@ def stop_platform(state: Path) -> int:
         from switchyard.cluster.occupant import another_platform
         from switchyard.cluster.record import NAMESPACE
 
-        policies, platform_state = Path(record.policies_dir), Path(record.state_dir)
+        silent = cluster_silent(record)
+        if silent is not None:  # ray.init would retry a cluster that is gone for minutes
+            clear_record(state)
+            return fail(
+                f"nothing was stopped: {silent}. switchyard cleared the record in {state}; if the cluster comes "
+                f"back with this platform on it, `switchyard up --address {record.ray_address} --state-dir {state}` "
+                "attaches to it again and `switchyard down` then stops it",
+                1,
+            )
+        # This state dir's platform: a record copied from another state dir names that one's.
+        policies, platform_state = Path(record.policies_dir), state
         # The cluster's workers' logs (another platform's, a team's) are not this command's output.
         ray.init(address=record.ray_address, namespace=NAMESPACE, log_to_driver=False)
         other = another_platform(platform_state, cluster_occupant(OCCUPANT_TIMEOUT_S))

@@ -16,6 +16,7 @@ from typing import Any
 from switchyard.cli._output import fail, print_json
 from switchyard.cluster.head import PLATFORM_ENV
 from switchyard.cluster.record import read_record
+from switchyard.cluster.record_liveness import not_running, stale_record_message
 from switchyard.state import STATE_DIR_ENV, state_dir
 
 
@@ -31,6 +32,9 @@ def run(args: argparse.Namespace) -> int:
     record = read_record(state)
     if record is None:
         return fail(f"no platform is up for state dir {state} (start one with `switchyard up`)")
+    why = not_running(state, record)
+    if why is not None:  # its dashboard address would send `ray job submit` to a cluster that is gone
+        return fail(stale_record_message(state, why))
     if record.dashboard_url is None:
         return fail("the platform runs without a dashboard, so Ray's job CLI cannot reach it")
     exports = {

@@ -4,6 +4,7 @@ for a weekly review (every team's traffic and spend, and the GPU split while a p
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -41,20 +42,24 @@ def run(args: argparse.Namespace) -> int:
     state = state_dir(args.state_dir)
     record = read_record(state)
     policies = Path(args.policies) if args.policies else Path(record.policies_dir) if record else policies_dir()
-    if record is None:
+    if record is None:  # the databases alone: no live scheduler figures
         return _write(args, state, policies, None, since, now)
-    from switchyard.cli._ray import attached
+    from switchyard.cli._ray import NotRunning, attached_platform
 
-    with attached(record.ray_address):
-        from switchyard.cluster.scheduler_client import RetryPolicy, platform_scheduler
+    try:
+        with attached_platform(state, record):
+            from switchyard.cluster.scheduler_client import RetryPolicy, platform_scheduler
 
-        def scheduler() -> Any:
-            try:
-                return platform_scheduler(RetryPolicy(call_timeout_s=30, deadline_s=30))
-            except ValueError:
-                return None
+            def scheduler() -> Any:
+                try:
+                    return platform_scheduler(RetryPolicy(call_timeout_s=30, deadline_s=30))
+                except ValueError:
+                    return None
 
-        return _write(args, state, policies, scheduler, since, now)
+            return _write(args, state, policies, scheduler, since, now)
+    except NotRunning as exc:
+        print(f"switchyard: reporting from the databases alone: {exc}", file=sys.stderr)
+        return _write(args, state, policies, None, since, now)
 
 
 def _write(args: argparse.Namespace, state: Path, policies: Path, scheduler: Any, since: float, now: float) -> int:

@@ -25,12 +25,15 @@ def run(args: argparse.Namespace) -> int:
     record = read_record(state)
     if record is None:
         return fail(f"no platform is up for state dir {state} (start one with `switchyard up`)")
-    from switchyard.cli._ray import attached
+    from switchyard.cli._ray import NotRunning, attached_platform
 
-    with attached(record.ray_address):
-        from switchyard.cluster.status import collect  # imports ray
+    try:
+        with attached_platform(state, record):
+            from switchyard.cluster.status import collect  # imports ray
 
-        info = collect(record, operator_key(state, args.api_key))
+            info = collect(record, operator_key(state, args.api_key))
+    except NotRunning as exc:
+        return fail(str(exc))
     if args.json:
         print_json(info)
     else:

@@ -14,7 +14,8 @@ from typing import Any
 from switchyard.cli._auth import ensure_admin_key
 from switchyard.cli._output import fail, print_json
 from switchyard.cluster.app_readiness import APPS_READY_WITHIN_S, PlatformNotRunning, without_frames
-from switchyard.cluster.record import PlatformRecord, read_record
+from switchyard.cluster.record import PlatformRecord, clear_record, read_record
+from switchyard.cluster.record_liveness import supervisor_gone
 from switchyard.db.location import UnsafeLayout
 from switchyard.paths import policies_dir
 from switchyard.policy.errors import PolicyError
@@ -68,10 +69,17 @@ def run(args: argparse.Namespace) -> int:
         policy_set = load_policy_set(policies)
     except PolicyError as exc:
         return fail(f"refusing to start with invalid policies:\n{exc}", 1)
-    if read_record(state) is not None:
-        return fail(
-            f"a platform is already up for state dir {state} (see `switchyard status`; stop it with `switchyard down`)"
-        )
+    recorded = read_record(state)
+    if recorded is not None:
+        gone = supervisor_gone(state, recorded)
+        if gone is None:
+            return fail(
+                f"a platform is already up for state dir {state} "
+                "(see `switchyard status`; stop it with `switchyard down`)"
+            )
+        # A local platform whose supervisor is gone (a reboot, a kill) left its record behind.
+        print(f"switchyard: clearing the record of a platform that is not running: {gone}", file=sys.stderr)
+        clear_record(state)
     if args.demo and DEMO_TEAM not in policy_set.teams:
         return fail(f"--demo needs the team {DEMO_TEAM!r} in {policies}/teams/")
     problem = _prepare_shared_state(state)

@@ -1,0 +1,171 @@
+"""A platform record (`up.json`) that no longer describes a running platform: a crashed or
+rebooted platform's, whose PID may now be another process's, a copy of another state dir's, or an
+attached platform's whose cluster is gone. Each command says so at once and stops nothing else:
+`down` used to SIGTERM whatever ran under the recorded PID, and `status`, `train`, `nodes`, `env`
+and `report` waited minutes on Ray's driver retrying a cluster that was gone (the real-platform
+cases, a copied record and `up` over a crashed platform's record, are in test_platform_up_down.py).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from switchyard.cli._auth import ensure_admin_key
+from switchyard.cluster.record import PlatformRecord, read_record, write_record
+from switchyard.cluster.supervisor import HEAD_MODULE, Supervisor, look_up, supervised_state_dir
+from switchyard.db.schemas import migrate_stores
+
+PY = "/usr/bin/python3"
+
+
+def test_only_a_switchyard_head_supervises_a_state_dir() -> None:
+    cwd = Path("/home/op")
+    head = [PY, "-m", HEAD_MODULE, "--state-dir", "/srv/a", "--policies", "/p", "--gpus", "8"]
+    assert supervised_state_dir(head, cwd) == Path("/srv/a")
+    assert supervised_state_dir([PY, "-u", "-X", "dev", "-m", HEAD_MODULE, "--state-dir=/srv/b"], cwd) == Path("/srv/b")
+    assert supervised_state_dir([PY, "-m", HEAD_MODULE, "--state-dir", "rel"], cwd) == Path("/home/op/rel")
+    # Not a head: another module, a script, `-c` naming the module later, no state dir at all.
+    assert supervised_state_dir([PY, "-m", "switchyard.cli", "down", "--state-dir", "/srv/a"], cwd) is None
+    assert supervised_state_dir([PY, "head.py", "-m", HEAD_MODULE, "--state-dir", "/srv/a"], cwd) is None
+    assert supervised_state_dir([PY, "-c", "pass", "-m", HEAD_MODULE, "--state-dir", "/srv/a"], cwd) is None
+    assert supervised_state_dir(["sleep", "60"], cwd) is None
+    assert supervised_state_dir([PY, "-m", HEAD_MODULE], cwd) is None
+    assert supervised_state_dir([], cwd) is None
+
+
+def test_a_supervisor_serves_only_its_own_state_dir(tmp_path: Path) -> None:
+    assert Supervisor(alive=True, state_dir=tmp_path.resolve()).serves(tmp_path)
+    assert not Supervisor(alive=True, state_dir=tmp_path.resolve()).serves(tmp_path / "other")
+    assert not Supervisor(alive=False, state_dir=tmp_path.resolve()).serves(tmp_path)
+    assert not Supervisor(alive=True, state_dir=None).serves(tmp_path)
+
+
+def test_look_up_reads_a_live_process_and_a_gone_one() -> None:
+    sleeper = subprocess.Popen(["sleep", "60"])
+    try:
+        assert look_up(sleeper.pid) == Supervisor(alive=True, state_dir=None)
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    assert look_up(sleeper.pid).alive is False
+
+
+def closed_port() -> int:
+    """A loopback port nothing listens on (bound, then released)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def gone_pid() -> int:
+    """The PID of a process that has exited and been reaped."""
+    done = subprocess.Popen(["true"])
+    done.wait()
+    return done.pid
+
+
+def local_record(state: Path, pid: int, owns_cluster: bool = True) -> PlatformRecord:
+    port = closed_port()
+    return PlatformRecord(
+        ray_address=f"127.0.0.1:{port}",
+        dashboard_url=f"http://127.0.0.1:{port}",
+        gateway_url=f"http://127.0.0.1:{port}",
+        owns_cluster=owns_cluster,
+        supervisor_pid=pid if owns_cluster else None,
+        ray_temp_dir=str(state / "ray"),
+        policies_dir=str(state / "policies"),
+        state_dir=str(state),
+        gpus=8,
+        started_at=time.time(),
+    )
+
+
+# Each command answers a stale record in seconds; before, Ray's driver retried for minutes.
+ANSWER_WITHIN_S = 60
+
+
+def switchyard(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "switchyard.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=ANSWER_WITHIN_S,
+        env={**os.environ, "RAY_ADDRESS": ""},
+    )
+
+
+def switchyard_down(state: Path) -> subprocess.CompletedProcess[str]:
+    return switchyard("down", "--state-dir", str(state))
+
+
+def test_down_of_a_record_whose_supervisor_pid_is_another_process_leaves_that_process_alone(tmp_path: Path) -> None:
+    """A crashed platform's record outlives it and its PID is reused: `down` clears the record,
+    says the supervisor had already stopped, and signals nothing."""
+    state = tmp_path / "state"
+    state.mkdir()
+    reused = subprocess.Popen(["sleep", "60"])  # what now runs under the recorded PID
+    try:
+        write_record(state, local_record(state, reused.pid))
+        down = switchyard_down(state)
+        assert down.returncode == 0, down.stderr
+        assert f"(PID {reused.pid}) had already stopped" in down.stderr
+        assert "Traceback" not in down.stderr
+        assert read_record(state) is None
+        time.sleep(0.5)  # a SIGTERM, had one been sent, has landed by now
+        assert reused.poll() is None, f"down signalled PID {reused.pid}, which was not its supervisor"
+    finally:
+        reused.kill()
+        reused.wait()
+
+
+def stale_state(tmp_path: Path, owns_cluster: bool) -> Path:
+    state = tmp_path / "state"
+    state.mkdir()
+    migrate_stores(state)
+    write_record(state, local_record(state, gone_pid(), owns_cluster=owns_cluster))
+    return state
+
+
+@pytest.mark.parametrize(
+    ("owns_cluster", "why"),
+    [(True, "is no longer running: the machine restarted"), (False, "does not answer")],
+    ids=["crashed-local-platform", "attached-cluster-gone"],
+)
+def test_commands_on_a_stale_record_say_the_platform_is_not_running(
+    tmp_path: Path, owns_cluster: bool, why: str
+) -> None:
+    state = stale_state(tmp_path, owns_cluster)
+    admin = ensure_admin_key(state)
+    assert admin is not None
+    key = ["--api-key", admin]
+    for command in (["status", *key], ["train", "list", *key], ["nodes", "list", *key], ["env"]):
+        answer = switchyard(*command, "--state-dir", str(state))
+        said = answer.stderr
+        assert answer.returncode == 2, f"{command}: {answer.returncode}\n{answer.stdout}\n{said}"
+        assert f"no platform is running for state dir {state}" in said and why in said, f"{command}: {said}"
+        assert f"`switchyard down --state-dir {state}` clears the record" in said and "Traceback" not in said
+        assert answer.stdout == "", f"{command} printed exports or figures of a platform that is not running"
+    # The report is made from the databases alone, and says why.
+    out = tmp_path / "report.html"
+    made = switchyard("report", "--state-dir", str(state), "--api-key", admin, "--out", str(out), "--json")
+    assert made.returncode == 0 and why in made.stderr, made.stderr
+    assert json.loads(made.stdout)["gpus"] == {"scheduler": False} and out.exists()
+    assert read_record(state) is not None  # only `down` clears a record
+
+
+def test_down_of_an_attached_platform_whose_cluster_is_gone_clears_its_record(tmp_path: Path) -> None:
+    state = stale_state(tmp_path, owns_cluster=False)
+    record = read_record(state)
+    assert record is not None
+    down = switchyard_down(state)
+    assert down.returncode == 1 and "nothing was stopped: its Ray cluster at" in down.stderr, down.stderr
+    assert f"switchyard up --address {record.ray_address} --state-dir {state}" in down.stderr
+    assert read_record(state) is None and "Traceback" not in down.stderr
