@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from subprocess import PIPE
 from typing import Any
 
 import pytest
@@ -75,6 +76,10 @@ def undeploy_attached(state: Path) -> None:
     undeploy(shutdown_serve=False, policies_dir=policies_dir(None), state_dir=state)
 
 
+def started_pid(state: str) -> int:
+    return int(json.loads((Path(state) / "up.json").read_text())["supervisor_pid"])
+
+
 def pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -86,12 +91,23 @@ def pid_alive(pid: int) -> bool:
 @pytest.mark.own_cluster
 def test_local_platform_up_status_down(tmp_path: Path) -> None:
     state = str(tmp_path / "state")
-    # A platform that crashed (or whose machine restarted) left its record: `up` clears it and starts.
+    # A platform that crashed (or whose machine restarted) left its record: `up` clears it and
+    # starts. Two `up`s at once (two terminals, a retrying script) used to run two clusters on
+    # one state dir, the record naming one: exactly one starts, the other names it.
     Path(state).mkdir()
     write_record(Path(state), local_record(Path(state), gone_pid()))
-    started = switchyard("up", "--demo", "--detach", "--gpus", "8", "--state-dir", state, "--json")
-    assert "clearing the record of a platform that is not running: its supervisor (PID" in started.stderr
-    up = as_json(started)
+    command = [sys.executable, "-m", "switchyard.cli", "up", "--demo", "--detach", "--gpus", "8", "--state-dir", state]
+    env = {**platform_env(), "RAY_ADDRESS": ""}
+    both = [subprocess.Popen([*command, "--json"], stdout=PIPE, stderr=PIPE, text=True, env=env) for _ in range(2)]
+    said = [p.communicate(timeout=400) for p in both]
+    codes = [p.returncode for p in both]
+    assert sorted(codes) in ([0, 1], [0, 2]), f"{codes}: {said}"
+    started, refused = said[codes.index(0)], said[1 - codes.index(0)]
+    assert any("clearing the record of a platform that is not running: its supervisor (PID" in e for _, e in said)
+    taken = f"another switchyard supervisor (PID {started_pid(state)}) already serves state dir {Path(state).resolve()}"
+    assert taken in refused[1] or "a platform is already up" in refused[1], refused
+    assert "Traceback" not in refused[1]
+    up = json.loads(started[0])
     assert up["demo_api_key"].startswith("sy_") and up["gateway_url"].startswith("http://127.0.0.1:")
     record = json.loads((Path(state) / "up.json").read_text())
     supervisor = record["supervisor_pid"]

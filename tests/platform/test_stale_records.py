@@ -20,7 +20,14 @@ import pytest
 
 from switchyard.cli._auth import ensure_admin_key
 from switchyard.cluster.record import PlatformRecord, read_record, write_record
-from switchyard.cluster.supervisor import HEAD_MODULE, Supervisor, look_up, supervised_state_dir
+from switchyard.cluster.supervisor import (
+    HEAD_MODULE,
+    StateDirTaken,
+    Supervisor,
+    claim_state_dir,
+    look_up,
+    supervised_state_dir,
+)
 from switchyard.db.schemas import migrate_stores
 
 PY = "/usr/bin/python3"
@@ -169,3 +176,34 @@ def test_down_of_an_attached_platform_whose_cluster_is_gone_clears_its_record(tm
     assert down.returncode == 1 and "nothing was stopped: its Ray cluster at" in down.stderr, down.stderr
     assert f"switchyard up --address {record.ray_address} --state-dir {state}" in down.stderr
     assert read_record(state) is None and "Traceback" not in down.stderr
+
+
+# Claims the state dir as a supervisor does, starts a child the way a careless spawner would
+# (passing on what it may), prints both PIDs and waits.
+HOLDER = """
+import subprocess, sys, time
+from pathlib import Path
+from switchyard.cluster.supervisor import claim_state_dir
+claim_state_dir(Path(sys.argv[1]))
+child = subprocess.Popen(["sleep", "60"], close_fds=False)
+print(child.pid, flush=True)
+time.sleep(60)
+"""
+
+
+def test_a_state_dir_has_one_supervisor_for_as_long_as_it_lives(tmp_path: Path) -> None:
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(tmp_path)], stdout=subprocess.PIPE, text=True)
+    assert holder.stdout is not None
+    child = int(holder.stdout.readline())
+    try:
+        with pytest.raises(StateDirTaken, match=f"another switchyard supervisor \\(PID {holder.pid}\\) already serves"):
+            claim_state_dir(tmp_path)
+        holder.kill()  # however it ends (SIGKILL here), its lock goes with it, even though its child lives on
+        holder.wait()
+        assert look_up(child).alive
+        fd = claim_state_dir(tmp_path)
+        os.close(fd)
+    finally:
+        holder.kill()
+        holder.wait()
+        os.kill(child, 9)

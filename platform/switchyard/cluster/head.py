@@ -21,6 +21,7 @@ from pathlib import Path
 
 from switchyard.cluster.app_readiness import APPS_READY_WITHIN_S, PlatformNotRunning
 from switchyard.cluster.record import NAMESPACE, PlatformRecord, clear_record, write_record
+from switchyard.cluster.supervisor import StateDirTaken, claim_state_dir
 from switchyard.ports import listener_port
 
 log = logging.getLogger("switchyard.head")
@@ -53,6 +54,7 @@ def run_head(
     local_model_gpus: int = 0,
     apps_ready_within_s: float = APPS_READY_WITHIN_S,
 ) -> None:
+    claim_state_dir(state_dir)  # held until this process exits: one supervisor, one cluster, per state dir
     temp_dir = short_temp_dir(state_dir)
     temp_dir.mkdir(exist_ok=True)
     os.environ.update(PLATFORM_ENV)
@@ -159,7 +161,7 @@ def main() -> None:
             args.local_model_gpus,
             args.apps_ready_within,
         )
-    except PlatformNotRunning as exc:  # the head has shut down; `up` shows this, not the log's last lines
+    except (PlatformNotRunning, StateDirTaken) as exc:  # it stopped (or never started): `up` shows why
         log.error("%s", exc)
         failure_path(Path(args.state_dir)).write_text(f"{exc}\n")
         sys.exit(1)

@@ -4,10 +4,17 @@ A local platform's record (`up.json`) names its supervisor's PID, and `down` sig
 A record copied into another state dir, or one a crashed supervisor left behind whose PID was
 reused, names a process that is not this state dir's supervisor: signalling it would stop
 another platform, or some unrelated process. `down` asks this module first.
+
+A state dir has at most one supervisor: it holds an exclusive lock on `<state>/supervisor.lock`
+for its whole life. Two `up`s started together both passed the record check (the record is
+written only once the platform is up) and ran two clusters on one state dir and one Ray temp
+dir, the record naming one of them, so `down` left the other running for good.
 """
 
 from __future__ import annotations
 
+import fcntl
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -70,3 +77,32 @@ def look_up(pid: int) -> Supervisor:
     except psutil.AccessDenied:  # another user's process: not a supervisor this user started
         return Supervisor(alive=True, state_dir=None)
     return Supervisor(alive=True, state_dir=supervised_state_dir(cmdline, cwd))
+
+
+LOCK_FILE = "supervisor.lock"
+
+
+class StateDirTaken(Exception):
+    """Another supervisor holds the state dir's lock."""
+
+    def __init__(self, state: Path, holder: str) -> None:
+        super().__init__(
+            f"another switchyard supervisor (PID {holder or '?'}) already serves state dir {state}: the platform "
+            f"is up or starting (`switchyard status --state-dir {state}`)"
+        )
+
+
+def claim_state_dir(state: Path) -> int:
+    """Take the state dir's supervisor lock for the life of this process (the kernel releases it
+    when the process exits, however it exits) and write this PID into it; returns the lock's
+    file descriptor, which the caller keeps open. Raises StateDirTaken when another holds it."""
+    fd = os.open(state / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o600)  # not inherited by Ray's processes
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.pread(fd, 32, 0).decode(errors="replace").strip()
+        os.close(fd)
+        raise StateDirTaken(state, holder) from None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, str(os.getpid()).encode(), 0)
+    return fd
