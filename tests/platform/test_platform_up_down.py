@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from switchyard.cluster.record import write_record
-from tests.platform.test_stale_records import gone_pid, local_record
+from tests.platform.test_stale_records import gone_pid, platform_record
 
 pytestmark = pytest.mark.ray
 
@@ -95,7 +95,7 @@ def test_local_platform_up_status_down(tmp_path: Path) -> None:
     # starts. Two `up`s at once (two terminals, a retrying script) used to run two clusters on
     # one state dir, the record naming one: exactly one starts, the other names it.
     Path(state).mkdir()
-    write_record(Path(state), local_record(Path(state), gone_pid()))
+    write_record(Path(state), platform_record(Path(state), gone_pid()))
     command = [sys.executable, "-m", "switchyard.cli", "up", "--demo", "--detach", "--gpus", "8", "--state-dir", state]
     env = {**platform_env(), "RAY_ADDRESS": ""}
     both = [subprocess.Popen([*command, "--json"], stdout=PIPE, stderr=PIPE, text=True, env=env) for _ in range(2)]

@@ -50,6 +50,9 @@ def test_only_a_switchyard_head_supervises_a_state_dir() -> None:
 
 def test_a_supervisor_serves_only_its_own_state_dir(tmp_path: Path) -> None:
     assert Supervisor(alive=True, state_dir=tmp_path.resolve()).serves(tmp_path)
+    assert Supervisor(alive=True, state_dir=tmp_path.resolve()).serves_another(tmp_path) is None
+    assert Supervisor(alive=True, state_dir=tmp_path.resolve()).serves_another(tmp_path / "b") == tmp_path.resolve()
+    assert Supervisor(alive=False, state_dir=tmp_path.resolve()).serves_another(tmp_path / "b") is None
     assert not Supervisor(alive=True, state_dir=tmp_path.resolve()).serves(tmp_path / "other")
     assert not Supervisor(alive=False, state_dir=tmp_path.resolve()).serves(tmp_path)
     assert not Supervisor(alive=True, state_dir=None).serves(tmp_path)
@@ -79,7 +82,7 @@ def gone_pid() -> int:
     return done.pid
 
 
-def local_record(state: Path, pid: int, owns_cluster: bool = True) -> PlatformRecord:
+def platform_record(state: Path, pid: int, owns_cluster: bool = True) -> PlatformRecord:
     port = closed_port()
     return PlatformRecord(
         ray_address=f"127.0.0.1:{port}",
@@ -120,7 +123,7 @@ def test_down_of_a_record_whose_supervisor_pid_is_another_process_leaves_that_pr
     state.mkdir()
     reused = subprocess.Popen(["sleep", "60"])  # what now runs under the recorded PID
     try:
-        write_record(state, local_record(state, reused.pid))
+        write_record(state, platform_record(state, reused.pid))
         down = switchyard_down(state)
         assert down.returncode == 0, down.stderr
         assert f"(PID {reused.pid}) had already stopped" in down.stderr
@@ -137,7 +140,7 @@ def stale_state(tmp_path: Path, owns_cluster: bool) -> Path:
     state = tmp_path / "state"
     state.mkdir()
     migrate_stores(state)
-    write_record(state, local_record(state, gone_pid(), owns_cluster=owns_cluster))
+    write_record(state, platform_record(state, gone_pid(), owns_cluster=owns_cluster))
     return state
 
 

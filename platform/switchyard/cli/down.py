@@ -54,12 +54,11 @@ def stop_platform(state: Path) -> int:
         pid = record.supervisor_pid
         assert pid is not None, "a platform that owns its cluster records its supervisor"
         supervisor = look_up(pid)
-        if supervisor.alive and supervisor.state_dir is not None and not supervisor.serves(state):
+        if (elsewhere := supervisor.serves_another(state)) is not None:
             clear_record(state)  # a copied record: the platform it names is another state dir's
             return fail(
                 f"the platform recorded in {state} is not running: its supervisor's PID {pid} is the supervisor "
-                f"of another platform (state dir {supervisor.state_dir}), so switchyard left it alone and cleared "
-                "this record",
+                f"of another platform (state dir {elsewhere}), so switchyard left it alone and cleared this record",
                 1,
             )
         if supervisor.serves(state):

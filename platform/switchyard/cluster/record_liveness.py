@@ -26,14 +26,14 @@ def supervisor_gone(state: Path, record: PlatformRecord) -> str | None:
     pid = record.supervisor_pid
     assert pid is not None, "a platform that owns its cluster records its supervisor"
     supervisor = look_up(pid)
-    if not supervisor.alive or supervisor.state_dir is None:
-        return (
-            f"its supervisor (PID {pid}) is no longer running: the machine restarted, or it was stopped "
-            "without `switchyard down`"
-        )
-    if not supervisor.serves(state):
-        return f"the record is a copy: PID {pid} supervises another platform (state dir {supervisor.state_dir})"
-    return None
+    if supervisor.serves(state):
+        return None
+    if (other := supervisor.serves_another(state)) is not None:
+        return f"the record is a copy: PID {pid} supervises another platform (state dir {other})"
+    return (
+        f"its supervisor (PID {pid}) is no longer running: the machine restarted, or it was stopped "
+        "without `switchyard down`"
+    )
 
 
 def cluster_silent(record: PlatformRecord, timeout_s: float = GCS_ANSWER_TIMEOUT_S) -> str | None:

@@ -64,6 +64,10 @@ class Supervisor:
     def serves(self, state: Path) -> bool:
         return self.alive and self.state_dir == state.resolve()
 
+    def serves_another(self, state: Path) -> Path | None:
+        """The state dir it supervises when that is not `state` (the record naming it is a copy)."""
+        return self.state_dir if self.alive and self.state_dir is not None and not self.serves(state) else None
+
 
 def look_up(pid: int) -> Supervisor:
     """The process under `pid`, as `down` must know it before signalling."""
