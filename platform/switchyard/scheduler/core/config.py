@@ -46,6 +46,7 @@ class KnobsSpec(_Strict):
     enforce_quota: bool = True
     backfill: bool = True
     max_reservations: int = Field(1, ge=0)
+    reservation_move_gpus: int | None = Field(4, ge=1)  # a reservation moves to gather this many more
     preemption_grace_s: float = Field(120.0, ge=0)
     usage_half_life_s: float = Field(6 * 3600.0, gt=0)
     max_preemption_attempts: int = Field(8, ge=0)

@@ -423,6 +423,10 @@ class Scheduler:
         if kind is not None:
             self._drop_reservation(workload)  # a blocked head that starves moves to its own slot
             self._reserve(request, kind, open_types[0][0])
+        else:
+            have = self._holds.kind_of(workload)
+            if have is HoldKind.BLOCKED_HEAD or have is HoldKind.STARVING:
+                self._move_reservation(request, have, open_types[0][0])
         if not self._knobs.backfill:
             return "halt"
         if self._pool.free_gpus == 0 and (state.budget[0] <= 0 or self._knobs.preemption is PreemptionMode.NONE):
@@ -476,6 +480,21 @@ class Scheduler:
             return None
         if self._typed:  # inline: this runs for every request a decision considers
             held = self._pool.held_for_type(gpu_type, held)
+        if waived:
+            # Another gang's reservation is passed only where nothing else fits: a higher
+            # priority may go first, but not undo the GPUs a reserved gang has gathered.
+            own = self._holds.amounts().get(request.workload_id, {})
+            if own != waived:
+                placement = self._pool.find(
+                    request.bundles,
+                    request.strategy,
+                    same_node_group=request.same_node_group,
+                    node_group=request.node_group,
+                    held=held,
+                    bonus=own,
+                )
+                if placement is not None:
+                    return placement
         return self._pool.find(
             request.bundles,
             request.strategy,
@@ -490,13 +509,36 @@ class Scheduler:
         return self._pool.held_for_type(gpu_type, held) if self._typed else held
 
     def _reserve(self, request: GangRequest, kind: HoldKind, gpu_type: str = "") -> None:
-        # GPUs nothing will free early count as held: immune settled leases, and non-preemptible
-        # ones (inference replicas may run for weeks: a gang reserved beside them waited).
-        held = dict(self._victims.settled.pinned(self._typed_held(self._holds.per_node, gpu_type)))
-        for node, gpus in self._unpreemptible.items():
-            held[node] = held.get(node, 0) + gpus
+        held = self._held_for_reservation(self._holds.per_node, gpu_type)
         amounts = reservation_amounts(self._pool, request, held, gpu_type if self._typed else None)
         if amounts is not None:
+            self._holds.add(request, self._value(request), amounts, kind)
+
+    def _held_for_reservation(self, held_by_holds: dict[str, int], gpu_type: str) -> dict[str, int]:
+        # GPUs nothing will free early count as held: immune settled leases, and non-preemptible
+        # ones (inference replicas may run for weeks: a gang reserved beside them waited).
+        held = dict(self._victims.settled.pinned(self._typed_held(held_by_holds, gpu_type)))
+        for node, gpus in self._unpreemptible.items():
+            held[node] = held.get(node, 0) + gpus
+        return held
+
+    def _move_reservation(self, request: GangRequest, kind: HoldKind, gpu_type: str) -> None:
+        """Move a blocked gang's reservation to the nodes closest to fitting it once they would
+        hold `reservation_move_gpus` more free GPUs than its own nodes: those may run jobs for
+        days. Only a gain that large moves it, so it never swaps back and forth."""
+        margin = self._knobs.reservation_move_gpus
+        if margin is None:
+            return
+        own = self._holds.amounts()[request.workload_id]
+        held = self._held_for_reservation(self._holds.held_without(own), gpu_type)
+        amounts = reservation_amounts(self._pool, request, held, gpu_type if self._typed else None)
+        if amounts is None or amounts == own:
+            return
+
+        def gathered(hold: dict[str, int]) -> int:
+            return sum(min(max(self._pool.free(n) - held.get(n, 0), 0), g) for n, g in hold.items())
+
+        if gathered(amounts) >= gathered(own) + margin:
             self._holds.add(request, self._value(request), amounts, kind)
 
     def _drop_reservation(self, workload_id: str) -> None:
