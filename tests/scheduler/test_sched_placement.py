@@ -67,3 +67,12 @@ def test_node_inventory_validation() -> None:
         pool.add(nodes(1)[0])
     assert pool.remove("n0").name == "n0"
     assert pool.total_gpus == 0
+
+
+def test_top_free_lists_the_roomiest_nodes_first() -> None:
+    pool = NodePool(nodes(4))
+    for name, used in (("n0", 8), ("n1", 3), ("n2", 6)):
+        pool.allocate(name, used)
+    assert pool.top_free(3) == [8, 5, 2]  # n3, n1, n2
+    assert pool.top_free(9) == [8, 5, 2, 0]  # fewer nodes than asked: every node
+    assert pool.top_free(0) == []

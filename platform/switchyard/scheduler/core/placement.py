@@ -158,6 +158,16 @@ class NodePool:
     def max_free(self) -> int:
         return max((c for c, names in self._buckets.items() if names), default=0)
 
+    def top_free(self, count: int) -> list[int]:
+        """The free GPUs of the `count` nodes with most free, most first (fewer if fewer nodes)."""
+        out: list[int] = []
+        for free in sorted(self._buckets, reverse=True):
+            for _ in self._buckets[free]:
+                if len(out) == count:
+                    return out
+                out.append(free)
+        return out
+
     def most_available(self, held: Mapping[str, int]) -> int:
         """The most GPUs free on one node once `held` GPUs are set aside (0 if none)."""
         best = 0

@@ -24,6 +24,7 @@ from switchyard.scheduler.core.model import (
     LeaseState,
     Node,
     PendingWorkload,
+    PlacementStrategy,
     StopOrder,
     WorkloadClass,
     lease_name,
@@ -484,7 +485,8 @@ class Scheduler:
             # Another gang's reservation is passed only where nothing else fits: a higher
             # priority may go first, but not undo the GPUs a reserved gang has gathered.
             own = self._holds.amounts().get(request.workload_id, {})
-            if own != waived:
+            # (Skipped when the free GPUs nothing else holds are too few: a full cluster.)
+            if own != waived and self._holds.open_gpus() + sum(own.values()) >= request.gpus:
                 placement = self._pool.find(
                     request.bundles,
                     request.strategy,
@@ -525,20 +527,32 @@ class Scheduler:
     def _move_reservation(self, request: GangRequest, kind: HoldKind, gpu_type: str) -> None:
         """Move a blocked gang's reservation to the nodes closest to fitting it once they would
         hold `reservation_move_gpus` more free GPUs than its own nodes: those may run jobs for
-        days. Only a gain that large moves it, so it never swaps back and forth."""
+        days. Each move gains at least that many, so small changes in free GPUs do not move it
+        back and forth."""
         margin = self._knobs.reservation_move_gpus
         if margin is None:
             return
         own = self._holds.amounts()[request.workload_id]
+        pool = self._pool
+        has = 0  # what its own nodes have gathered: free GPUs nothing else holds or pins there
+        for node, gpus in own.items():
+            if self._typed and pool.node(node).gpu_type != gpu_type:
+                continue  # held on a type it no longer takes first: nothing gathered for it
+            others = self._holds.per_node.get(node, 0) - gpus
+            pinned = self._victims.settled.immune_on(node) + self._unpreemptible.get(node, 0)
+            has += min(max(pool.free(node) - others - pinned, 0), gpus)
+        # The most any nodes could gather, from the free counts alone: most decisions stop here,
+        # before the search below (a sort of every node) runs.
+        one_node = len(request.bundles) == 1 or request.strategy is PlacementStrategy.STRICT_PACK
+        cap = request.gpus if one_node else max(request.bundles)
+        if sum(min(free, cap) for free in pool.top_free(1 if one_node else len(request.bundles))) < has + margin:
+            return
         held = self._held_for_reservation(self._holds.held_without(own), gpu_type)
-        amounts = reservation_amounts(self._pool, request, held, gpu_type if self._typed else None)
+        amounts = reservation_amounts(pool, request, held, gpu_type if self._typed else None)
         if amounts is None or amounts == own:
             return
-
-        def gathered(hold: dict[str, int]) -> int:
-            return sum(min(max(self._pool.free(n) - held.get(n, 0), 0), g) for n, g in hold.items())
-
-        if gathered(amounts) >= gathered(own) + margin:
+        gathered = sum(min(max(pool.free(n) - held.get(n, 0), 0), g) for n, g in amounts.items())
+        if gathered >= has + margin:
             self._holds.add(request, self._value(request), amounts, kind)
 
     def _drop_reservation(self, workload_id: str) -> None:

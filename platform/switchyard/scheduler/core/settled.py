@@ -98,5 +98,9 @@ class SettledLeases:
             out[node] = out.get(node, 0) + gpus
         return out
 
+    def immune_on(self, node: str) -> int:
+        """Immune GPUs on `node` (what `pinned` adds there)."""
+        return self._by_node.get(node, 0)
+
     def gpus(self, key: QuotaKey) -> int:
         return self._gpus.get(key, 0)
