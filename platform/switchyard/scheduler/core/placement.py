@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping
 
-from switchyard.scheduler.core.model import Node, PlacementStrategy
+from switchyard.scheduler.core.model import GangRequest, Node, PlacementStrategy
 
 _EMPTY: Mapping[str, int] = {}
 # Held on every node of another GPU type, so that a search for one type never lands there
@@ -234,6 +234,19 @@ class NodePool:
                         return placed
             return None
         return self._place_multi(bundles, strategy, self._nodes, held, bonus)
+
+    def find_gang(
+        self, request: GangRequest, held: Mapping[str, int] = _EMPTY, bonus: Mapping[str, int] = _EMPTY
+    ) -> tuple[str, ...] | None:
+        """`find` for a request's bundles, strategy and node-group constraints."""
+        return self.find(
+            request.bundles,
+            request.strategy,
+            same_node_group=request.same_node_group,
+            node_group=request.node_group,
+            held=held,
+            bonus=bonus,
+        )
 
     def _avail(self, name: str, held: Mapping[str, int], bonus: Mapping[str, int]) -> int:
         return self._free[name] - held.get(name, 0) + bonus.get(name, 0)

@@ -518,7 +518,7 @@ class VictimSelector:
                 best = plan
         if best is None:
             return None
-        placement = self._find(request, held, best[2])
+        placement = self._pool.find_gang(request, held, best[2])
         if placement is None:
             return None
         return VictimPlan(self._victims(best[1]), placement)
@@ -613,16 +613,6 @@ class VictimSelector:
             local[c.key] = local.get(c.key, 0) + c.lease.gpus
             need -= c.lease.gpus_by_node()[node]
         return extra if need <= 0 else None
-
-    def _find(self, request: GangRequest, held: Mapping[str, int], bonus: Mapping[str, int]) -> tuple[str, ...] | None:
-        return self._pool.find(
-            request.bundles,
-            request.strategy,
-            same_node_group=request.same_node_group,
-            node_group=request.node_group,
-            held=held,
-            bonus=bonus,
-        )
 
     def _victims(self, chosen: list[_Candidate]) -> tuple[Victim, ...]:
         ordered = sorted(chosen, key=self._order_key(self._policy.knobs.preemption))  # = by position

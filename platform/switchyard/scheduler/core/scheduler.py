@@ -487,24 +487,10 @@ class Scheduler:
             own = self._holds.amounts().get(request.workload_id, {})
             # (Skipped when the free GPUs nothing else holds are too few: a full cluster.)
             if own != waived and self._holds.open_gpus() + sum(own.values()) >= request.gpus:
-                placement = self._pool.find(
-                    request.bundles,
-                    request.strategy,
-                    same_node_group=request.same_node_group,
-                    node_group=request.node_group,
-                    held=held,
-                    bonus=own,
-                )
+                placement = self._pool.find_gang(request, held, own)
                 if placement is not None:
                     return placement
-        return self._pool.find(
-            request.bundles,
-            request.strategy,
-            same_node_group=request.same_node_group,
-            node_group=request.node_group,
-            held=held,
-            bonus=waived,
-        )
+        return self._pool.find_gang(request, held, waived)
 
     def _typed_held(self, held: dict[str, int], gpu_type: str) -> dict[str, int]:
         """`held` as a search confined to `gpu_type` sees it (other types' nodes held whole)."""
