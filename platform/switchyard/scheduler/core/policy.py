@@ -139,7 +139,7 @@ class PolicyKnobs:
     """A blocked gang's reservation (blocked-head or starving) moves to the nodes closest to
     fitting it once they would hold at least this many more free GPUs than its own nodes do:
     the nodes chosen when it blocked may run jobs for days. None: it stays until nodes are
-    added or removed. Tuned on September (docs/scheduler_results.md, section 4.4)."""
+    added or removed. Tuned on September (docs/scheduler_results.md, sections 4.1-4.2)."""
     preemption_grace_s: float = 120.0
     usage_half_life_s: float = 6 * 3600.0
     max_preemption_attempts: int = 8

@@ -526,7 +526,7 @@ class Scheduler:
                 continue  # held on a type it no longer takes first: nothing gathered for it
             others = self._holds.per_node.get(node, 0) - gpus
             pinned = self._victims.settled.immune_on(node) + self._unpreemptible.get(node, 0)
-            has += min(max(pool.free(node) - others - pinned, 0), gpus)
+            has += self._gathered(node, gpus, others + pinned)
         # The most any nodes could gather, from the free counts alone: most decisions stop here,
         # before the search below (a sort of every node) runs.
         one_node = len(request.bundles) == 1 or request.strategy is PlacementStrategy.STRICT_PACK
@@ -537,9 +537,12 @@ class Scheduler:
         amounts = reservation_amounts(pool, request, held, gpu_type if self._typed else None)
         if amounts is None or amounts == own:
             return
-        gathered = sum(min(max(pool.free(n) - held.get(n, 0), 0), g) for n, g in amounts.items())
-        if gathered >= has + margin:
+        if sum(self._gathered(n, g, held.get(n, 0)) for n, g in amounts.items()) >= has + margin:
             self._holds.add(request, self._value(request), amounts, kind)
+
+    def _gathered(self, node: str, gpus: int, held_there: int) -> int:
+        """Of `gpus` a hold takes on `node`, how many are free with nothing else holding them."""
+        return min(max(self._pool.free(node) - held_there, 0), gpus)
 
     def _drop_reservation(self, workload_id: str) -> None:
         self._holds.drop(workload_id)
