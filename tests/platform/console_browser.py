@@ -198,11 +198,21 @@ def has_gpu() -> bool:
 
 def stable(read: Callable[[], Any], check: Callable[[Any], Any], tries: int = 4) -> None:
     """Run `check(value)` between two equal reads of a live value (a training job may finish
-    between a page load and the read that checks it)."""
+    between a page load and the read that checks it). A check that fails while the value
+    changed under it (CI: the page drew step 340, written after the read before it) is tried
+    again; one that fails on a value that stayed the same fails the test."""
+    failed: AssertionError | None = None
     for _ in range(tries):
         before = read()
-        result = check(before)
-        if read() == before:
-            return
+        try:
+            check(before)
+        except AssertionError as exc:
+            if read() == before:
+                raise
+            failed = exc
+        else:
+            if read() == before:
+                return
+            failed = None
         time.sleep(2)
-    raise AssertionError(f"the platform's state kept changing; last check: {result}")
+    raise AssertionError("the platform's state kept changing across every check") from failed

@@ -74,13 +74,18 @@ def job_logs(jobs: Any, submission_id: str) -> str:
 
 
 def wait_for(predicate: Callable[[], Any], timeout: float = 30.0, every: float = 0.2) -> Any:
+    """The predicate's first truthy value; on timeout the error names the predicate's line and
+    its last value (CI's output may keep only the error line)."""
     deadline = time.monotonic() + timeout
+    value: Any = None
     while time.monotonic() < deadline:
         value = predicate()
         if value:
             return value
         time.sleep(every)
-    raise AssertionError(f"condition not met within {timeout}s")
+    code = getattr(predicate, "__code__", None)
+    where = f" at {Path(code.co_filename).name}:{code.co_firstlineno}" if code is not None else ""
+    raise AssertionError(f"condition{where} not met within {timeout}s (last value: {value!r:.300})")
 
 
 @pytest.fixture

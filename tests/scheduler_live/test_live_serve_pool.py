@@ -155,10 +155,11 @@ def test_pending_replica_reclaims_a_borrowed_gpu(
         assert kinds[:4] == ["replica_pending", "reclaim_decision", "preemption_notice", "requeued"]
         assert kinds[4] in ("admitted", "adopted") and kinds[5:] == ["replica_running"]
     finally:
-        # The CPU front drains for 30 s in the background; the GPU replicas go at once.
+        # The CPU front drains for 30 s in the background; the GPU replicas go at once. The
+        # groups go first: a wait that times out here must not leave GPUs held for the next test.
         serve.delete(APP, _blocking=False)
-        wait_for(lambda: not _replica_nodes(gcs), timeout=60)
         for pg in held.values():
             remove_placement_group(pg)
         for wid in leases:
             GcsPreemptionChannel().clear(wid)
+        wait_for(lambda: not _replica_nodes(gcs), timeout=120)

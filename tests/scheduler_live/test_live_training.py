@@ -17,7 +17,7 @@ from ray.job_submission import JobStatus, JobSubmissionClient
 from ray.util.state import list_actors
 
 from switchyard.cluster.admission import training_submission
-from tests.scheduler_live.conftest import borrowing_policy, wait_for, whole_node_inference
+from tests.scheduler_live.conftest import borrowing_policy, job_logs, wait_for, whole_node_inference
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
@@ -99,8 +99,12 @@ def test_train_job_is_placed_preempted_requeued_and_resumed(
     try:
         wait_for(lambda: any((tmp_path / "ckpt" / "sched-e2e").glob("step-*/manifest.json")), timeout=180)
     except AssertionError:
+        # The job may never have been submitted (CI: a 404 here hid why): the scheduler's
+        # events and Ray's job list say how far the launch got.
+        submitted = {j.submission_id: j.status for j in jobs.list_jobs()}
         raise AssertionError(
-            f"no checkpoint; job {first_job}: {jobs.get_job_status(first_job)}\n{jobs.get_job_logs(first_job)[-4000:]}"
+            f"no checkpoint; jobs {submitted}; events {ray.get(scheduler.events.remote(train.workload_id))}\n"
+            f"{job_logs(jobs, first_job)[-4000:]}"
         ) from None
     workers = wait_for(
         lambda: [
