@@ -9,6 +9,9 @@ and prints the team's p99 and p50 wait and its mean demand, so an operator can r
 guarantee a wait target needs.
 
     .venv/bin/python bench/team_capacity.py --team 2869ce --window oct --gpus 32,40,48,56,64,80,96
+
+`--by-size` adds, per cluster size, the waits of each job size and priority class: which of
+the team's jobs set its p99.
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ def main() -> None:
     parser.add_argument("--trace", type=Path, default=TRACE)
     parser.add_argument("--policy-file", type=Path, default=POLICY_FILE)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--by-size", action="store_true", help="also each job size and class's waits")
     args = parser.parse_args()
     knobs = private_knobs(load_policy_file(args.policy_file).to_policy().knobs)
     trace = load_trace(args.trace, args.seed)
@@ -57,10 +61,24 @@ def main() -> None:
     print(f"# {' '.join(sys.argv)}")
     print("| private GPUs | p50 wait s | p99 wait s | max wait s |")
     print("|---|---|---|---|")
+    by_size: list[str] = []
     for gpus in (int(x) for x in args.gpus.split(",")):
         result = run_private(args.team, jobs, gpus, window, knobs)
-        waits = [r.wait_s for r in result.jobs if replay.start_s <= r.submit_s < replay.end_s]
+        done = [r for r in result.jobs if replay.start_s <= r.submit_s < replay.end_s]
+        waits = [r.wait_s for r in done]
         print(f"| {gpus} | {percentile(waits, 50):,.0f} | {percentile(waits, 99):,.0f} | {max(waits):,.0f} |")
+        groups: dict[tuple[int, str], list[float]] = {}
+        for r in done:
+            groups.setdefault((r.gpus, r.priority_class), []).append(r.wait_s)
+        by_size += [
+            f"| {gpus} | {size} | {cls} | {len(w)} | "
+            f"{percentile(w, 50):,.0f} | {percentile(w, 99):,.0f} | {max(w):,.0f} |"
+            for (size, cls), w in sorted(groups.items())
+        ]
+    if args.by_size:
+        print("\n| private GPUs | job GPUs | class | jobs | p50 wait s | p99 wait s | max wait s |")
+        print("|---|---|---|---|---|---|---|")
+        print("\n".join(by_size))
 
 
 if __name__ == "__main__":

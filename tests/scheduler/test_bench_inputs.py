@@ -1,7 +1,8 @@
 """The scheduler benches' shared inputs (`bench/sim_inputs.py`) and the tuning grid's knob
 parser (`bench/scheduler_tune.py`): the tables in docs/scheduler_results.md at other cluster
 sizes run the shipped knobs and classes with teams sized for that cluster, and a tuning row
-changes exactly the knob it names."""
+changes exactly the knob it names. The per-class table (`bench/class_waits.py`) counts every
+job of the window once, under the class it ran as."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from switchyard.scheduler.sim.run import WINDOWS, SimSpec, run
 BENCH = Path(__file__).resolve().parents[2] / "bench"
 sys.path.append(str(BENCH))  # after the tests' own modules: bench names never shadow them
 
+import class_waits  # noqa: E402
 import scheduler_tune  # noqa: E402
 import sim_inputs  # noqa: E402
 
@@ -70,3 +72,18 @@ def test_a_tuning_row_types_its_values_as_the_knob_is_typed() -> None:
         scheduler_tune.parse_variation("max_reservation=1")
     with pytest.raises(SystemExit, match="knob=v1,v2"):
         scheduler_tune.parse_variation("max_reservations")
+
+
+@pytest.mark.skipif(not sim_inputs.TRACE.exists(), reason="shared traces not present")
+def test_the_class_table_counts_each_window_job_once_under_its_class() -> None:
+    frm, to = WINDOWS["sep"]
+    spec = SimSpec(sim_inputs.TRACE, 64, PolicyName.SWITCHYARD, frm, to, anomaly=False, max_jobs=60, seed=1)
+    by_class = class_waits.class_waits(spec)
+    trace = run(spec).trace
+    window_jobs = [j for j in trace.jobs if trace.window.start_s <= j.submit_s < trace.window.end_s]
+    assert sum(row["jobs"] for row in by_class.values()) == len(window_jobs) > 0
+    assert set(by_class) == {j.priority_class for j in window_jobs}
+    for name, row in by_class.items():
+        waits = sorted(j.wait_s for j in window_jobs if j.priority_class == name)
+        assert row["p50"] <= row["p99"] <= row["max"] == waits[-1]
+        assert row["over_a_day"] == sum(w > class_waits.DAY_S for w in waits)
