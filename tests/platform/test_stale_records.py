@@ -1,9 +1,10 @@
 """A platform record (`up.json`) that no longer describes a running platform: a crashed or
 rebooted platform's, whose PID may now be another process's, a copy of another state dir's, or an
 attached platform's whose cluster is gone. Each command says so at once and stops nothing else:
-`down` used to SIGTERM whatever ran under the recorded PID, and `status`, `train`, `nodes`, `env`
-and `report` waited minutes on Ray's driver retrying a cluster that was gone (the real-platform
-cases, a copied record and `up` over a crashed platform's record, are in test_platform_up_down.py).
+`down` used to SIGTERM whatever ran under the recorded PID; `status`, `train`, `nodes`, `env` and
+`report` waited minutes on Ray's driver retrying a cluster that was gone; `up` called a platform
+whose cluster was gone "already up" (the real-platform cases, a copied record and `up` over a
+crashed platform's record, are in test_platform_up_down.py).
 """
 
 from __future__ import annotations
@@ -179,6 +180,23 @@ def test_down_of_an_attached_platform_whose_cluster_is_gone_clears_its_record(tm
     assert down.returncode == 1 and "nothing was stopped: its Ray cluster at" in down.stderr, down.stderr
     assert f"switchyard up --address {record.ray_address} --state-dir {state}" in down.stderr
     assert read_record(state) is None and "Traceback" not in down.stderr
+
+
+def test_up_over_an_attached_platform_whose_cluster_is_gone_says_so(tmp_path: Path) -> None:
+    """`up` used to answer "already up" here, while `status` and `down` said the platform was
+    not running: it names the silent cluster, and leaves the record to `down`, which says how
+    to attach again if the cluster comes back."""
+    state = stale_state(tmp_path, owns_cluster=False)
+    record = read_record(state)
+    assert record is not None
+    up = switchyard("up", "--detach", "--state-dir", str(state))
+    said = up.stderr
+    assert up.returncode == 2 and "already up" not in said, said
+    assert (
+        f"no platform is running for state dir {state}" in said and f"its Ray cluster at {record.ray_address}" in said
+    )
+    assert f"`switchyard down --state-dir {state}` clears the record" in said and "Traceback" not in said
+    assert read_record(state) == record
 
 
 # Claims the state dir as a supervisor does, starts a child the way a careless spawner would

@@ -15,7 +15,7 @@ from switchyard.cli._auth import ensure_admin_key
 from switchyard.cli._output import fail, print_json
 from switchyard.cluster.app_readiness import APPS_READY_WITHIN_S, PlatformNotRunning, without_frames
 from switchyard.cluster.record import PlatformRecord, clear_record, read_record
-from switchyard.cluster.record_liveness import supervisor_gone
+from switchyard.cluster.record_liveness import cluster_silent, stale_record_message, supervisor_gone
 from switchyard.db.location import UnsafeLayout
 from switchyard.paths import policies_dir
 from switchyard.policy.errors import PolicyError
@@ -72,6 +72,11 @@ def run(args: argparse.Namespace) -> int:
     recorded = read_record(state)
     if recorded is not None:
         gone = supervisor_gone(state, recorded)
+        # An attached platform has no supervisor to look at: its cluster answering is the sign
+        # of life (one that went away used to be "already up", which `down` then contradicted).
+        silent = None if gone is not None or recorded.owns_cluster else cluster_silent(recorded)
+        if silent is not None:
+            return fail(stale_record_message(state, silent))
         if gone is None:
             return fail(
                 f"a platform is already up for state dir {state} "
