@@ -21,7 +21,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "platform"))
 
 from scheduler_tune import parse_variation, spread
-from sim_inputs import POLICY_FILE, TRACE, for_size
+from sim_inputs import TRACE, add_run_arguments, for_size
 
 from switchyard.scheduler.core.config import load_policy_file
 from switchyard.scheduler.core.policy import PolicyKnobs
@@ -53,16 +53,7 @@ def class_waits(spec: SimSpec) -> dict[str, dict[str, float]]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--gpus", type=int, default=672)
-    parser.add_argument("--window", choices=sorted(WINDOWS), default="oct")
-    parser.add_argument("--policy-file", type=Path, default=POLICY_FILE)
-    parser.add_argument(
-        "--size-teams",
-        action=argparse.BooleanOptionalAction,
-        default=False,
-        help="size Philly's teams for --gpus instead of the file's (default: off, the file's teams)",
-    )
-    parser.add_argument("--seeds", default="0,1,2")
+    add_run_arguments(parser, gpus=672, window="oct", size_teams=False)
     parser.add_argument("--vary", help="knob=v1,v2: one row per value")
     args = parser.parse_args()
     seeds = [int(s) for s in args.seeds.split(",")]

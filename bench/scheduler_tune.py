@@ -20,7 +20,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "platform"))
 
-from sim_inputs import POLICY_FILE, TRACE, for_size
+from sim_inputs import TRACE, add_run_arguments, for_size
 
 from switchyard.scheduler.core.config import load_policy_file
 from switchyard.scheduler.core.policy import PolicyKnobs
@@ -70,16 +70,7 @@ def row(label: str, reports: list[dict[str, object]]) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--gpus", type=int, default=360)
-    parser.add_argument("--window", choices=sorted(WINDOWS), default="sep")
-    parser.add_argument("--policy-file", type=Path, default=POLICY_FILE)
-    parser.add_argument(
-        "--size-teams",
-        action=argparse.BooleanOptionalAction,
-        default=True,
-        help="size Philly's teams for --gpus instead of the file's (default: on)",
-    )
-    parser.add_argument("--seeds", default="0,1,2")
+    add_run_arguments(parser, gpus=360, window="sep", size_teams=True)
     parser.add_argument("--vary", action="append", default=[], help="knob=v1,v2 (repeatable)")
     parser.add_argument("--baselines", action="store_true", help="also run the baselines")
     args = parser.parse_args()

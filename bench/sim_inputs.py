@@ -8,6 +8,7 @@ sizes (`sim.teams.philly_teams`), as it does for a file that names none.
 
 from __future__ import annotations
 
+import argparse
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -38,3 +39,20 @@ def for_size(policy_file: Path | None, size_teams: bool) -> Iterator[Path | None
         return
     with tempfile.TemporaryDirectory(prefix="switchyard-bench-") as directory:
         yield without_teams(policy_file, Path(directory))
+
+
+def add_run_arguments(parser: argparse.ArgumentParser, gpus: int, window: str, size_teams: bool) -> None:
+    """The options every seeded comparison takes: cluster size, month, policy file, whether to
+    size Philly's teams for the cluster, and the seeds."""
+    from switchyard.scheduler.sim.run import WINDOWS
+
+    parser.add_argument("--gpus", type=int, default=gpus)
+    parser.add_argument("--window", choices=sorted(WINDOWS), default=window)
+    parser.add_argument("--policy-file", type=Path, default=POLICY_FILE)
+    parser.add_argument(
+        "--size-teams",
+        action=argparse.BooleanOptionalAction,
+        default=size_teams,
+        help=f"size Philly's teams for --gpus instead of the file's (default: {'on' if size_teams else 'off'})",
+    )
+    parser.add_argument("--seeds", default="0,1,2")
