@@ -24,4 +24,5 @@ bash scripts/prometheus.sh install
 echo "== tests"
 # Ray workers inherit this; a test never attaches to a cluster it did not start.
 export RAY_ADDRESS=
-.venv/bin/python -m pytest -p no:cacheprovider "$@"
+# The slowest tests are listed at the end: the suite's budget is about 30 minutes on 2 cores.
+.venv/bin/python -m pytest -p no:cacheprovider --durations=30 "$@"
