@@ -67,6 +67,8 @@ def main() -> None:
         done = [r for r in result.jobs if replay.start_s <= r.submit_s < replay.end_s]
         waits = [r.wait_s for r in done]
         print(f"| {gpus} | {percentile(waits, 50):,.0f} | {percentile(waits, 99):,.0f} | {max(waits):,.0f} |")
+        if not args.by_size:
+            continue
         groups: dict[tuple[int, str], list[float]] = {}
         for r in done:
             groups.setdefault((r.gpus, r.priority_class), []).append(r.wait_s)

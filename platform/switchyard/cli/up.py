@@ -74,8 +74,7 @@ def run(args: argparse.Namespace) -> int:
         gone = supervisor_gone(state, recorded)
         # An attached platform has no supervisor to look at: its cluster answering is the sign
         # of life (one that went away used to be "already up", which `down` then contradicted).
-        silent = None if gone is not None or recorded.owns_cluster else cluster_silent(recorded)
-        if silent is not None:
+        if gone is None and not recorded.owns_cluster and (silent := cluster_silent(recorded)) is not None:
             return fail(stale_record_message(state, silent))
         if gone is None:
             return fail(
