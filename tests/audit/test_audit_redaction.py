@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from switchyard.audit.redaction import PresidioRedactor, TextScrubber
 from switchyard.audit.restore import PlaceholderRestorer
 from switchyard.policy.models import DataPolicies
+from tests.examples import examples
 
 
 def test_detects_each_entity_type(scrubber: TextScrubber) -> None:
@@ -107,7 +108,7 @@ def _stream(restorer: PlaceholderRestorer, chunks: list[str]) -> str:
     return "".join(restorer.feed(c) for c in chunks) + restorer.flush()
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(st.lists(st.integers(min_value=0, max_value=len(ANSWER)), max_size=12))
 def test_placeholders_straddling_chunks_are_restored(cuts: list[int]) -> None:
     bounds = [0, *sorted(cuts), len(ANSWER)]

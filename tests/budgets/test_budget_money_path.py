@@ -20,6 +20,7 @@ from switchyard.gateway.seams import Usage
 from switchyard.models.tokenizer import ByteTokenizer
 from switchyard.policy.errors import PolicyError
 from switchyard.policy.loader import load_policy_set
+from tests.examples import examples
 
 PS = shipped()
 DAY = date(2026, 11, 30)  # NOON's day
@@ -83,7 +84,7 @@ def test_estimate_in_nano_dollars() -> None:
     assert (est.model, est.input_tokens, est.max_output_tokens, est.nanos) == ("gpt-4o-mini", 12, 100, 61_800)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(st.text())
 def test_stream_output_bound_is_at_least_the_real_token_count(text: str) -> None:
     # The real count of switchyard's own model (`bytes`) is its tokenizer's, end-of-text included.

@@ -30,6 +30,7 @@ from tiktoken_ext import openai_public
 
 from switchyard.budgets import tokens
 from switchyard.budgets.tokens import count_input_tokens, openai_encoding
+from tests.examples import examples
 
 REPO = Path(__file__).resolve().parents[2]
 TIKTOKEN_CONSTRUCTORS = {"o200k": openai_public.o200k_base, "cl100k": openai_public.cl100k_base}
@@ -207,7 +208,7 @@ def test_loading_never_touches_the_network() -> None:
 # --- exact counts and the byte bound --------------------------------------------------
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(st.text())
 def test_exact_counts_never_exceed_the_byte_bound(text: str) -> None:
     # Every token of a byte-level BPE stands for at least one byte, so the byte count (which

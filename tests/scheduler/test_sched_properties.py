@@ -19,6 +19,7 @@ from switchyard.scheduler.core import (
 from switchyard.scheduler.core.model import HoldKind, WorkloadClass
 from switchyard.scheduler.sim.engine import Cluster, Simulation, SimWindow
 from switchyard.scheduler.sim.trace import TraceJob
+from tests.examples import examples
 
 GUARANTEES = {"a": 8, "b": 8, "c": 8}  # 24 of 32 GPUs guaranteed; 8 unassigned
 SHAPES = [(1,), (2,), (4,), (8,), (4, 4), (8, 8)]
@@ -140,19 +141,19 @@ def replay(ops: list[tuple[object, ...]], mode: PreemptionMode) -> list[tuple[st
     return driver.log
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(60), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(events, st.sampled_from(MODES))
 def test_invariants_hold_for_any_event_sequence(ops: list[tuple[object, ...]], mode: PreemptionMode) -> None:
     replay(ops, mode)
 
 
-@settings(max_examples=15, deadline=None)
+@settings(max_examples=examples(15), deadline=None)
 @given(events)
 def test_same_events_give_the_same_schedule(ops: list[tuple[object, ...]]) -> None:
     assert replay(ops, PreemptionMode.CHECKPOINT_AWARE) == replay(ops, PreemptionMode.CHECKPOINT_AWARE)
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=examples(40), deadline=None)
 @given(
     st.lists(st.tuples(st.sampled_from(sorted(GUARANTEES)), st.sampled_from(PRIORITIES[1:])), min_size=1, max_size=80)
 )
@@ -170,7 +171,7 @@ def test_a_team_below_its_guarantee_gets_it_back(asks: list[tuple[str, str]]) ->
         assert driver.s.team_usage(team) >= min(asked, guarantee)
 
 
-@settings(max_examples=10, deadline=None)
+@settings(max_examples=examples(10), deadline=None)
 @given(
     st.lists(
         st.tuples(st.sampled_from(sorted(GUARANTEES)), st.sampled_from([1, 2, 4, 8, 16]), st.integers(60, 7200)),

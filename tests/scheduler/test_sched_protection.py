@@ -26,6 +26,7 @@ from switchyard.scheduler.core import (
     WorkloadClass,
 )
 from switchyard.scheduler.core.config import PolicyFileError, load_policy_file
+from tests.examples import examples
 
 REPO = Path(__file__).resolve().parents[2]
 CLASSES = (
@@ -189,7 +190,7 @@ def _replay_checking_protection(seed: int, mode: PreemptionMode) -> None:
                 break
 
 
-@settings(max_examples=80, deadline=None)
+@settings(max_examples=examples(80), deadline=None)
 @given(st.integers(0, 2**31), st.sampled_from(list(PreemptionMode)))
 def test_no_lease_is_preempted_inside_its_protection(seed: int, mode: PreemptionMode) -> None:
     _replay_checking_protection(seed, mode)

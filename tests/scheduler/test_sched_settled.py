@@ -30,6 +30,7 @@ from switchyard.scheduler.core.model import Lease
 from switchyard.scheduler.core.quota import QuotaBook
 from switchyard.scheduler.core.settled import SettledLeases
 from switchyard.scheduler.sim.baselines import PolicyName, classes_for
+from tests.examples import examples
 
 REPO = Path(__file__).resolve().parents[2]
 CAP = 2
@@ -294,7 +295,7 @@ def _replay_checking_the_cap(seed: int) -> int:
     return max(noticed.values(), default=0)
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=examples(100), deadline=None)
 @given(st.integers(0, 2**31))
 def test_no_workload_is_preempted_more_than_its_cap(seed: int) -> None:
     _replay_checking_the_cap(seed)

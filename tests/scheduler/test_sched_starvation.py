@@ -24,6 +24,7 @@ from switchyard.scheduler.core import (
 )
 from switchyard.scheduler.core.config import PolicyFileError, load_policy_file
 from switchyard.scheduler.core.model import HoldKind
+from tests.examples import examples
 
 HOUR = 3600.0
 CLASSES = (
@@ -169,7 +170,7 @@ def _replay_gangs(seed: int) -> None:
         assert waited <= bound + STEP_S, f"seed {seed}: {team}'s gang waited {waited} s > {bound} s"
 
 
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=examples(25), deadline=None)
 @given(st.integers(0, 2**31))
 def test_a_reserved_gang_starts_within_the_documented_bound(seed: int) -> None:
     _replay_gangs(seed)
