@@ -4,12 +4,14 @@
 default (escalation, starving reservations per team, the team order, Kueue's order, fair-share
 reclaim, no backfill) are promised to an operator who turns them on, so here each example
 draws a knob setting as well as the events, with the priority classes of
-`bench/philly_scheduler.yaml` (minimum runtimes, backoff, the preemption cap). After every
+`bench/philly_scheduler.yaml` (minimum runtimes, backoff, the preemption cap), on either a
+flat policy or the two-type, two-level cohort tree of `cohort_support`. After every
 decision: no GPU is double-booked, the incremental hold books equal a recount, a
 non-preemptible lease is never noticed, a team without borrowing stays within its guarantee,
-and every pending workload has an explanation. Halfway through, the core goes through the
-live scheduler's snapshot codec (`core.state_codec`, JSON and back), and the restored copy
-must decide exactly as the original does for the rest of the events.
+every cohort and per-type limit holds (tree), and every pending workload has an explanation.
+At a drawn point the core goes through the live scheduler's snapshot codec
+(`core.state_codec`, JSON and back), and the restored copy must decide exactly as the
+original does for the rest of the events. A failure prints the drawn knobs and event seed.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import random
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from cohort_support import check_invariants, tree_nodes, tree_policy
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from sched_support import gang, nodes
@@ -26,7 +29,7 @@ from sched_support import gang, nodes
 from switchyard.scheduler.core import Decisions, PolicyKnobs, PreemptionMode, Quota, Scheduler, SchedulerPolicy, Team
 from switchyard.scheduler.core.config import load_policy_file
 from switchyard.scheduler.core.model import HoldKind, WorkloadClass
-from switchyard.scheduler.core.policy import Ordering
+from switchyard.scheduler.core.policy import Ordering, PriorityClass
 from switchyard.scheduler.core.state_codec import decode_state, encode_state
 from tests.examples import examples
 
@@ -34,7 +37,8 @@ POLICY_FILE = Path(__file__).resolve().parents[2] / "bench" / "philly_scheduler.
 CLASSES = load_policy_file(POLICY_FILE).to_policy().priority_classes
 PRIORITIES = [c.name for c in CLASSES]
 INFERENCE_CLASS = next(c.name for c in CLASSES if not c.preemptible)
-GUARANTEES = {"a": 8, "b": 8, "c": 4, "inf": 8}  # 28 of 40 GPUs guaranteed
+GUARANTEES = {"a": 8, "b": 8, "c": 4, "inf": 8}  # the flat policy's teams, inference last
+TYPE_LISTS = [("h100", "a100"), ("a100", "h100"), ("h100",), ()]  # a request's GPU types, tree policy
 SHAPES = [(1,), (2,), (4,), (8,), (4, 4), (8, 8), (8, 8, 8)]
 
 knob_settings = st.fixed_dictionaries(
@@ -75,8 +79,16 @@ def generated_events(seed: int) -> list[tuple[object, ...]]:
     for _ in range(rng.randint(30, 120)):
         roll = rng.random()
         if roll < 0.5:
-            team = rng.choice(sorted(GUARANTEES))
-            ops.append(("submit", team, rng.choice(SHAPES), rng.choice(PRIORITIES), rng.random() < 0.5))
+            ops.append(
+                (
+                    "submit",
+                    rng.randrange(4),
+                    rng.choice(SHAPES),
+                    rng.choice(PRIORITIES),
+                    rng.random() < 0.5,
+                    rng.randrange(4),
+                )
+            )
         elif roll < 0.62:
             ops.append(("finish", rng.randrange(50)))
         elif roll < 0.67:
@@ -93,6 +105,7 @@ class Replay:
     """Carries out a core's decisions as the live driver does, checking invariants after each."""
 
     s: Scheduler
+    tree: bool
     now: float = 0.0
     seq: int = 0
     log: list[tuple[object, ...]] = field(default_factory=list)
@@ -100,20 +113,24 @@ class Replay:
     def step(self, op: tuple[object, ...]) -> None:
         kind = op[0]
         if kind == "submit":
-            _, team, shape, priority, ckpt = op
-            if team == "inf":
+            _, which, shape, priority, ckpt, types = op
+            teams = self.s.policy.teams
+            team = teams[int(which) % len(teams)]  # type: ignore[call-overload]
+            if WorkloadClass.INFERENCE in team.quotas[0].classes:
                 shape, priority = (1,), INFERENCE_CLASS
             elif priority == INFERENCE_CLASS:
                 priority = PRIORITIES[1]  # inference is the inference team's alone
             self.seq += 1
             request = gang(
-                f"{team}-{self.seq}",
-                str(team),
+                f"{team.name}-{self.seq}",
+                team.name,
                 shape,  # type: ignore[arg-type]
                 str(priority),
                 checkpoint_s=300.0 if ckpt else None,
                 same_group=len(shape) > 1,  # type: ignore[arg-type]
             )
+            if self.tree and priority != INFERENCE_CLASS:
+                request = replace(request, gpu_types=TYPE_LISTS[int(types)])  # type: ignore[call-overload]
             self.s.submit(request, self.now)
         elif kind == "finish":
             lease_ids = sorted(self.s.leases())
@@ -178,29 +195,40 @@ class Replay:
         for kind in HoldKind:
             assert holds.counts.of_kind(kind) == sum(1 for k in kinds.values() if k is kind)
         if not s.policy.knobs.borrowing:
-            for team, guarantee in GUARANTEES.items():
-                assert s.team_usage(team) <= guarantee, (
-                    f"{team} uses {s.team_usage(team)} > {guarantee} without borrowing"
-                )
+            for team in s.policy.teams:
+                guarantee = sum(q.guaranteed_gpus for q in team.quotas)
+                used = s.team_usage(team.name)
+                assert used <= guarantee, f"{team.name} uses {used} > {guarantee} GPUs without borrowing"
+        if self.tree:
+            check_invariants(s, -1)  # cohort limits, per-type quotas, leases on their types
         for pending in s.pending():
             assert s.explain_pending(pending, self.now).reason, f"{pending.request.workload_id} has no reason"
 
 
-def policy_with(knobs: PolicyKnobs, protected: bool) -> SchedulerPolicy:
+def classes_of(protected: bool) -> tuple[PriorityClass, ...]:
     """The file's classes, or (not `protected`) the same without minimum runtimes and backoff:
     preemption then happens often enough for the snapshot to carry notices in flight."""
-    classes = CLASSES
-    if not protected:
-        classes = tuple(
-            replace(
-                c, min_runtime_s=0.0, reclaim_min_runtime_s=0.0, preemption_backoff_s=0.0, max_preemption_backoff_s=0.0
-            )
-            for c in CLASSES
-        )
+    if protected:
+        return CLASSES
+    return tuple(
+        replace(c, min_runtime_s=0.0, reclaim_min_runtime_s=0.0, preemption_backoff_s=0.0, max_preemption_backoff_s=0.0)
+        for c in CLASSES
+    )
+
+
+def flat_policy(knobs: PolicyKnobs, classes: tuple[PriorityClass, ...]) -> SchedulerPolicy:
+    """Four teams, no cohorts, one GPU type: 28 of 40 GPUs guaranteed."""
     inference = frozenset({WorkloadClass.INFERENCE})
     research = frozenset(WorkloadClass) - inference
     teams = tuple(Team(t, (Quota(inference if t == "inf" else research, g),), float(g)) for t, g in GUARANTEES.items())
     return SchedulerPolicy(classes, teams, knobs)
+
+
+def core(knobs: PolicyKnobs, protected: bool, tree: bool) -> Scheduler:
+    classes = classes_of(protected)
+    if tree:
+        return Scheduler(tree_policy(knobs, classes), tree_nodes())
+    return Scheduler(flat_policy(knobs, classes), nodes(5))
 
 
 def restored(s: Scheduler) -> Scheduler:
@@ -210,17 +238,16 @@ def restored(s: Scheduler) -> Scheduler:
 
 
 @settings(max_examples=examples(60), deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(knob_settings, st.booleans(), st.integers(0, 2**31), st.floats(0.0, 1.0))
+@given(knob_settings, st.booleans(), st.booleans(), st.integers(0, 2**31), st.floats(0.0, 1.0))
 def test_invariants_and_snapshots_hold_under_any_knobs(
-    drawn: dict[str, object], protected: bool, seed: int, cut: float
+    drawn: dict[str, object], protected: bool, tree: bool, seed: int, cut: float
 ) -> None:
-    knobs = knobs_of(drawn)
     ops = generated_events(seed)
-    original = Replay(Scheduler(policy_with(knobs, protected), nodes(5)))
+    original = Replay(core(knobs_of(drawn), protected, tree), tree)
     split = int(len(ops) * cut)
     for op in ops[:split]:
         original.step(op)
-    copy = Replay(restored(original.s), original.now, original.seq)
+    copy = Replay(restored(original.s), tree, original.now, original.seq)
     for op in ops[split:]:
         original.step(op)
         copy.step(op)
