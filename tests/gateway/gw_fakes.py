@@ -65,7 +65,8 @@ ToolCallSpec = tuple[str, dict[str, Any]]  # a scripted tool call: (function nam
 
 @dataclass
 class Fault:
-    kind: str  # latency | status | reset | malformed | die_midway | stall_midway (OpenAI streams) | reply
+    kind: str  # latency | status | reset | malformed | die_midway | stall_midway | stall_before_done (OpenAI
+    #   streams) | reply
     #   | filtered | tool_calls
     delay_s: float = 0.0
     status: int = 500
@@ -338,6 +339,8 @@ async def _openai_stream(
         send,
         {"id": "c1", "object": "chat.completion.chunk", "created": 1, "model": model, "choices": [], "usage": usage},
     )
+    if fault is not None and fault.kind == "stall_before_done":
+        await asyncio.sleep(fault.delay_s)  # answered and usage sent; the end comes late
     await _sse_raw(send, b"data: [DONE]\n\n", more=False)
 
 

@@ -5,8 +5,10 @@ A request is found by the marker in its last message (`[m:<id>]`); its attempts,
 models, take the script's actions in order (then `ok`). Actions: `ok`, `invalid` (an answer
 that is not JSON), `nousage` (an answer without usage), `malformed` (a 200 whose body does
 not parse), `500`, `429`, `timeout` (answers after the gateway gave up), `cut` (a stream that
-stops half-way). Billed: every 200 the provider sent (`ok`, `invalid`, `nousage`,
-`malformed`, `cut`), with its usage when it reported one; not billed: errors and timeouts.
+stops half-way), `late-done` (a stream that sends its answer and usage, then its `[DONE]` after
+the gateway gave up; an answer like `ok` when not streamed). Billed: every 200 the provider
+sent (`ok`, `invalid`, `nousage`, `malformed`, `cut`, `late-done`), with its usage when it
+reported one, read or not; not billed: errors and timeouts.
 """
 
 from __future__ import annotations
@@ -148,6 +150,8 @@ class ScriptedUpstream:
                 {"type": "http.response.body", "body": f"data: {json.dumps(tail)}\n\n".encode(), "more_body": True}
             )
         self._bill(marker, billed, reported=action != "nousage")
+        if action == "late-done":
+            await asyncio.sleep(self.timeout_sleep_s)  # the gateway has given up waiting for the end
         await send({"type": "http.response.body", "body": b"data: [DONE]\n\n", "more_body": False})
 
 

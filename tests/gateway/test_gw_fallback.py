@@ -3,6 +3,7 @@ high-risk flows, and fallbacks that are counted, never hidden."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
@@ -16,7 +17,7 @@ from gw_harness import Harness
 from switchyard.gateway.eval_signing import EvalSigner
 from switchyard.gateway.evals import EvalRecord, EvalVerdict, record_path, write_record
 from switchyard.gateway.routing import plan_route
-from switchyard.policy.models import FallbackCandidate
+from switchyard.policy.models import ErrorClass, FallbackCandidate
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
@@ -132,6 +133,37 @@ async def test_stream_has_no_fallback_after_the_first_byte(gw: Harness, upstream
                 got += chunk.choices[0].delta.content
     assert 0 < len(got) < 80 and not upstreams.anthropic.received
     assert gw.audit.exchanges[-1].status_code == 502 and gw.audit.exchanges[-1].error_code == "stream_interrupted"
+    # The record's streamed attempt says how it ended, and that its usage was never read.
+    streamed = gw.audit.exchanges[-1].attempts[-1]
+    assert streamed.error_class is ErrorClass.CONNECTION and streamed.billed_unknown
+
+
+async def test_a_stream_whose_end_comes_after_the_deadline_is_charged_its_bound_and_says_so(
+    gw: Harness, upstreams: FakeUpstreams
+) -> None:
+    """Found by the money invariants (seed 13): the provider streamed its answer and its usage,
+    then `[DONE]` came after the gateway gave up. The usage was never read, so the stream is
+    charged its bound; the record's streamed attempt used to say it answered cleanly, usage
+    read, which made its charge look like an overcharge of what the provider reported."""
+    upstreams.openai.faults.append(Fault("stall_before_done", delay_s=0.6))
+    stream = await gw.client("qa").chat.completions.create(
+        model="auto",
+        messages=MSG,
+        stream=True,
+        extra_headers={"X-Switchyard-Deadline-Ms": "300"},  # type: ignore[arg-type]
+    )
+    with pytest.raises(openai.APIError):
+        async for _ in stream:
+            pass
+    await gw.pipeline.drain()
+    done = gw.audit.exchanges[-1]
+    assert (done.status_code, done.error_code) == (504, "deadline_exceeded")
+    streamed = done.attempts[-1]
+    assert streamed.error_class is ErrorClass.TIMEOUT and streamed.billed_unknown
+    assert streamed.usage == done.usage and done.usage is not None
+    assert done.usage.completion_tokens > 7  # the bound, not the 7 the provider reported unread
+    assert [b.usage for b in done.bills] == [done.usage]  # billed once, at that bound
+    await asyncio.sleep(0.4)  # the fake finishes its stalled answer before the next test
 
 
 async def test_stream_falls_back_before_the_first_byte(gw: Harness, upstreams: FakeUpstreams) -> None:

@@ -5,17 +5,19 @@ Seeded scenarios drive the real pipeline with the leased budget gate on a real l
 (`gw_scripted`, which keeps the provider's own books). They mix streaming and not,
 fallbacks to pricier and cheaper models, per-attempt faults (timeout, 5xx, 429, an answer
 that breaks the contract, one without usage, a body that does not parse, a stream cut
-half-way), clients that hang up at random points, idempotent replays and ledger outages.
-After each batch drains, per request:
+half-way, a stream whose end comes after the gateway gave up), clients that hang up at random
+points, idempotent replays and ledger outages. After each batch drains, per request:
 
 - the ledger's charge is what the provider billed, at the billing model's price, to the
-  nano-dollar where usage was reported; between that and the reservation where it was not;
+  nano-dollar where the gateway read the usage the provider reported; between that and the
+  reservation where it did not (none reported, or the gateway gave up first, as its record
+  says);
 - exactly one audit record per request that reached a provider or was refused, with the
   ledger's charge as its cost; a replay adds neither a bill nor a record;
 - no reservation is left open, and no budget line is over its limit.
 
 `make test` runs 2,000 scenarios with a fixed seed on SQLite and the first 1,800 of them on
-Postgres (budgets run out, and refusals begin, at about 1,600); `SWITCHYARD_MONEY_SCENARIOS`
+Postgres (budgets run out, and refusals begin, at about 1,000); `SWITCHYARD_MONEY_SCENARIOS`
 and `SWITCHYARD_MONEY_SEED` run more or others on both (a bench run). A failure names its
 seed and the scenario. Not generated here: replica process kills (tests/audit/
 test_audit_gateway.py and the Serve kill test cover them) and hold expiry
@@ -62,20 +64,21 @@ SCENARIOS = int(os.environ.get("SWITCHYARD_MONEY_SCENARIOS", "2000"))
 POSTGRES_SCENARIOS = int(os.environ.get("SWITCHYARD_MONEY_SCENARIOS", "1800"))
 SEED = int(os.environ.get("SWITCHYARD_MONEY_SEED", "20261201"))
 BATCH = 40
+BUDGETS_RUN_OUT_BY = 1_800  # scenarios by which some budget below has run out (700-1,300 in, seeds 7-15)
 ALL_ERRORS = ["timeout", "rate_limited", "server_error", "connection", "invalid_output"]
 FLOWS: dict[str, dict[str, Any]] = {
     "mm-cheap": {  # a fallback to a model ~18x the price
         "prompt": "assistant@1",
         "model": "gpt-4o-mini",
         "fallback": [{"model": "gpt-4o-eu", "on_errors": ALL_ERRORS}],
-        "budget": {"day_usd": 0.02},
+        "budget": {"day_usd": 0.012},
         "deadline_ms": 5000,
     },
     "mm-pricey": {  # a fallback to a cheaper one
         "prompt": "assistant@1",
         "model": "gpt-4o-eu",
         "fallback": [{"model": "gpt-4o-mini", "on_errors": ALL_ERRORS}],
-        "budget": {"day_usd": 0.15},
+        "budget": {"day_usd": 0.09},
         "deadline_ms": 5000,
     },
     "mm-json": {  # an output contract: a broken answer is repaired, then the chain may fail
@@ -86,7 +89,7 @@ FLOWS: dict[str, dict[str, Any]] = {
         "deadline_ms": 5000,
     },
 }
-ACTIONS = ["ok"] * 10 + ["invalid", "nousage", "malformed", "500", "500", "429", "timeout", "cut"]
+ACTIONS = ["ok"] * 10 + ["invalid", "nousage", "malformed", "500", "500", "429", "timeout", "cut", "late-done"]
 
 
 @dataclass(frozen=True)
@@ -267,10 +270,17 @@ async def test_money_and_audit_hold_under_generated_faults(books: Any, backend: 
         await gate.maintain()  # the batch's charges reach the ledger
         _check_batch(h, gate, service, sink, upstream, reader, batch, seen)
     statuses = Counter(seen[s.n].status for s in scenarios)
-    # Refusing everything would keep every promise: most requests must be answered.
     codes = Counter(r.error_code for rs in sink.records.values() for r in rs)
-    assert statuses[200] > 0.5 * len(scenarios), f"seed {SEED}: {dict(statuses)}, audited errors {dict(codes)}"
-    print(f"\nseed {SEED} on {backend}: {len(scenarios)} scenarios, statuses {dict(statuses)}")
+    where = f"seed {SEED}: {dict(statuses)}, audited errors {dict(codes)}"
+    refused = [s.n for s in scenarios if seen[s.n].status == 402]
+    first = refused[0] if refused else len(scenarios)
+    # Refusing everything would keep every promise: most requests must be answered until the
+    # first budget runs out (after that its flow refuses by design, more so in a long run).
+    answered = sum(1 for s in scenarios[:first] if seen[s.n].status == 200)
+    assert answered > 0.5 * first, f"{where}; {answered} answered of the {first} before the first 402"
+    if len(scenarios) >= BUDGETS_RUN_OUT_BY:
+        assert refused, f"{where}: no budget ran out, so no limit was tested"
+    print(f"\nseed {SEED} on {backend}: {len(scenarios)} scenarios, statuses {dict(statuses)}, first 402 at {first}")
 
 
 def _check_batch(

@@ -72,7 +72,8 @@ def billed_attempts(
     tools: Sequence[Mapping[str, Any]] = (),
 ) -> list[Bill]:
     """The bills of the attempts a provider billed: at the usage it reported, or, for an
-    answer without (readable) usage, the bound: the input as estimated and all of `max_tokens`."""
+    answer without (readable) usage, the bound: the one the attempt carries (a stream's, from
+    what it streamed), else the input as estimated and all of `max_tokens`."""
     bills = []
     for a in attempts:
         if a.usage is not None:

@@ -578,7 +578,7 @@ class ChatPipeline:
             provider=cand.provider,
             model_version=cand.entry.model_version,
         )
-        end = StreamSettlement(self, plan, redacted, reservation, chain, cand, outcome, room)
+        end = StreamSettlement(self, plan, redacted, reservation, chain, cand, outcome, room, answered=True)
         try:
             await self._open_stream_record(plan, redacted, reservation, chain, cand, outcome)
         except AuditUnavailable as exc:

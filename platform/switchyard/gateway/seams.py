@@ -60,7 +60,10 @@ class Attempt:
     error: str | None = None  # never contains request content or credentials
     fallback_reason: str | None = None  # why the *next* attempt happened, if one did
     usage: Usage | None = None  # what the provider billed, when it answered (valid or not)
-    billed_unknown: bool = False  # it answered without usage (or unreadably): billed at the bound
+    billed_unknown: bool = False
+    """It answered without usage the gateway read: billed at the bound. That bound is `usage`
+    where the gateway set one (a stream's, from what it streamed), else the input and all of
+    `max_tokens`."""
 
 
 # ---------------------------------------------------------------- budgets

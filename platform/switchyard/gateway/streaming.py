@@ -9,6 +9,7 @@ stream exactly once however it ends, in a task the request's cancellation cannot
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import AsyncIterator, Coroutine
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -107,6 +108,7 @@ async def stream_body(
             yield sse(chunk_body(ctx.request_id, model, created, usage=usage, switchyard=end.charges(usage)))
         yield sse("[DONE]")
     except ProviderError as exc:
+        end.failure = exc
         parts.metrics.attempt_failed(provider, exc.error_class.value)
         parts.circuits.breaker(provider).record(exc.error_class)
         code = "deadline_exceeded" if exc.error_class is ErrorClass.TIMEOUT else "stream_interrupted"
@@ -139,11 +141,14 @@ class StreamSettlement:
         candidate: Candidate | None,
         outcome: Outcome,
         room: Headroom | None = None,
+        *,
+        answered: bool = False,
     ) -> None:
         self.pipeline, self.plan, self.redacted = pipeline, plan, redacted
         self.room = room  # what the budget had left when the stream started
         self.reservation, self.chain = reservation, chain
         self.candidate = candidate  # whose stream may be billed; None: no call was under way
+        self.answered = answered  # the candidate's stream began: its attempt is the chain's last
         self.outcome = outcome
         if candidate is not None and outcome.provider is None:
             outcome.provider, outcome.model_version = candidate.provider, candidate.entry.model_version
@@ -154,6 +159,7 @@ class StreamSettlement:
         self.usage: Usage | None = None  # as the provider reported it, if it did
         self._task: asyncio.Task[None] | None = None
         self.stand_in = False  # the pipeline wrote the request's stand-in record (streams only)
+        self.failure: ProviderError | None = None  # what ended the stream early, if the provider did
 
     def finish(self) -> asyncio.Task[None]:
         if self._task is None:
@@ -189,12 +195,31 @@ class StreamSettlement:
             out["budget_remaining_usd"] = round(left, 8)
         return out
 
+    def _end_attempt(self, usage: Usage) -> None:
+        """The streamed attempt as it ended, for the bills and the audit record: what it was
+        billed (as reported, or the bound when the provider's usage was not read: none sent,
+        or the stream failed or its client left first) and how the provider ended it."""
+        attempts = self.chain.attempts
+        failure = self.failure
+        attempts[-1] = dataclasses.replace(
+            attempts[-1],
+            usage=usage,
+            billed_unknown=self.usage is None,
+            error_class=None if failure is None else failure.error_class,
+            error=None if failure is None else failure.message,
+        )
+
     async def _settle_and_audit(self) -> None:
         p, plan, o = self.pipeline, self.plan, self.outcome
         catalog, day = plan.policy_set.providers, plan.ctx.day
-        bills = p.bills(plan, self.redacted, self.chain)
         if self.candidate is not None:
             o.usage = self.usage or self.bound_usage()
+        if self.answered:
+            assert o.usage is not None
+            self._end_attempt(o.usage)
+        bills = p.bills(plan, self.redacted, self.chain)
+        if self.candidate is not None and not self.answered:
+            # Cut off before its first piece: the call in flight may be billed all the same.
             bills.append(bill(catalog, self.candidate.model, o.usage, day))
         o.output_text = "".join(self.streamed)
         o.tool_calls = self.calls.calls()
