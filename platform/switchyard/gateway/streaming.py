@@ -212,15 +212,16 @@ class StreamSettlement:
     async def _settle_and_audit(self) -> None:
         p, plan, o = self.pipeline, self.plan, self.outcome
         catalog, day = plan.policy_set.providers, plan.ctx.day
-        if self.candidate is not None:
-            o.usage = self.usage or self.bound_usage()
-        if self.answered:
-            assert o.usage is not None
-            self._end_attempt(o.usage)
-        bills = p.bills(plan, self.redacted, self.chain)
-        if self.candidate is not None and not self.answered:
-            # Cut off before its first piece: the call in flight may be billed all the same.
-            bills.append(bill(catalog, self.candidate.model, o.usage, day))
+        if self.candidate is None:
+            bills = p.bills(plan, self.redacted, self.chain)
+        else:
+            o.usage = usage = self.usage or self.bound_usage()
+            if self.answered:
+                self._end_attempt(usage)  # its attempt carries its bill, counted once below
+            bills = p.bills(plan, self.redacted, self.chain)
+            if not self.answered:
+                # Cut off before its first piece: the call in flight may be billed all the same.
+                bills.append(bill(catalog, self.candidate.model, usage, day))
         o.output_text = "".join(self.streamed)
         o.tool_calls = self.calls.calls()
         o.cost = await p.charge(plan, o, self.reservation, bills)
