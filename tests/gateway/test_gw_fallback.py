@@ -166,6 +166,24 @@ async def test_a_stream_whose_end_comes_after_the_deadline_is_charged_its_bound_
     await asyncio.sleep(0.4)  # the fake finishes its stalled answer before the next test
 
 
+async def test_a_stream_whose_provider_goes_silent_names_the_provider_not_the_deadline(
+    gw: Harness, upstreams: FakeUpstreams
+) -> None:
+    """The provider's read timeout (0.5 s here) fired mid-stream, long before the flow's
+    deadline: the error names the provider's timeout, as a non-streamed request's would."""
+    upstreams.openai.reply = "x" * 64
+    upstreams.openai.faults.append(Fault("stall_midway", delay_s=0.9))
+    stream = await gw.client("qa").chat.completions.create(model="auto", messages=MSG, stream=True)  # type: ignore[arg-type]
+    with pytest.raises(openai.APIError):
+        async for _ in stream:
+            pass
+    await gw.pipeline.drain()
+    done = gw.audit.exchanges[-1]
+    assert (done.status_code, done.error_code) == (504, "provider_timeout")
+    assert done.attempts[-1].error_class is ErrorClass.TIMEOUT and done.attempts[-1].billed_unknown
+    await asyncio.sleep(0.5)  # the fake finishes its stalled answer before the next test
+
+
 async def test_stream_falls_back_before_the_first_byte(gw: Harness, upstreams: FakeUpstreams) -> None:
     upstreams.openai.sticky = Fault("status", status=503)
     upstreams.anthropic.reply = "claude streams"

@@ -101,7 +101,7 @@ async def stream_body(
             except StopAsyncIteration:
                 raise ProviderError(ErrorClass.CONNECTION, f"{provider} ended the stream early") from None
             except TimeoutError:
-                raise ProviderError(ErrorClass.TIMEOUT, "the flow's deadline passed mid-stream") from None
+                raise DeadlinePassed(ErrorClass.TIMEOUT, "the flow's deadline passed mid-stream") from None
         usage = usage or end.bound_usage()
         if plan.request.stream_options is not None and plan.request.stream_options.include_usage:
             # The headers left before the cost was known: it comes with the usage.
@@ -111,9 +111,8 @@ async def stream_body(
         end.failure = exc
         parts.metrics.attempt_failed(provider, exc.error_class.value)
         parts.circuits.breaker(provider).record(exc.error_class)
-        code = "deadline_exceeded" if exc.error_class is ErrorClass.TIMEOUT else "stream_interrupted"
-        outcome.status, outcome.error_code = (504 if code == "deadline_exceeded" else 502), code
-        err = DeadlineExceeded(code, exc.message) if code == "deadline_exceeded" else ProviderFailure(code, exc.message)
+        err = _stream_error(exc)
+        outcome.status, outcome.error_code = err.status, err.code
         yield sse(err.body())
     except BaseException:
         if outcome.status == 200:  # cancelled or closed mid-stream: the client hung up
@@ -123,6 +122,20 @@ async def stream_body(
         close_stream_soon(rest)  # the provider's response, if it is still open
         end.usage = usage
         await asyncio.shield(end.finish())  # goes on if this request is cancelled
+
+
+class DeadlinePassed(ProviderError):
+    """The flow's deadline passed while a stream waited for its next piece."""
+
+
+def _stream_error(exc: ProviderError) -> DeadlineExceeded | ProviderFailure:
+    """What a stream that failed after its first byte tells its client: the flow's deadline
+    passing, the provider going silent for longer than its timeout, or the stream breaking."""
+    if isinstance(exc, DeadlinePassed):
+        return DeadlineExceeded("deadline_exceeded", exc.message)
+    if exc.error_class is ErrorClass.TIMEOUT:
+        return DeadlineExceeded("provider_timeout", exc.message)
+    return ProviderFailure("stream_interrupted", exc.message)
 
 
 class StreamSettlement:
