@@ -65,9 +65,8 @@ ToolCallSpec = tuple[str, dict[str, Any]]  # a scripted tool call: (function nam
 
 @dataclass
 class Fault:
-    kind: str  # latency | status | reset | malformed | die_midway | stall_midway | stall_before_done (OpenAI
-    #   streams) | reply
-    #   | filtered | tool_calls
+    kind: str  # latency | status | reset | malformed | reply | filtered | tool_calls; OpenAI streams:
+    #   die_midway | stall_midway | stall_before_done
     delay_s: float = 0.0
     status: int = 500
     retry_after: str | None = None

@@ -17,6 +17,7 @@ from gw_harness import Harness
 from switchyard.gateway.eval_signing import EvalSigner
 from switchyard.gateway.evals import EvalRecord, EvalVerdict, record_path, write_record
 from switchyard.gateway.routing import plan_route
+from switchyard.gateway.seams import Exchange
 from switchyard.policy.models import ErrorClass, FallbackCandidate
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
@@ -138,6 +139,22 @@ async def test_stream_has_no_fallback_after_the_first_byte(gw: Harness, upstream
     assert streamed.error_class is ErrorClass.CONNECTION and streamed.billed_unknown
 
 
+async def failed_stream(gw: Harness, headers: dict[str, str] | None = None) -> Exchange:
+    """Stream a request that fails after its first byte; its audited exchange, once settled."""
+    stream = await gw.client("qa").chat.completions.create(
+        model="auto",
+        messages=MSG,  # type: ignore[arg-type]
+        stream=True,
+        extra_headers=headers or {},
+    )
+    with pytest.raises(openai.APIError):
+        async for _ in stream:
+            pass
+    await gw.pipeline.drain()
+    exchange: Exchange = gw.audit.exchanges[-1]
+    return exchange
+
+
 async def test_a_stream_whose_end_comes_after_the_deadline_is_charged_its_bound_and_says_so(
     gw: Harness, upstreams: FakeUpstreams
 ) -> None:
@@ -146,17 +163,7 @@ async def test_a_stream_whose_end_comes_after_the_deadline_is_charged_its_bound_
     charged its bound; the record's streamed attempt used to say it answered cleanly, usage
     read, which made its charge look like an overcharge of what the provider reported."""
     upstreams.openai.faults.append(Fault("stall_before_done", delay_s=0.6))
-    stream = await gw.client("qa").chat.completions.create(
-        model="auto",
-        messages=MSG,
-        stream=True,
-        extra_headers={"X-Switchyard-Deadline-Ms": "300"},  # type: ignore[arg-type]
-    )
-    with pytest.raises(openai.APIError):
-        async for _ in stream:
-            pass
-    await gw.pipeline.drain()
-    done = gw.audit.exchanges[-1]
+    done = await failed_stream(gw, {"X-Switchyard-Deadline-Ms": "300"})
     assert (done.status_code, done.error_code) == (504, "deadline_exceeded")
     streamed = done.attempts[-1]
     assert streamed.error_class is ErrorClass.TIMEOUT and streamed.billed_unknown
@@ -173,12 +180,7 @@ async def test_a_stream_whose_provider_goes_silent_names_the_provider_not_the_de
     deadline: the error names the provider's timeout, as a non-streamed request's would."""
     upstreams.openai.reply = "x" * 64
     upstreams.openai.faults.append(Fault("stall_midway", delay_s=0.9))
-    stream = await gw.client("qa").chat.completions.create(model="auto", messages=MSG, stream=True)  # type: ignore[arg-type]
-    with pytest.raises(openai.APIError):
-        async for _ in stream:
-            pass
-    await gw.pipeline.drain()
-    done = gw.audit.exchanges[-1]
+    done = await failed_stream(gw)
     assert (done.status_code, done.error_code) == (504, "provider_timeout")
     assert done.attempts[-1].error_class is ErrorClass.TIMEOUT and done.attempts[-1].billed_unknown
     await asyncio.sleep(0.5)  # the fake finishes its stalled answer before the next test
