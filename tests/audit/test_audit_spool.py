@@ -32,7 +32,7 @@ from switchyard.budgets.resolve import BudgetLine
 from switchyard.cli import main
 from switchyard.db.engine import open_database
 from switchyard.db.location import Store, open_store
-from switchyard.gateway.seams import AuditUnavailable
+from switchyard.gateway.seams import AuditUnavailable, Bill, Usage
 from switchyard.policy.keys import PLATFORM_TEAM, KeyStore
 from switchyard.policy.models import DataPolicies, RiskTier, Role
 
@@ -295,9 +295,44 @@ async def test_a_dead_writers_stand_ins_wait_for_its_charge_journal_then_state_t
         ("claude-haiku", 3, 0, 1),
     ]
     assert [usd_to_nanos(b.cost_usd) for b in charged.bills] == [5_850, 150]
+    assert [b.basis for b in charged.bills] == [None, None]  # the ledger keeps no basis; none is claimed
     assert (uncharged.cost_usd, uncharged.bills) == (0.0, ())
     assert store.verify() == []
     assert sorted(p.name for p in (tmp_path / "spool").iterdir()) == [".recovery"]
+
+
+async def test_a_recovered_stand_in_charged_what_it_states_keeps_what_its_bills_were_charged_at(
+    tmp_path: Path, builder: RecordBuilder
+) -> None:
+    """A stand-in states its whole reservation, held: when the ledger charged exactly that (the
+    replica died before its stream settled), its record says the bill was the hold."""
+    ledger = BudgetLedger(open_database(f"sqlite:///{tmp_path / 'ledger.db'}"))
+    line = BudgetLine("team:support:day:2026-12-05", 10**12, "2026-12-06T00:00:00+00:00")
+    ledger.hold(HoldRequest("lease", "w", (line,), 10**9, 10**9, 60))
+    held = 5_776_900
+    ledger.settle(
+        "lease", [Charge("req-held", "support", "reply", "gpt-4o-mini", None, "2026-12-05", held, 0, 0)], close=False
+    )
+    (tmp_path / "journal").mkdir()  # its charge journal already reached the ledger
+    answering = ChargesOnHost(tmp_path / "journal", ledger.charges_of)
+    store = AuditStore.in_state_dir(tmp_path)
+    spool = AuditSpool(tmp_path / "spool", store, drain_interval_s=3600, writer_id="host_8_def", ledger=answering)
+    await spool.start()
+    stand_in = make_exchange(
+        request_id="req-held",
+        status_code=502,
+        error_code="replica_lost",
+        cost_usd=held / 1e9,
+        bills=(Bill("gpt-4o-mini", Usage(0, 0), held, "held"),),
+    )
+    await StoreAuditSink(builder, store, spool).open_stream(stand_in, durable=False)
+    _die(spool)
+
+    assert recover_orphans(tmp_path / "spool", store, answering).new_entries == 1
+    (entry,) = [e.entry for e in store.find(limit=10)]
+    assert isinstance(entry, RequestRecord)
+    assert [(b.basis, usd_to_nanos(b.cost_usd)) for b in entry.bills] == [("held", held)]
+    assert store.verify() == []
     ledger.db.close()
 
 

@@ -4,6 +4,7 @@ and on Postgres (`backend`)."""
 from __future__ import annotations
 
 import asyncio
+import json
 
 import pytest
 from _audit_helpers import EMAIL, make_exchange, make_flow
@@ -11,11 +12,12 @@ from _audit_helpers import EMAIL, make_exchange, make_flow
 from switchyard.audit.builder import DAY_S, BodyBlob, PendingEntry, RecordBuilder
 from switchyard.audit.erasure import erase_subject
 from switchyard.audit.query import AuditQuery, AuditReader
-from switchyard.audit.record import RequestRecord
+from switchyard.audit.record import RequestRecord, parse_entry
 from switchyard.audit.redaction import TextScrubber
 from switchyard.audit.store import AuditStore
 from switchyard.audit.subject_keys import KeyErased, SubjectKeyring
 from switchyard.db.engine import SqliteDatabase
+from switchyard.gateway.seams import Attempt, Bill, Usage
 from switchyard.policy.keys import Principal
 from switchyard.policy.models import BodyStorage, DataPolicies, Role
 
@@ -41,7 +43,7 @@ def test_record_carries_the_issue_fields(parts: tuple[AuditStore, SubjectKeyring
     [stored] = store.find(team="support")
     record = stored.entry
     assert isinstance(record, RequestRecord)
-    assert record.request_id == rid and record.schema_version == 2
+    assert record.request_id == rid and record.schema_version == 3
     assert record.user is not None and record.user.startswith("p-") and record.subject == record.user
     assert record.prompt_ref == "support-reply@2#abcdef123456" and record.provider == "openai"
     assert record.attempts[0].model_version == "gpt-4o-mini-2024-07-18"
@@ -51,6 +53,48 @@ def test_record_carries_the_issue_fields(parts: tuple[AuditStore, SubjectKeyring
     assert record.input.storage is BodyStorage.REDACTED and record.input.encrypted
     assert record.idempotency_key == "idem-1" and record.contract_result == "not_declared"
     assert record.body_expires_at == pytest.approx(record.time + 30 * DAY_S)  # personal: 30 days
+
+
+def test_record_says_which_bills_were_charged_at_the_bound(
+    parts: tuple[AuditStore, SubjectKeyring, RecordBuilder],
+) -> None:
+    """Found reading the stored record (stop 42): an attempt whose usage was never read (a
+    stream cut off, a timeout) was charged the bound, but the stored record's attempts and
+    bills said nothing of it, so its charge read as an overcharge of what the provider
+    reported. Each attempt now says whether its usage was read, and each bill what it was
+    charged at."""
+    store, _, builder = parts
+    timed_out = Attempt("openai", "gpt-4o-mini", "gpt-4o-mini-2024-07-18", 1.0, 900.0, billed_unknown=True)
+    answered = Attempt("anthropic", "claude-haiku", "claude-3-5-haiku", 2.0, 300.0, usage=Usage(40, 12))
+    bills = (Bill("gpt-4o-mini", Usage(40, 256), 160_000, "bound"), Bill("claude-haiku", Usage(40, 12), 80_000))
+    store.append([builder.build(make_exchange(attempts=(timed_out, answered), bills=bills))])
+    record = store.find()[0].entry
+    assert isinstance(record, RequestRecord)
+    assert [a.billed_unknown for a in record.attempts] == [True, False]
+    assert [(b.model, b.completion_tokens, b.basis) for b in record.bills] == [
+        ("gpt-4o-mini", 256, "bound"),
+        ("claude-haiku", 12, "reported"),
+    ]
+    assert store.verify() == []
+
+
+def test_a_schema_2_record_still_reads_and_says_it_does_not_know_its_bills_basis(
+    parts: tuple[AuditStore, SubjectKeyring, RecordBuilder],
+) -> None:
+    """Records already in a chain cannot change: one written before schema 3 parses as it was
+    written, with nothing claimed about what its bills were charged at."""
+    _, _, builder = parts
+    bills = (Bill("gpt-4o-mini", Usage(40, 12), 80_000),)
+    record = builder.build(make_exchange(bills=bills)).record
+    old = record.model_dump(mode="json")
+    old["schema_version"] = 2
+    for attempt in old["attempts"]:
+        del attempt["billed_unknown"]
+    for bill in old["bills"]:
+        del bill["basis"]
+    parsed = parse_entry(json.dumps(old))  # as the chain holds it: the payload as written
+    assert isinstance(parsed, RequestRecord) and parsed.schema_version == 2
+    assert parsed.bills[0].basis is None and not parsed.attempts[0].billed_unknown
 
 
 def test_hash_only_class_stores_no_body(parts: tuple[AuditStore, SubjectKeyring, RecordBuilder]) -> None:

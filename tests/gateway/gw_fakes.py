@@ -66,7 +66,7 @@ ToolCallSpec = tuple[str, dict[str, Any]]  # a scripted tool call: (function nam
 @dataclass
 class Fault:
     kind: str  # latency | status | reset | malformed | reply | filtered | tool_calls; OpenAI streams:
-    #   die_midway | stall_midway | stall_before_done
+    #   die_midway | stall_midway | stall_before_done | no_usage
     delay_s: float = 0.0
     status: int = 500
     retry_after: str | None = None
@@ -334,10 +334,9 @@ async def _openai_stream(
             await _sse(send, chunk({"tool_calls": [{"index": index, "function": {"arguments": fragment}}]}))
     await _sse(send, chunk({}, "tool_calls" if calls else "stop"))
     usage = {"prompt_tokens": 11, "completion_tokens": 7, "total_tokens": 18}
-    await _sse(
-        send,
-        {"id": "c1", "object": "chat.completion.chunk", "created": 1, "model": model, "choices": [], "usage": usage},
-    )
+    if fault is None or fault.kind != "no_usage":  # a provider or proxy that never sends it
+        last = {"id": "c1", "object": "chat.completion.chunk", "created": 1, "model": model, "choices": []}
+        await _sse(send, {**last, "usage": usage})
     if fault is not None and fault.kind == "stall_before_done":
         await asyncio.sleep(fault.delay_s)  # answered and usage sent; the end comes late
     await _sse_raw(send, b"data: [DONE]\n\n", more=False)

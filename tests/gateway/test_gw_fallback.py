@@ -169,8 +169,27 @@ async def test_a_stream_whose_end_comes_after_the_deadline_is_charged_its_bound_
     assert streamed.error_class is ErrorClass.TIMEOUT and streamed.billed_unknown
     assert streamed.usage == done.usage and done.usage is not None
     assert done.usage.completion_tokens > 7  # the bound, not the 7 the provider reported unread
-    assert [b.usage for b in done.bills] == [done.usage]  # billed once, at that bound
+    assert [(b.usage, b.basis) for b in done.bills] == [(done.usage, "bound")]  # billed once, at that bound
     await asyncio.sleep(0.4)  # the fake finishes its stalled answer before the next test
+
+
+async def test_a_finished_stream_without_usage_says_it_was_charged_the_bound(
+    gw: Harness, upstreams: FakeUpstreams
+) -> None:
+    """Found by the money invariants once bills said what they were charged at (stop 43): a
+    stream that finished without a usage chunk was charged the bound, but its attempt carried
+    that bound as the usage it read, `billed_unknown` unset, so its record claimed the
+    provider's numbers."""
+    upstreams.openai.reply = "z" * 40
+    upstreams.openai.faults.append(Fault("no_usage"))
+    stream = await gw.client("qa").chat.completions.create(model="auto", messages=MSG, stream=True)  # type: ignore[arg-type]
+    text = "".join([c.choices[0].delta.content or "" async for c in stream if c.choices])
+    await gw.pipeline.drain()
+    done: Exchange = gw.audit.exchanges[-1]
+    assert text == "z" * 40 and done.status_code == 200
+    streamed = done.attempts[-1]
+    assert streamed.error_class is None and streamed.billed_unknown
+    assert [(b.usage, b.basis) for b in done.bills] == [(done.usage, "bound")]
 
 
 async def test_a_stream_whose_provider_goes_silent_names_the_provider_not_the_deadline(

@@ -333,7 +333,8 @@ def _check_batch(
         # The gateway charges the bound where it could not read what was billed: the provider
         # sent no usage, or answered after the gateway gave up (a timeout), or the client left.
         unread = unreported or any(a.billed_unknown for a in record.attempts) or seen[s.n].status is None
-        if not unread:
+        # A record whose bills all say "reported" claims the provider's own numbers: so they are.
+        if not unread or all(b.basis == "reported" for b in record.bills):
             detail = f"record status {record.status_code}, attempts {record.attempts}, bills {bills}"
             assert charge == known, f"{where}: charged {charge} n$, the provider billed {known} n$; {detail}"
         else:

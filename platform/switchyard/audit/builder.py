@@ -49,6 +49,7 @@ def bill_record(bill: Bill) -> BillRecord:
         completion_tokens=usage.completion_tokens,
         cached_prompt_tokens=usage.cached_prompt_tokens,
         cost_usd=nanos_to_usd(bill.nanos),
+        basis=bill.basis,
     )
 
 
@@ -125,6 +126,7 @@ class RecordBuilder:
                     error_class=a.error_class,
                     error=a.error,
                     fallback_reason=a.fallback_reason,
+                    billed_unknown=a.billed_unknown,
                 )
                 for a in exchange.attempts
             ),

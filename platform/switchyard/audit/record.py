@@ -10,13 +10,15 @@ sent: from schema 2 on, `user` and `subject` are pseudonyms under the subject's 
 from __future__ import annotations
 
 import json
-from typing import Literal
+from typing import Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from switchyard.policy.models import BodyStorage, ErrorClass, RiskTier, Role
 
-SCHEMA_VERSION = 2  # 2: `user` and `subject` are pseudonyms; 1 carried them as sent
+# 3: an attempt says whether its usage was read, a bill what it was charged at;
+# 2: `user` and `subject` are pseudonyms; 1 carried them as sent
+SCHEMA_VERSION: Final = 3
 
 
 class _Frozen(BaseModel):
@@ -32,6 +34,7 @@ class AttemptRecord(_Frozen):
     error_class: ErrorClass | None = None
     error: str | None = None
     fallback_reason: str | None = None
+    billed_unknown: bool = False  # the provider may have billed it, and its usage was not read
 
 
 class Tokens(_Frozen):
@@ -64,6 +67,10 @@ class BillRecord(_Frozen):
     completion_tokens: int
     cached_prompt_tokens: int = 0
     cost_usd: float
+    # "reported": at the provider's usage; "bound": its usage was not read, so the documented
+    # upper bound; "held": the whole reservation (a stream's stand-in). None: not known (a
+    # record before schema 3, or a recovered stream's charge, which the ledger keeps without it).
+    basis: Literal["reported", "bound", "held"] | None = None
 
 
 class SkipRecord(_Frozen):
@@ -74,7 +81,7 @@ class SkipRecord(_Frozen):
 
 
 class RequestRecord(_Frozen):
-    schema_version: Literal[1, 2] = 2
+    schema_version: Literal[1, 2, 3] = SCHEMA_VERSION
     kind: Literal["request"] = "request"
     request_id: str
     time: float  # unix seconds the request was received

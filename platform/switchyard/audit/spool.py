@@ -42,13 +42,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from switchyard.audit.builder import BodyBlob, PendingEntry, bill_record
-from switchyard.audit.record import RequestRecord, canonical_json
+from switchyard.audit.builder import BodyBlob, PendingEntry
+from switchyard.audit.record import BillRecord, RequestRecord, canonical_json
 from switchyard.audit.store import AuditStore
 from switchyard.audit.subject_keys import b64, unb64
 from switchyard.budgets.ledger import Charge
 from switchyard.budgets.money import nanos_to_usd
-from switchyard.gateway.seams import AuditUnavailable, Bill, Usage
+from switchyard.gateway.seams import AuditUnavailable
 
 log = logging.getLogger(__name__)
 
@@ -169,12 +169,27 @@ def _as_charged(stand_in: PendingEntry, charges: Sequence[Charge]) -> PendingEnt
     if not charges:
         # Its journal reached the ledger without it: lost in a host crash (docs/budgets.md).
         log.warning("the ledger has no charge for stream %s; its record states none", stand_in.record.request_id)
-    bills = tuple(
-        bill_record(Bill(c.model, Usage(c.prompt_tokens, c.completion_tokens, c.cached_tokens), c.nanos))
-        for c in charges
-    )
+    bills = tuple(_charge_record(c) for c in charges)
+    if _same_bills(bills, stand_in.record.bills):  # charged as the stand-in says: its bases hold
+        bills = stand_in.record.bills
     cost = nanos_to_usd(sum(c.nanos for c in charges))
     return PendingEntry(stand_in.record.model_copy(update={"cost_usd": cost, "bills": bills}), stand_in.bodies)
+
+
+def _charge_record(charge: Charge) -> BillRecord:
+    """A ledger charge as a bill; its basis is not known: the ledger keeps the charge alone."""
+    return BillRecord(
+        model=charge.model,
+        prompt_tokens=charge.prompt_tokens,
+        completion_tokens=charge.completion_tokens,
+        cached_prompt_tokens=charge.cached_tokens,
+        cost_usd=nanos_to_usd(charge.nanos),
+    )
+
+
+def _same_bills(charged: Sequence[BillRecord], stated: Sequence[BillRecord]) -> bool:
+    """The ledger's charges are the bills the stand-in states, all but what they were charged at."""
+    return [b.model_copy(update={"basis": None}) for b in stated] == list(charged)
 
 
 def recover_orphans(directory: Path, store: AuditStore, ledger: LedgerView | None = None) -> DrainReport:

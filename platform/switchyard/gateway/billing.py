@@ -24,7 +24,7 @@ from switchyard.budgets.money import nanos_to_usd
 from switchyard.budgets.pricing import CallEstimate, entry_price, estimate_call, model_entry
 from switchyard.budgets.tokens import count_input_tokens
 from switchyard.gateway.routing import Candidate
-from switchyard.gateway.seams import Attempt, Bill, CostEstimate, Usage
+from switchyard.gateway.seams import Attempt, Bill, BillBasis, CostEstimate, Usage
 from switchyard.policy.models import ProviderCatalog
 
 REPAIR_INSTRUCTION_TOKENS = 64  # the repair turn's instruction, generously (it is ~25 tokens)
@@ -59,8 +59,8 @@ def chain_bound(
     return CostEstimate(primary.model, primary.input_tokens, max_tokens, nanos_to_usd(total), total)
 
 
-def bill(catalog: ProviderCatalog, model: str, usage: Usage, day: date) -> Bill:
-    return Bill(model, usage, entry_price(model, catalog.models[model], day).cost_nanos(usage))
+def bill(catalog: ProviderCatalog, model: str, usage: Usage, day: date, basis: BillBasis) -> Bill:
+    return Bill(model, usage, entry_price(model, catalog.models[model], day).cost_nanos(usage), basis)
 
 
 def billed_attempts(
@@ -77,10 +77,10 @@ def billed_attempts(
     bills = []
     for a in attempts:
         if a.usage is not None:
-            bills.append(bill(catalog, a.model, a.usage, day))
+            bills.append(bill(catalog, a.model, a.usage, day, "bound" if a.billed_unknown else "reported"))
         elif a.billed_unknown:
             inputs = estimate_call(catalog, a.model, messages, 0, day, tools).input_tokens
-            bills.append(bill(catalog, a.model, Usage(inputs, max_tokens), day))
+            bills.append(bill(catalog, a.model, Usage(inputs, max_tokens), day, "bound"))
     return bills
 
 

@@ -419,12 +419,14 @@ class EmbeddingsPipeline:
         catalog, day, cand = run.plan.policy_set.providers, run.plan.ctx.day, run.plan.candidate
         bound = Usage(input_tokens_bound(cand.entry.family, run.sent), 0)
         bills = [
-            bill(catalog, a.model, a.usage if a.usage is not None else bound, day)
+            bill(catalog, a.model, a.usage, day, "reported")
+            if a.usage is not None
+            else bill(catalog, a.model, bound, day, "bound")
             for a in run.log.attempts
             if a.usage is not None or a.billed_unknown
         ]
         if run.log.current is not None:
-            bills.append(bill(catalog, run.log.current.model, bound, day))
+            bills.append(bill(catalog, run.log.current.model, bound, day, "bound"))
         return bills
 
     async def _audit(self, run: _Run, o: Outcome) -> None:

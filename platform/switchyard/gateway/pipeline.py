@@ -644,7 +644,7 @@ class ChatPipeline:
             outcome,
             status=502,
             cost=reservation.usd,
-            bills=(Bill(cand.model, Usage(0, 0), usd_to_nanos(reservation.usd)),),
+            bills=(Bill(cand.model, Usage(0, 0), usd_to_nanos(reservation.usd), "held"),),
             error_code="replica_lost",
         )
         with self._stage(plan, "audit.record"):  # the stand-in is an audit write
@@ -723,7 +723,7 @@ class ChatPipeline:
         if cand is not None:  # cut off mid-call: the provider may bill its answer all the same
             catalog, day = plan.policy_set.providers, plan.ctx.day
             inputs = estimate_call(catalog, cand.model, redacted.messages, 0, day, plan.tools).input_tokens
-            bills.append(bill(catalog, cand.model, Usage(inputs, plan.max_tokens), day))
+            bills.append(bill(catalog, cand.model, Usage(inputs, plan.max_tokens), day, "bound"))
             o.provider, o.model_version = cand.provider, cand.entry.model_version
         o.cost = await self.charge(plan, o, reservation, bills)
         await self.record_outcome(plan, redacted, o, chain, context="cancelled")

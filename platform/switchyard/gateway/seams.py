@@ -80,6 +80,12 @@ class CostEstimate:
     nanos: int | None = None
 
 
+BillBasis = Literal["reported", "bound", "held"]
+"""What a bill was charged at: the usage the provider reported; the documented upper bound,
+where its usage was not read; or the whole reservation, held for a stream whose replica may
+die before it settles (its stand-in record's bill)."""
+
+
 @dataclass(frozen=True)
 class Bill:
     """One attempt a provider billed: its model (catalog name), usage and cost."""
@@ -87,6 +93,7 @@ class Bill:
     model: str
     usage: Usage
     nanos: int
+    basis: BillBasis = "reported"
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,7 @@ from switchyard.gateway.planning import Plan
 from switchyard.gateway.providers.base import Delta, ProviderError
 from switchyard.gateway.results import budget_left
 from switchyard.gateway.routing import Candidate
-from switchyard.gateway.seams import Bill, Headroom, Redacted, Reservation, Usage
+from switchyard.gateway.seams import Bill, BillBasis, Headroom, Redacted, Reservation, Usage
 from switchyard.gateway.stream_tools import StreamedToolCalls
 from switchyard.gateway.wire import chunk_body, sse
 from switchyard.policy.models import ErrorClass
@@ -66,7 +66,6 @@ async def stream_body(
     created = int(ctx.received_at)
     restorer = parts.redactor.restorer(redacted)
     parts_out = end.streamed
-    usage: Usage | None = None
     try:
         # The provider's first piece is in hand (the chain waited for it before answering).
         parts.metrics.first_token(ctx.team, ctx.flow.flow, provider, parts.clock() - ctx.received_at)
@@ -84,7 +83,7 @@ async def stream_body(
                 if pieces:
                     yield sse(chunk_body(ctx.request_id, model, created, tool_calls=pieces))
             if delta.finish_reason is not None:
-                usage, end.finished = delta.usage, True
+                end.usage, end.finished = delta.usage, True  # None: it reported none
                 tail = restorer.flush()
                 if tail:
                     parts_out.append(tail)
@@ -102,9 +101,9 @@ async def stream_body(
                 raise ProviderError(ErrorClass.CONNECTION, f"{provider} ended the stream early") from None
             except TimeoutError:
                 raise DeadlinePassed(ErrorClass.TIMEOUT, "the flow's deadline passed mid-stream") from None
-        usage = usage or end.bound_usage()
         if plan.request.stream_options is not None and plan.request.stream_options.include_usage:
-            # The headers left before the cost was known: it comes with the usage.
+            # The headers left before the cost was known: it comes with the usage it is charged at.
+            usage = end.usage or end.bound_usage()
             yield sse(chunk_body(ctx.request_id, model, created, usage=usage, switchyard=end.charges(usage)))
         yield sse("[DONE]")
     except ProviderError as exc:
@@ -120,7 +119,6 @@ async def stream_body(
         raise
     finally:
         close_stream_soon(rest)  # the provider's response, if it is still open
-        end.usage = usage
         await asyncio.shield(end.finish())  # goes on if this request is cancelled
 
 
@@ -200,7 +198,8 @@ class StreamSettlement:
         assert self.candidate is not None
         plan = self.plan
         bills = self.pipeline.bills(plan, self.redacted, self.chain)
-        bills.append(bill(plan.policy_set.providers, self.candidate.model, usage, plan.ctx.day))
+        basis: BillBasis = "bound" if self.usage is None else "reported"
+        bills.append(bill(plan.policy_set.providers, self.candidate.model, usage, plan.ctx.day, basis))
         cost = total_usd(bills)
         out: dict[str, Any] = {"cost_usd": round(cost, 8)}
         left = None if self.room is None else budget_left(self.room, self.reservation, cost)
@@ -234,7 +233,7 @@ class StreamSettlement:
             bills = p.bills(plan, self.redacted, self.chain)
             if not self.answered:
                 # Cut off before its first piece: the call in flight may be billed all the same.
-                bills.append(bill(catalog, self.candidate.model, usage, day))
+                bills.append(bill(catalog, self.candidate.model, usage, day, "bound"))
         o.output_text = "".join(self.streamed)
         o.tool_calls = self.calls.calls()
         o.cost = await p.charge(plan, o, self.reservation, bills)
