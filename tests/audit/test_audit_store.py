@@ -12,10 +12,10 @@ from _audit_helpers import EMAIL, make_exchange, make_flow
 from switchyard.audit.builder import DAY_S, BodyBlob, PendingEntry, RecordBuilder
 from switchyard.audit.erasure import erase_subject
 from switchyard.audit.query import AuditQuery, AuditReader
-from switchyard.audit.record import RequestRecord, parse_entry
+from switchyard.audit.record import RequestRecord, StoredBody, parse_entry
 from switchyard.audit.redaction import TextScrubber
 from switchyard.audit.store import AuditStore
-from switchyard.audit.subject_keys import KeyErased, SubjectKeyring
+from switchyard.audit.subject_keys import KeyErased, SubjectKeyring, plain_digest
 from switchyard.db.engine import SqliteDatabase
 from switchyard.gateway.seams import Attempt, Bill, Usage
 from switchyard.policy.keys import Principal
@@ -181,6 +181,33 @@ def test_an_edited_body_is_found(parts: tuple[AuditStore, SubjectKeyring, Record
     _tamper(store, "UPDATE bodies SET data = ? WHERE request_id = ? AND part = 'output'", b"\x00", rid)
     [finding] = store.verify()
     assert finding.problem == "body_edited" and "output" in finding.detail
+
+
+def test_a_query_never_shows_an_edited_body_as_the_body(
+    parts: tuple[AuditStore, SubjectKeyring, RecordBuilder], data_policies: DataPolicies
+) -> None:
+    """Found reading the query path (stop 43): a body kept in clear (a schema-1 record's) was
+    returned as written whatever its digest said, so an edit `audit verify` reports was shown
+    to an auditor as the body, and bytes that are not UTF-8 raised out of the query."""
+    store, keyring, builder = parts
+    record = builder.build(make_exchange(flow=make_flow(data_class="internal"), user="u-old")).record
+    legacy = record.model_copy(
+        update={
+            "schema_version": 1,
+            "input": StoredBody(storage=BodyStorage.FULL, digest=plain_digest(EMAIL.encode())),
+            "output": StoredBody(storage=BodyStorage.FULL, digest=plain_digest(b"kept as written")),
+        }
+    )
+    store.append([PendingEntry(legacy, (BodyBlob("input", EMAIL.encode()), BodyBlob("output", b"kept as written")))])
+    reader = AuditReader(store, keyring, data_policies)
+    [view] = reader.query(AUDITOR, AuditQuery(team="support", with_bodies=True))
+    assert view["bodies"] == {"input": EMAIL, "output": "kept as written"}
+    rid = record.request_id
+    _tamper(store, "UPDATE bodies SET data = ? WHERE request_id = ? AND part = 'input'", b"forged", rid)
+    _tamper(store, "UPDATE bodies SET data = ? WHERE request_id = ? AND part = 'output'", b"\xff\xfe", rid)
+    [view] = [v for v in reader.query(AUDITOR, AuditQuery(team="support", with_bodies=True)) if v["kind"] == "request"]
+    assert view["bodies"] == {part: "[edited: does not match the digest its record carries]" for part in view["bodies"]}
+    assert {f.problem for f in store.verify()} == {"body_edited"}
 
 
 def test_truncating_a_sealed_segment_is_found(parts: tuple[AuditStore, SubjectKeyring, RecordBuilder]) -> None:

@@ -18,7 +18,7 @@ from cryptography.exceptions import InvalidTag
 from switchyard.audit.data_policy import DataPolicySource, as_getter, may_read_bodies
 from switchyard.audit.record import AccessRecord, RequestRecord
 from switchyard.audit.store import AuditStore, StoredEntry
-from switchyard.audit.subject_keys import KeyErased, SubjectKeyring, unseal
+from switchyard.audit.subject_keys import KeyErased, SubjectKeyring, plain_digest, unseal
 from switchyard.policy.keys import Principal
 from switchyard.policy.models import BodyStorage
 from switchyard.policy.roles import Action, authorize
@@ -87,6 +87,8 @@ class AuditReader:
         data = self._store.body(record.request_id, part)
         if data is None:
             return "[removed by retention]"
+        if plain_digest(data) != meta.digest:  # an edit `audit verify` would report: never shown as the body
+            return "[edited: does not match the digest its record carries]"
         if not meta.encrypted:
             return data.decode()
         try:
