@@ -170,3 +170,36 @@ def test_an_untouched_export_verifies(
     store.close()  # the 7th entry is unsealed: the exported head anchors it all the same
     code, report = _verify_cli(audit_state, capsys, "--bucket", bucket, "--endpoint-url", s3_endpoint)
     assert (code, report["findings"]) == (0, [])
+
+
+def test_a_payload_that_is_not_an_entry_is_a_finding_and_a_clear_error(
+    audit_state: Path, data_policies: DataPolicies, scrubber: TextScrubber, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Found by the generated tampering (stop 43): a payload edited into something that is not
+    an entry (not JSON, or a record missing its fields) made `audit verify`, the command that
+    is there to find edits, fail with "Expecting value: line 1 column 1 (char 0)", and every
+    `audit query` with it. Now verify reports the entry, and a query names it."""
+    store = _filled(audit_state, data_policies, scrubber, 3)
+    _sql(store, "UPDATE entries SET payload = ? WHERE seq = 2", '{"kind": "request"}')
+    store.close()
+    code, report = _verify_cli(audit_state, capsys)
+    assert code == 1
+    assert [(f["seq"], f["problem"]) for f in report["findings"]] == [(2, "edited")], report
+
+    admin = KeyStore.in_state_dir(audit_state).create(PLATFORM_TEAM, Role.PLATFORM_ADMIN)[0]
+    code = main(["audit", "query", "--state-dir", str(audit_state), "--api-key", admin])
+    err = capsys.readouterr().err
+    assert code != 0 and "audit entry 2 is not an audit entry" in err and "Traceback" not in err, err
+
+
+def test_a_column_that_disagrees_with_its_entry_is_found(
+    audit_state: Path, data_policies: DataPolicies, scrubber: TextScrubber
+) -> None:
+    """Found by the generated tampering (stop 43): `team`, `flow`, `time` and `request_id` are
+    copied out of each entry for queries, and verify never compared them with it. An entry
+    moved to another team by its column vanished from its team's queries, and verify passed."""
+    store = _reopen(_filled(audit_state, data_policies, scrubber, 3), audit_state)
+    _sql(store, "UPDATE entries SET team = 'elsewhere' WHERE seq = 2")
+    assert store.find(team="support", limit=10)[1].seq == 3  # hidden from its team's queries
+    [finding] = store.verify()
+    assert (finding.seq, finding.problem) == (2, "edited") and "team column says 'elsewhere'" in finding.detail

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from typing import Final, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from switchyard.policy.models import BodyStorage, ErrorClass, RiskTier, Role
 
@@ -152,10 +152,24 @@ def canonical_json(entry: AuditEntry) -> str:
     return json.dumps(entry.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
 
 
+class UnreadableEntry(ValueError):
+    """A stored payload that is not an audit entry: only an edit of the database makes one."""
+
+
 def parse_entry(payload: str) -> AuditEntry:
-    data = json.loads(payload)
-    if data.get("kind") == "access":
-        return AccessRecord.model_validate(data)
-    if data.get("kind") == "erasure":
-        return ErasureRecord.model_validate(data)
-    return RequestRecord.model_validate(data)
+    """The entry `payload` holds; raises `UnreadableEntry` naming what is wrong with it."""
+    try:
+        data = json.loads(payload)
+        if not isinstance(data, dict):
+            raise UnreadableEntry(f"a JSON {type(data).__name__}, not an object")
+        if data.get("kind") == "access":
+            return AccessRecord.model_validate(data)
+        if data.get("kind") == "erasure":
+            return ErasureRecord.model_validate(data)
+        return RequestRecord.model_validate(data)
+    except json.JSONDecodeError as exc:
+        raise UnreadableEntry(f"not JSON ({exc})") from None
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"]) or "the record"
+        raise UnreadableEntry(f"{where}: {first['msg']} ({exc.error_count()} problems)") from None

@@ -33,7 +33,14 @@ from pathlib import Path
 from switchyard.audit.anchors import ANCHORS_FILE, AnchorLog, check_anchors
 from switchyard.audit.builder import BodyBlob, PendingEntry
 from switchyard.audit.chain import GENESIS, ChainRow, Finding, link_hash, verify_rows
-from switchyard.audit.record import AuditEntry, ErasureRecord, RequestRecord, canonical_json, parse_entry
+from switchyard.audit.record import (
+    AuditEntry,
+    ErasureRecord,
+    RequestRecord,
+    UnreadableEntry,
+    canonical_json,
+    parse_entry,
+)
 from switchyard.audit.subject_keys import plain_digest
 from switchyard.db.engine import Database, Transaction
 from switchyard.db.location import Store, open_store
@@ -85,6 +92,7 @@ _V1 = (
 SCHEMA = Schema("audit", (Migration(1, _V1),))
 
 _SEGMENT_COLUMNS = "segment_no, first_seq, last_seq, last_hash, sealed_at, exported_to"
+_COLUMNS = ("request_id", "kind", "team", "flow", "time")  # an entry's fields, copied out for queries
 
 
 @dataclass(frozen=True)
@@ -184,7 +192,7 @@ class AuditStore:
         sql += " ORDER BY seq LIMIT ?"
         with self.db.read() as tx:
             found = tx.execute(sql, (*args, limit)).rows
-        return [StoredEntry(int(r[0]), parse_entry(r[1]), r[2]) for r in found]
+        return [StoredEntry(int(r[0]), _entry(int(r[0]), r[1]), r[2]) for r in found]
 
     def body(self, request_id: str, part: str) -> bytes | None:
         with self.db.read() as tx:
@@ -269,6 +277,7 @@ class AuditStore:
         by_seq = {r.seq: r for r in rows}
         segments = self.segments()
         findings.extend(self._verify_anchors(by_seq, segments))
+        findings.extend(_verify_tiling(segments))
         for seg in segments:
             row = by_seq.get(seg.last_seq)
             if row is None or row.hash != seg.last_hash:
@@ -279,7 +288,9 @@ class AuditStore:
                         f"sealed segment {seg.segment_no} ends with another entry than was sealed",
                     )
                 )
-        findings.extend(self._verify_bodies(rows, time.time() if now is None else now))
+        entries, unreadable = self._read_entries()
+        findings.extend(unreadable)
+        findings.extend(self._verify_bodies(entries, time.time() if now is None else now))
         return distinct(findings)
 
     def _verify_anchors(self, by_seq: dict[int, ChainRow], segments: list[Segment]) -> list[Finding]:
@@ -300,13 +311,38 @@ class AuditStore:
         by_no = {seg.segment_no: (seg.last_seq, seg.last_hash) for seg in segments}
         return findings + check_anchors(anchors, by_seq, by_no, where)
 
-    def _verify_bodies(self, rows: list[ChainRow], now: float) -> list[Finding]:
+    def _read_entries(self) -> tuple[list[tuple[int, AuditEntry]], list[Finding]]:
+        """Every entry that reads as one, by seq, and a finding for each that does not: a
+        payload that is not an entry, or columns that say other than it does. The columns are
+        what queries select by, so an edited `team` hides its record from its team's queries."""
+        with self.db.read() as tx:
+            found = tx.execute(f"SELECT seq, payload, {', '.join(_COLUMNS)} FROM entries ORDER BY seq").rows
+        entries, findings = [], []
+        for seq, payload, *columns in found:
+            try:
+                entry = parse_entry(payload)
+            except UnreadableEntry as exc:
+                findings.append(Finding(int(seq), "edited", f"the payload is not an audit entry: {exc}"))
+                continue
+            entries.append((int(seq), entry))
+            for name, column in zip(_COLUMNS, columns, strict=True):
+                if column != getattr(entry, name):
+                    findings.append(
+                        Finding(
+                            int(seq),
+                            "edited",
+                            f"its {name} column says {column!r}, its entry {getattr(entry, name)!r}: queries by "
+                            f"{name} go by the column",
+                        )
+                    )
+        return entries, findings
+
+    def _verify_bodies(self, entries: list[tuple[int, AuditEntry]], now: float) -> list[Finding]:
         findings = []
         with self.db.read() as tx:
             stored = {(r[0], r[1]): bytes(r[2]) for r in tx.execute("SELECT request_id, part, data FROM bodies").rows}
-        entries = [(row, parse_entry(row.payload)) for row in rows]
         erased = {rid for _, e in entries if isinstance(e, ErasureRecord) for rid in e.bodies_removed}
-        for row, entry in entries:
+        for seq, entry in entries:
             if not isinstance(entry, RequestRecord) or entry.request_id in erased:
                 continue
             for part, body in (("input", entry.input), ("output", entry.output)):
@@ -316,14 +352,42 @@ class AuditStore:
                 if data is None and entry.body_expires_at > now:
                     findings.append(
                         Finding(
-                            row.seq,
+                            seq,
                             "body_edited",
                             f"the {part} body was deleted before its retention ended",
                         )
                     )
                 elif data is not None and plain_digest(data) != body.digest:
-                    findings.append(Finding(row.seq, "body_edited", f"the {part} body does not match its digest"))
+                    findings.append(Finding(seq, "body_edited", f"the {part} body does not match its digest"))
         return findings
+
+
+def _verify_tiling(segments: list[Segment]) -> list[Finding]:
+    """Segments are sealed end to end from entry 1: one that begins elsewhere was edited (the
+    anchors and the S3 copies know only where each ends, and an export reads from its first)."""
+    findings, begins = [], 1
+    for seg in segments:
+        if seg.first_seq != begins or seg.last_seq < seg.first_seq:
+            findings.append(
+                Finding(
+                    seg.last_seq,
+                    "edited",
+                    f"sealed segment {seg.segment_no} covers entries {seg.first_seq}..{seg.last_seq}, not"
+                    f" {begins}..{seg.last_seq}: its row was edited (or the one before it deleted)",
+                )
+            )
+        begins = seg.last_seq + 1
+    return findings
+
+
+def _entry(seq: int, payload: str) -> AuditEntry:
+    try:
+        return parse_entry(payload)
+    except UnreadableEntry as exc:
+        raise UnreadableEntry(
+            f"audit entry {seq} is not an audit entry ({exc}): the database was edited; `switchyard audit verify`"
+            " lists what else was"
+        ) from None
 
 
 def _head(tx: Transaction) -> tuple[int, str]:
