@@ -112,3 +112,22 @@ def test_a_validation_error_names_field_and_line(policies_copy: Path) -> None:
     found = violations(policies_copy)
     assert any(v.startswith("teams/ads.yaml: flows.summarise.max_tokens: ") and v.endswith("(line 23)") for v in found)
     assert not any("lots" in v for v in found), found  # input values are never echoed
+
+
+def test_an_eval_suite_that_does_not_parse_is_a_violation_naming_it(policies_copy: Path) -> None:
+    """Found by the generated policy changes (stop 43): an eval suite is part of the policy set
+    (hashed, and `policy check` passed), but nothing parsed it until `switchyard eval run` did,
+    which then failed on a set that had passed its check."""
+    (policies_copy / "evals" / "suites" / "payment-risk.yaml").write_text("description: no cases\ncases: []\n")
+    [problem] = violations(policies_copy)
+    assert problem.startswith("evals/suites/payment-risk.yaml: cases") and "at least 1" in problem, problem
+
+
+def test_a_flow_naming_an_eval_suite_that_is_not_there_is_a_violation(policies_copy: Path) -> None:
+    (policies_copy / "evals" / "suites" / "payment-risk.yaml").rename(
+        policies_copy / "evals" / "suites" / "payment-risk-old.yaml"
+    )
+    found = violations(policies_copy)
+    assert any(
+        v.startswith("teams/payments.yaml: flows.") and "unknown eval suite 'payment-risk.yaml'" in v for v in found
+    ), found

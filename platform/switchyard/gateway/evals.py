@@ -14,29 +14,15 @@ import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict
 
 from switchyard.config_file import ConfigFileError, read_yaml, validate
+from switchyard.policy.eval_suites import SUITES_FOLDER, EvalCase, EvalSuite
 
 M = TypeVar("M", bound=BaseModel)
-
-
-class EvalCase(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-    name: str
-    variables: dict[str, Any] = {}
-    messages: list[dict[str, str]] = []
-    expect_json: dict[str, Any] | None = None  # keys the parsed JSON answer must have, with these values
-    expect_contains: str | None = None  # text the answer must contain
-
-
-class EvalSuite(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-    description: str = ""
-    cases: tuple[EvalCase, ...] = Field(min_length=1)
 
 
 class EvalRecord(BaseModel):
@@ -65,7 +51,7 @@ class EvalFileError(Exception):
 
 
 def suite_path(policies_dir: Path, suite: str) -> Path:
-    return policies_dir / "evals" / "suites" / suite
+    return policies_dir / SUITES_FOLDER / suite
 
 
 def record_path(policies_dir: Path, team: str, flow: str, candidate: str) -> Path:

@@ -26,6 +26,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from switchyard.policy.errors import PolicyViolation
+from switchyard.policy.eval_suites import SUITES_FOLDER
 from switchyard.policy.keys import PLATFORM_TEAM
 from switchyard.policy.layering import Layer, ResolvedFlow, flow_layers, resolve_flow
 from switchyard.policy.models import Bound, BudgetLimits, EffectiveFlow, Priority
@@ -329,4 +330,6 @@ def _check_flow_references(ps: PolicySet, resolved: ResolvedFlow) -> list[Policy
             )
     if flow.risk_tier == "high" and flow.fallback and flow.eval is None:
         bad("fallback", "a high-risk flow with a fallback chain needs an `eval` gate (suite, threshold)")
+    if flow.eval is not None and f"{SUITES_FOLDER}/{flow.eval.suite}" not in ps.file_hashes:
+        bad("eval", f"unknown eval suite {flow.eval.suite!r} (no {SUITES_FOLDER}/{flow.eval.suite})")
     return out

@@ -19,6 +19,7 @@ from pydantic import BaseModel
 from switchyard.config_file import FILE_MISSING, ConfigFileError, Problem, parse_yaml, read_bytes, validate
 from switchyard.policy.checks import check_policy_set
 from switchyard.policy.errors import PolicyError, PolicyViolation
+from switchyard.policy.eval_suites import SUITES_FOLDER, EvalSuite
 from switchyard.policy.models import DataPolicies, OrgPolicy, ProviderCatalog, TeamPolicy
 from switchyard.policy.policy_set import PolicySet
 from switchyard.policy.prompts import PromptTemplate
@@ -112,6 +113,8 @@ def load_policy_set(root: str | Path) -> PolicySet:
         if prompt.id != Path(rel).stem:
             c.add(rel, "id", f"prompt id {prompt.id!r} must match the file name {Path(rel).stem!r}")
         prompts[prompt.id] = prompt
+    for rel in _in_folder(listed, SUITES_FOLDER):  # parsed to be checked; `eval run` reads them
+        c.model(rel, EvalSuite)
     if c.violations or org is None or providers is None or data is None or scheduler is None:
         raise PolicyError(c.violations)
     policy_set = PolicySet(
