@@ -13,14 +13,12 @@ build from a policy set at start and per request builds without raising: a set t
 
 from __future__ import annotations
 
-import math
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Any
 
 import yaml
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from switchyard.budgets.resolve import flow_limits
@@ -37,47 +35,10 @@ from switchyard.policy.published import published
 from switchyard.scheduler.core.config import SchedulerFile
 from switchyard.scheduler.core.scheduler import Scheduler
 from tests.examples import examples
+from tests.mutations import mutate
 
 SHIPPED = repo_root() / "policies"
 FILES = [str(p.relative_to(SHIPPED)) for p in policy_files(SHIPPED)]
-OTHER_VALUES: tuple[Any, ...] = (None, 0, -1, 10**15, 1.5, math.nan, "", "ghost", True, [], {}, ["ghost"], {"ghost": 1})
-
-
-def _mutate(doc: Any, draw: Any) -> tuple[Any, str]:
-    """`doc` with one thing changed somewhere in it, and what was changed."""
-    path: list[Any] = []
-    node = doc
-    while isinstance(node, dict | list) and node and draw(st.integers(0, 99)) >= 30:
-        key = draw(st.sampled_from(sorted(node, key=str) if isinstance(node, dict) else list(range(len(node)))))
-        path.append(key)
-        node = node[key]
-    if not path:
-        return draw(st.sampled_from(OTHER_VALUES)), "the whole file replaced"
-    parent = doc
-    for key in path[:-1]:
-        parent = parent[key]
-    last = path[-1]
-    where = "/".join(map(str, path))
-    op = draw(st.sampled_from(("delete", "replace", "rename", "scale", "double", "add_key")))
-    value = parent[last]
-    if op == "delete":
-        del parent[last]
-        return doc, f"{where} deleted"
-    if op == "rename" and isinstance(value, str):
-        parent[last] = f"{value}-ghost"
-        return doc, f"{where} renamed to {parent[last]!r}"
-    if op == "scale" and isinstance(value, int | float) and not isinstance(value, bool):
-        factor = draw(st.sampled_from((0, -1, 1000, 0.5)))
-        parent[last] = value * factor
-        return doc, f"{where} times {factor}"
-    if op == "double" and isinstance(parent, list):
-        parent.insert(last, value)
-        return doc, f"{where} doubled"
-    if op == "add_key" and isinstance(value, dict):
-        value["ghost"] = draw(st.sampled_from(OTHER_VALUES))
-        return doc, f"{where}: unknown key added"
-    parent[last] = draw(st.sampled_from(OTHER_VALUES))
-    return doc, f"{where} replaced by {parent[last]!r}"
 
 
 def _use(root: Path) -> None:
@@ -104,14 +65,16 @@ def _use(root: Path) -> None:
 @given(data=st.data())
 def test_a_changed_policy_file_is_refused_by_name_or_works(data: st.DataObject) -> None:
     rel = data.draw(st.sampled_from(FILES), label="file")
-    doc, change = _mutate(yaml.safe_load((SHIPPED / rel).read_text()), data.draw)
+    doc, change = mutate(yaml.safe_load((SHIPPED / rel).read_text()), data.draw)
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp) / "policies"
         shutil.copytree(SHIPPED, root)
         (root / rel).write_text(yaml.safe_dump(doc, sort_keys=False))
         try:
             _use(root)
+            event("loaded and used")
         except PolicyError as exc:
+            event("refused")
             assert exc.violations, f"{rel}: {change}: refused without a violation"
             # Each names a file of the set: the changed one, or one whose reference into it
             # broke (a prompt version deleted: the flows that use it).

@@ -1,0 +1,49 @@
+"""One generated change to a parsed YAML document, for tests that prove a bad file is refused
+by name (policies, training job specs): a key deleted or added, a value replaced by one of
+another type or sign, a name that points nowhere, a number scaled, a list item doubled."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from hypothesis import strategies as st
+
+OTHER_VALUES: tuple[Any, ...] = (None, 0, -1, 10**15, 1.5, math.nan, "", "ghost", True, [], {}, ["ghost"], {"ghost": 1})
+
+
+def mutate(doc: Any, draw: Any) -> tuple[Any, str]:
+    """`doc` with one thing changed somewhere in it, and what was changed."""
+    path: list[Any] = []
+    node = doc
+    while isinstance(node, dict | list) and node and draw(st.integers(0, 99)) >= 30:
+        key = draw(st.sampled_from(sorted(node, key=str) if isinstance(node, dict) else list(range(len(node)))))
+        path.append(key)
+        node = node[key]
+    if not path:
+        return draw(st.sampled_from(OTHER_VALUES)), "the whole file replaced"
+    parent = doc
+    for key in path[:-1]:
+        parent = parent[key]
+    last = path[-1]
+    where = "/".join(map(str, path))
+    op = draw(st.sampled_from(("delete", "replace", "rename", "scale", "double", "add_key")))
+    value = parent[last]
+    if op == "delete":
+        del parent[last]
+        return doc, f"{where} deleted"
+    if op == "rename" and isinstance(value, str):
+        parent[last] = f"{value}-ghost"
+        return doc, f"{where} renamed to {parent[last]!r}"
+    if op == "scale" and isinstance(value, int | float) and not isinstance(value, bool):
+        factor = draw(st.sampled_from((0, -1, 1000, 0.5)))
+        parent[last] = value * factor
+        return doc, f"{where} times {factor}"
+    if op == "double" and isinstance(parent, list):
+        parent.insert(last, value)
+        return doc, f"{where} doubled"
+    if op == "add_key" and isinstance(value, dict):
+        value["ghost"] = draw(st.sampled_from(OTHER_VALUES))
+        return doc, f"{where}: unknown key added"
+    parent[last] = draw(st.sampled_from(OTHER_VALUES))
+    return doc, f"{where} replaced by {parent[last]!r}"
