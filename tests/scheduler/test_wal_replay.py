@@ -13,8 +13,8 @@ import pytest
 from driver_support import driver, submission
 
 from switchyard.cluster.scheduler_journal import SchedulerJournal
-from switchyard.cluster.scheduler_recovery import recover
-from switchyard.cluster.scheduler_wal import WalCorruptError, WriteAheadLog, read_records
+from switchyard.cluster.scheduler_recovery import recover, snapshot_document, write_snapshot
+from switchyard.cluster.scheduler_wal import SnapshotFiles, WalCorruptError, WriteAheadLog, read_records
 from switchyard.scheduler.core.state_codec import encode_state
 from switchyard.scheduler.driver import Driver, inputs
 from switchyard.scheduler.driver.snapshot import SCHEMA_VERSION, SnapshotVersionError, from_document, to_document
@@ -137,3 +137,49 @@ def test_finished_workloads_are_forgotten_after_the_retention_period() -> None:
     assert "w" in d.state.submissions and d.state.core._attempts == {"w": 1}
     d.tick(103.0)
     assert "w" not in d.state.submissions and d.state.core._attempts == {}
+
+
+def test_a_changed_number_stops_recovery_by_its_line(tmp_path: Path) -> None:
+    """Found by the generated damage (stop 43): a digit changed after the write still parsed,
+    and replay rebuilt another state in silence. Each line carries its CRC-32 now."""
+    run_events(tmp_path)
+    segment = next(tmp_path.glob("wal-*.jsonl"))
+    lines = segment.read_bytes().split(b"\n")
+    assert b'"now":2.0' in lines[2]
+    lines[2] = lines[2].replace(b'"now":2.0', b'"now":7.0')
+    segment.write_bytes(b"\n".join(lines))
+    with pytest.raises(WalCorruptError, match=rf"{segment.name}:3: not a write-ahead-log record \(its checksum"):
+        list(read_records(tmp_path, 0))
+
+
+def test_a_missing_first_line_is_named(tmp_path: Path) -> None:
+    """Found by the generated damage (stop 43): the log's first lines could go unnoticed (the
+    sequence was checked only from the first line there was)."""
+    run_events(tmp_path)
+    segment = next(tmp_path.glob("wal-*.jsonl"))
+    segment.write_bytes(segment.read_bytes().split(b"\n", 1)[1])
+    with pytest.raises(WalCorruptError, match="its first record is seq 2, not 1; records are missing"):
+        list(read_records(tmp_path, 0))
+
+
+def test_a_log_written_before_checksums_still_replays(tmp_path: Path) -> None:
+    live = run_events(tmp_path)
+    segment = next(tmp_path.glob("wal-*.jsonl"))
+    lines = [json.loads(line) for line in segment.read_bytes().splitlines()]
+    segment.write_text("".join(json.dumps({k: v for k, v in r.items() if k != "crc32"}) + "\n" for r in lines))
+    replayed = driver({"a": 8, "b": 8}, node_count=3)
+    for record in read_records(tmp_path, 0):
+        inputs.apply(replayed, record)
+    assert canonical(replayed) == canonical(live)
+
+
+def test_a_changed_snapshot_is_named(tmp_path: Path) -> None:
+    d = driver({"a": 8, "b": 8}, node_count=3)
+    wal = WriteAheadLog(tmp_path, 0)
+    wal.wait_durable(wal.append(inputs.submit(submission("w", "a", 8, "training"), 1.0, "r")))
+    document, seq = snapshot_document(d, wal, 2.0)
+    path = write_snapshot(SnapshotFiles(tmp_path), document, seq)
+    wal.close()
+    path.write_bytes(path.read_bytes().replace(b'"wal_seq":1', b'"wal_seq":0'))
+    with pytest.raises(WalCorruptError, match=rf"{path.name}: its checksum does not match"):
+        recover(tmp_path, SchedulerJournal(tmp_path / "scheduler.db"), lambda s: Driver(s))

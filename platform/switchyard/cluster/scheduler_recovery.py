@@ -9,14 +9,13 @@ back a grant whose launch never happened; the grace period stops a job that miss
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from switchyard.cluster.scheduler_journal import SchedulerJournal
-from switchyard.cluster.scheduler_wal import SnapshotFiles, WriteAheadLog, read_records
+from switchyard.cluster.scheduler_wal import SnapshotFiles, WriteAheadLog, read_records, sealed
 from switchyard.scheduler.driver import Driver, LiveState, inputs
 from switchyard.scheduler.driver.effects import JournalEvent
 from switchyard.scheduler.driver.snapshot import from_document, to_document
@@ -66,7 +65,7 @@ def recover(directory: Path, journal: SchedulerJournal, driver_of: Callable[[Liv
 
 def write_snapshot(files: SnapshotFiles, document: dict[str, object], seq: int) -> Path:
     """Write the document taken after record `seq`, then drop what it makes redundant."""
-    path = files.write(json.dumps(document, separators=(",", ":")).encode(), seq)
+    path = files.write(sealed(document, allow_nan=True), seq)
     files.remove_before(seq)
     return path
 

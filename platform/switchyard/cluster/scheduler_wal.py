@@ -14,6 +14,12 @@ share a sync; nobody is answered before the sync that covers their line. A snaps
 new segment; segments and snapshots older than the newest snapshot are removed after it is on
 disk.
 
+Checksums: each line, and each snapshot, ends with `"crc32": N`, the CRC-32 of the bytes
+before it (the object as written without that field). A byte changed after the write (a
+number that still parses, a name) would otherwise replay as another state; with it, the line
+stops recovery by name. Lines and snapshots written before checksums have none and are read
+as they are, but a segment whose first line carries one must carry one on every line.
+
 Reading back: a last line cut short by a crash mid-append (no newline, or not JSON) was never
 acknowledged; it is dropped with a warning and cut from the file. Any other bad line stops
 recovery with its file and line number, and nothing is deleted.
@@ -26,6 +32,7 @@ import json
 import logging
 import os
 import threading
+import zlib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -77,8 +84,7 @@ class WriteAheadLog:
         """Write `record` as the next line; returns its seq. Not durable until `wait_durable`."""
         with self._sync:
             seq = self._appended + 1
-            line = json.dumps({"seq": seq, **record}, separators=(",", ":"), allow_nan=False) + "\n"
-            self._file.write(line.encode())
+            self._file.write(sealed({"seq": seq, **record}) + b"\n")
             self._appended = seq
         return seq
 
@@ -117,25 +123,63 @@ def read_records(directory: Path, after_seq: int) -> Iterator[Record]:
     """The records after `after_seq`, in order. Raises WalCorruptError (see the module doc)."""
     segments = _numbered(directory, "wal-", ".jsonl")
     expected: int | None = None
-    for index, (_, path) in enumerate(segments):
+    for index, (first_seq, path) in enumerate(segments):
         last_segment = index == len(segments) - 1
         for record in _segment_records(path, last_segment):
             seq = record["seq"]
+            if expected is None and seq != first_seq:  # the file is named after its first record
+                raise WalCorruptError(f"{path}: its first record is seq {seq}, not {first_seq}; records are missing")
             if expected is not None and seq != expected:
                 raise WalCorruptError(f"{path}: record seq {seq} follows {expected - 1}; records are missing")
-            expected = seq + 1
             if seq > after_seq:
+                if seq != after_seq + 1 and (expected is None or expected <= after_seq):
+                    raise WalCorruptError(  # a whole segment after the snapshot is gone
+                        f"{path}: the log resumes at seq {seq} after record {after_seq}; records are missing"
+                    )
                 yield record
+            expected = seq + 1
+
+
+CHECKSUM = "crc32"
+
+
+def sealed(document: Record, *, allow_nan: bool = False) -> bytes:
+    """`document` as compact JSON, ending with its checksum field (see the module doc).
+    `allow_nan`: a snapshot's state holds infinities (JSON's `Infinity`); a record never does."""
+    body = json.dumps(document, separators=(",", ":"), allow_nan=allow_nan).encode()
+    return body[:-1] + b',"' + CHECKSUM.encode() + b'":' + str(zlib.crc32(body)).encode() + b"}"
+
+
+def unsealed(document: Record) -> tuple[Record, bool]:
+    """`document` without its checksum, and whether it had one; raises ValueError if the
+    checksum does not match (a change after the write)."""
+    if CHECKSUM not in document:
+        return document, False
+    rest = {k: v for k, v in document.items() if k != CHECKSUM}
+    written = document[CHECKSUM]
+    actual = zlib.crc32(json.dumps(rest, separators=(",", ":")).encode())
+    if written != actual:
+        raise ValueError(
+            f"its checksum does not match (crc32 {written} written, {actual} read): changed after it was written"
+        )
+    return rest, True
 
 
 def _segment_records(path: Path, last_segment: bool) -> Iterator[Record]:
     data = path.read_bytes()
     lines = data.split(b"\n")
     complete, tail = lines[:-1], lines[-1]  # tail: what follows the last newline
+    checked: bool | None = None  # whether this segment's lines carry checksums (its first line says)
     for number, line in enumerate(complete, start=1):
         try:
             record = json.loads(line)
-            if not isinstance(record, dict) or not isinstance(record.get("seq"), int):
+            if not isinstance(record, dict):
+                raise ValueError("not a JSON object")
+            record, has_checksum = unsealed(record)
+            checked = has_checksum if checked is None else checked
+            if checked and not has_checksum:
+                raise ValueError("no checksum, in a segment whose lines carry one")
+            if not isinstance(record.get("seq"), int):
                 raise ValueError("not a record with a seq")
         except ValueError as exc:
             if last_segment and number == len(complete) and not tail:
@@ -184,7 +228,10 @@ class SnapshotFiles:
             raise WalCorruptError(f"{path}: not a JSON snapshot ({exc})") from exc
         if not isinstance(document, dict):
             raise WalCorruptError(f"{path}: not a snapshot document")
-        return path, document
+        try:
+            return path, unsealed(document)[0]
+        except ValueError as exc:
+            raise WalCorruptError(f"{path}: {exc}; recovery stopped") from exc
 
     def remove_before(self, seq: int) -> None:
         """Snapshots older than the one after record `seq`, and segments it covers, go."""
