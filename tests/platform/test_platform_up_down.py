@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from switchyard.cluster.record import write_record
+from switchyard.policy.keys import KeyStore
 from tests.platform.test_stale_records import gone_pid, platform_record
 
 pytestmark = pytest.mark.ray
@@ -283,10 +284,14 @@ def test_attach_to_a_cluster_whose_serve_runs_an_app_named_like_the_platforms_is
     state = tmp_path / "state"
     try:
         deployed = serve.status().applications["console"].last_deployed_time_s
-        up = attach_and_fail(ray_cluster["gcs_address"], state, "60")
+        up = attach_and_fail(ray_cluster["gcs_address"], state, "60", "--demo")
         assert up.returncode == 1, f"{up.stdout}\n{up.stderr}"
         assert "refusing to attach: this cluster's Serve already runs applications named 'console'" in up.stderr
         assert "Traceback" not in up.stderr, up.stderr
+        # `--demo` created the demo team's key before the refusal, and never showed it: it is
+        # revoked, not left a live key nobody holds (found in stop 43).
+        with KeyStore.in_state_dir(state) as keys:
+            assert keys.list(team="demo") == [], keys.list(team="demo", include_revoked=True)
         app = serve.status().applications["console"]
         assert (getattr(app.status, "value", app.status), app.last_deployed_time_s) == ("RUNNING", deployed)
         with pytest.raises(ValueError):
@@ -339,12 +344,12 @@ def test_the_platforms_head_actors_leave_the_heads_cpus_free(
             ray.kill(actor, no_restart=True)
 
 
-def attach_and_fail(address: str, state: Path, timeout: str) -> subprocess.CompletedProcess[str]:
+def attach_and_fail(address: str, state: Path, timeout: str, *more: str) -> subprocess.CompletedProcess[str]:
     """`up --address` in its own process, expected to fail (its exit code is the caller's to check)."""
     from switchyard.ports import listener_port
 
     args = ("--gateway-port", str(listener_port()), "--timeout", timeout, "--detach", "--state-dir", str(state))
-    return switchyard("up", "--address", address, *args, check=False, timeout=240)
+    return switchyard("up", "--address", address, *args, *more, check=False, timeout=240)
 
 
 def test_attach_to_a_cluster_without_room_fails_naming_the_stuck_deployment(

@@ -228,3 +228,18 @@ def test_a_state_dir_has_one_supervisor_for_as_long_as_it_lives(tmp_path: Path) 
         holder.kill()
         holder.wait()
         os.kill(child, 9)
+
+
+def test_up_attaching_to_an_address_where_no_cluster_answers_fails_at_once_and_creates_nothing(
+    tmp_path: Path,
+) -> None:
+    """Found trying a mistyped address (stop 43): `up --address` handed it to Ray's driver,
+    which retried for more than five minutes, printing its own warnings, and `--demo` had
+    already created a team key that was never shown (a live key nobody held)."""
+    state, port = tmp_path / "state", closed_port()
+    started = time.monotonic()
+    up = switchyard("up", "--address", f"127.0.0.1:{port}", "--demo", "--detach", "--state-dir", str(state))
+    assert up.returncode == 1 and time.monotonic() - started < ANSWER_WITHIN_S, up.stderr
+    assert f"refusing to attach: the Ray cluster at 127.0.0.1:{port} does not answer" in up.stderr, up.stderr
+    assert "nothing was started" in up.stderr and "Traceback" not in up.stderr, up.stderr
+    assert not (state / "keys.db").exists() and not (state / "admin.key").exists()

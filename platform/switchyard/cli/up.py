@@ -15,7 +15,7 @@ from switchyard.cli._auth import ensure_admin_key
 from switchyard.cli._output import fail, print_json
 from switchyard.cluster.app_readiness import APPS_READY_WITHIN_S, PlatformNotRunning, without_frames
 from switchyard.cluster.record import PlatformRecord, clear_record, read_record
-from switchyard.cluster.record_liveness import cluster_silent, stale_record_message, supervisor_gone
+from switchyard.cluster.record_liveness import address_silent, cluster_silent, stale_record_message, supervisor_gone
 from switchyard.db.location import UnsafeLayout
 from switchyard.paths import policies_dir
 from switchyard.policy.errors import PolicyError
@@ -86,19 +86,26 @@ def run(args: argparse.Namespace) -> int:
         clear_record(state)
     if args.demo and DEMO_TEAM not in policy_set.teams:
         return fail(f"--demo needs the team {DEMO_TEAM!r} in {policies}/teams/")
+    # Before anything is written: Ray's driver would retry a wrong address for minutes.
+    if args.address and (silent := address_silent(args.address)) is not None:
+        return fail(f"refusing to attach: the {silent}; nothing was started", 1)
     problem = _prepare_shared_state(state)
     if problem is not None:
         return fail(problem, 1)
     admin_key = ensure_admin_key(state)
-    demo_key = None
+    demo_key = demo_key_id = None
     if args.demo:
         with KeyStore.in_state_dir(state) as keys:
-            demo_key, _ = keys.create(DEMO_TEAM, Role.MEMBER, note="switchyard up --demo")
+            demo_key, created = keys.create(DEMO_TEAM, Role.MEMBER, note="switchyard up --demo")
+            demo_key_id = created.key_id
     try:
         record = _attach(args, state, policies) if args.address else _start_local(args, state, policies)
     except UnsafeLayout as exc:
-        return fail(f"refusing to start: {exc}", 1)
+        record = fail(f"refusing to start: {exc}", 1)
     if isinstance(record, int):
+        if demo_key_id is not None:  # never shown: it must not stay a live key nobody holds
+            with KeyStore.in_state_dir(state) as keys:
+                keys.revoke(demo_key_id)
         return record
     _report(args, record, state, admin_key, demo_key)
     if args.detach:

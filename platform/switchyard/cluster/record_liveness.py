@@ -39,14 +39,24 @@ def supervisor_gone(state: Path, record: PlatformRecord) -> str | None:
 def cluster_silent(record: PlatformRecord, timeout_s: float = GCS_ANSWER_TIMEOUT_S) -> str | None:
     """Why the record's Ray cluster cannot be reached (its GCS accepts no connection); None
     when it answers."""
-    host, _, port = record.ray_address.rpartition(":")
+    silent = address_silent(record.ray_address, timeout_s)
+    return None if silent is None else f"its {silent}"
+
+
+def address_silent(address: str, timeout_s: float = GCS_ANSWER_TIMEOUT_S) -> str | None:
+    """Why no Ray cluster answers at `address` (a GCS's host:port); None when one does (or
+    when `address` is "auto": Ray looks for the cluster on this machine itself)."""
+    if address == "auto":
+        return None
+    target = address.split("://", 1)[1] if "://" in address else address  # ray://host:port too
+    host, _, port = target.rpartition(":")
     if not host or not port.isdigit():
-        return f"its Ray address {record.ray_address!r} is not host:port"
+        return f"Ray address {address!r} is not host:port (the head's GCS, e.g. 127.0.0.1:6379)"
     try:
         with socket.create_connection((host, int(port)), timeout=timeout_s):
             return None
     except OSError as exc:
-        return f"its Ray cluster at {record.ray_address} does not answer ({exc.strerror or type(exc).__name__})"
+        return f"Ray cluster at {address} does not answer ({exc.strerror or type(exc).__name__})"
 
 
 def not_running(state: Path, record: PlatformRecord) -> str | None:
