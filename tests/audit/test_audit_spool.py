@@ -22,7 +22,7 @@ from switchyard.audit.builder import RecordBuilder
 from switchyard.audit.record import RequestRecord, canonical_json
 from switchyard.audit.redaction import TextScrubber
 from switchyard.audit.sink import StoreAuditSink
-from switchyard.audit.spool import AuditSpool, encode_line, pending_lines, recover_orphans
+from switchyard.audit.spool import AuditSpool, drain_file, encode_line, pending_lines, recover_orphans
 from switchyard.audit.store import AuditStore
 from switchyard.audit.subject_keys import SubjectKeyring, b64
 from switchyard.budgets.charge_journal import ChargeJournal, ChargesOnHost, journal_dir
@@ -380,3 +380,51 @@ def test_a_spool_line_is_the_same_bytes_as_before_the_record_was_embedded_verbat
         "bodies": [{"part": b.part, "data": b64(b.data)} for b in pending.bodies],
     }
     assert encode_line(pending) == (json.dumps(old, separators=(",", ":")) + "\n").encode()
+
+
+async def test_a_short_write_never_swallows_the_next_record(
+    tmp_path: Path, builder: RecordBuilder, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Found reading the spool (stop 43): a short write (a full disk) refused its record but
+    left its fragment as the file's last bytes, and the next record, acknowledged, was appended
+    to it: one line that decoded as nothing, dropped at the drain as "torn"."""
+    store = AuditStore.in_state_dir(tmp_path)
+    spool = AuditSpool(tmp_path / "spool", store, drain_interval_s=3600)
+    await spool.start()
+    real_write, cut = os.write, [True]
+
+    def full_disk(fd: int, data: bytes) -> int:
+        if cut and data.startswith(b'{"record"'):
+            cut.clear()
+            return real_write(fd, data[: len(data) // 2])
+        return real_write(fd, data)
+
+    monkeypatch.setattr(os, "write", full_disk)
+    refused, kept = builder.build(make_exchange()), builder.build(make_exchange())
+    with pytest.raises(AuditUnavailable, match="short write"):
+        await spool.put(refused)
+    await spool.put(kept)
+    await spool.stop()
+    stored = [e.entry.request_id for e in store.find(limit=10)]
+    assert stored == [kept.record.request_id], stored
+
+
+def test_a_line_that_is_no_record_is_kept_aside_and_the_rest_drained(tmp_path: Path, builder: RecordBuilder) -> None:
+    """Found by reading the drain (stop 43): a complete line that was no record (something
+    changed the file: a crash tears only the last line) was dropped with the file as "torn",
+    and a line of JSON of another shape (a list) raised out of every drain, so the writer's
+    other records never reached the store. Now the others are stored and such lines are kept,
+    as they were, in `<file>.unreadable`."""
+    store = AuditStore.in_state_dir(tmp_path)
+    spool_dir = tmp_path / "spool"
+    spool_dir.mkdir()
+    records = [builder.build(make_exchange()) for _ in range(3)]
+    junk = [b"[1, 2]", b'{"record": {"kind": "request"}, "bodies": []}']
+    lines = [encode_line(records[0]), junk[0] + b"\n", encode_line(records[1]), junk[1] + b"\n"]
+    path = spool_dir / "w.1.spool"
+    path.write_bytes(b"".join([*lines, encode_line(records[2])[:40]]))  # and a torn last line
+    report = drain_file(path, store)
+    assert (report.lines, report.new_entries, report.torn_lines, report.unreadable) == (2, 2, 1, 2)
+    assert {e.entry.request_id for e in store.find(limit=10)} == {r.record.request_id for r in records[:2]}
+    assert not path.exists()
+    assert (spool_dir / "w.1.spool.unreadable").read_bytes() == b"".join(j + b"\n" for j in junk)

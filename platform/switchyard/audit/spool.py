@@ -64,9 +64,13 @@ def encode_line(pending: PendingEntry) -> bytes:
 
 
 def decode_line(line: bytes) -> PendingEntry:
-    data = json.loads(line)
-    bodies = tuple(BodyBlob(b["part"], unb64(b["data"])) for b in data["bodies"])
-    return PendingEntry(RequestRecord.model_validate(data["record"]), bodies)
+    """Raises ValueError for a line that is not a spooled record."""
+    try:
+        data = json.loads(line)
+        bodies = tuple(BodyBlob(b["part"], unb64(b["data"])) for b in data["bodies"])
+        return PendingEntry(RequestRecord.model_validate(data["record"]), bodies)
+    except (KeyError, TypeError) as exc:  # JSON, but not of a spooled record's shape
+        raise ValueError(f"not a spooled record ({type(exc).__name__})") from None
 
 
 @dataclass(frozen=True)
@@ -76,6 +80,7 @@ class DrainReport:
     new_entries: int  # lines already in the store (a drain interrupted after commit) are not new
     torn_lines: int  # a partial last line: its `put` never returned, so no response depended on it
     kept: int = 0  # stand-in files left for a later recovery (their charges are not in the ledger yet)
+    unreadable: int = 0  # other lines that are no record: kept aside (`UNREADABLE`), never dropped
 
 
 class LedgerView(Protocol):
@@ -93,46 +98,56 @@ class LedgerView(Protocol):
 
 def drain_file(path: Path, store: AuditStore) -> DrainReport:
     """Move one spool file into the store, then delete it. Safe to repeat (entries are unique)."""
+    entries, torn, unreadable = _decode_lines(path)
+    new = 0
+    for start in range(0, len(entries), BATCH):
+        new += store.append(entries[start : start + BATCH])
+    _keep_aside(path, unreadable)
+    path.unlink()
+    return DrainReport(1, len(entries), new, torn, unreadable=len(unreadable))
+
+
+UNREADABLE = ".unreadable"  # `<file>.unreadable`: lines of `<file>` that were no record, as they were
+
+
+def _decode_lines(path: Path) -> tuple[list[PendingEntry], int, list[bytes]]:
+    """The records of a spool or stand-ins file; how many lines were torn (a last line without
+    its newline: a write a crash cut short, never acknowledged, dropped); and the other lines
+    that are no record. Those cannot come from a crash (each line is one `write(2)`, newline
+    last), so something changed the file: the caller keeps them aside (`_keep_aside`), and
+    they are logged as an error. Logged by position only: a line may hold a body and must not
+    reach the logs."""
+    entries: list[PendingEntry] = []
     lines = path.read_bytes().split(b"\n")
-    batch: list[PendingEntry] = []
-    new = torn = count = 0
+    torn, unreadable = 0, []
     for number, raw in enumerate(lines, start=1):
         if not raw:
             continue
         try:
-            batch.append(decode_line(raw))
-        except (ValueError, KeyError):
-            # Logged by position only: the line may hold a body and must not reach the logs.
-            log.warning(
-                "spool %s line %d is torn (%d bytes); its writer never acknowledged it",
-                path,
-                number,
-                len(raw),
-            )
-            torn += 1
-            continue
-        count += 1
-        if len(batch) >= BATCH:
-            new += store.append(batch)
-            batch = []
-    if batch:
-        new += store.append(batch)
-    path.unlink()
-    return DrainReport(1, count, new, torn)
-
-
-def _decode_lines(path: Path) -> tuple[list[PendingEntry], int]:
-    entries: list[PendingEntry] = []
-    torn = 0
-    for number, raw in enumerate(path.read_bytes().split(b"\n"), start=1):
-        if not raw:
-            continue
-        try:
             entries.append(decode_line(raw))
-        except (ValueError, KeyError):
-            log.warning("%s line %d is torn (%d bytes); its writer never acknowledged it", path, number, len(raw))
-            torn += 1
-    return entries, torn
+        except ValueError:
+            if number == len(lines):  # after the last newline
+                log.warning("%s line %d is torn (%d bytes); its writer never acknowledged it", path, number, len(raw))
+                torn += 1
+            else:
+                unreadable.append(raw)
+                log.error(
+                    "%s line %d (%d bytes) is no audit record; kept aside in %s%s",
+                    path,
+                    number,
+                    len(raw),
+                    path.name,
+                    UNREADABLE,
+                )
+    return entries, torn, unreadable
+
+
+def _keep_aside(path: Path, unreadable: list[bytes]) -> None:
+    """Before `path` is deleted: its lines that were no record, as they were, in `<path>.unreadable`."""
+    if unreadable:
+        with open(path.with_name(path.name + UNREADABLE), "ab") as f:
+            f.write(b"".join(raw + b"\n" for raw in unreadable))
+            os.fsync(f.fileno())
 
 
 def recover_open_streams(
@@ -148,7 +163,7 @@ def recover_open_streams(
     if ledger is not None and ledger.journal_left(writer):
         log.warning("the stand-ins of dead writer %s wait for its charge journal to reach the ledger", writer)
         return DrainReport(0, 0, 0, 0, kept=1)
-    entries, torn = _decode_lines(path)
+    entries, torn, unreadable = _decode_lines(path)
     latest = {e.record.request_id: e for e in entries}  # a restated stand-in (after its charge) wins
     if ledger is not None and latest:
         try:
@@ -160,8 +175,9 @@ def recover_open_streams(
     new = store.append(list(latest.values())) if latest else 0
     if new:
         log.warning("%d streams of dead writer %s were cut off by its death; recorded as replica_lost", new, writer)
+    _keep_aside(path, unreadable)
     path.unlink()
-    return DrainReport(1, len(entries), new, torn)
+    return DrainReport(1, len(entries), new, torn, unreadable=len(unreadable))
 
 
 def _as_charged(stand_in: PendingEntry, charges: Sequence[Charge]) -> PendingEntry:
@@ -235,14 +251,16 @@ def recover_orphans(directory: Path, store: AuditStore, ledger: LedgerView | Non
         sum(r.new_entries for r in reports),
         sum(r.torn_lines for r in reports),
         sum(r.kept for r in reports),
+        sum(r.unreadable for r in reports),
     )
     if total.files:
         log.info(
-            "recovered %d spool files of dead writers: %d records (%d new, %d torn)",
+            "recovered %d spool files of dead writers: %d records (%d new, %d torn, %d unreadable kept aside)",
             total.files,
             total.lines,
             total.new_entries,
             total.torn_lines,
+            total.unreadable,
         )
     return total
 
@@ -342,7 +360,12 @@ class AuditSpool:
         except OSError as exc:
             raise AuditUnavailable(f"cannot write the audit spool {self._path(self._number)}: {exc.strerror}") from exc
         if written != len(line):
-            raise AuditUnavailable(f"short write to the audit spool {self._path(self._number)}")
+            # The part written is this file's last line now, torn: the next record goes to a
+            # new file, or it would extend that fragment into one unreadable line.
+            short = self._path(self._number)
+            os.close(self._fd)
+            self._open_next()
+            raise AuditUnavailable(f"short write to the audit spool {short}")
         self._set_backlog(self._backlog + 1)
 
     # ------------------------------------------------------------ streams in flight
@@ -360,6 +383,7 @@ class AuditSpool:
         line = encode_line(stand_in)
         try:
             if os.write(self._streams_fd, line) != len(line):
+                self._rewrite_streams()  # without the fragment, which the next line would extend
                 raise AuditUnavailable(f"short write to {self._streams_path()}")
             if durable:
                 await asyncio.to_thread(os.fsync, self._streams_fd)
@@ -379,8 +403,12 @@ class AuditSpool:
     def compact_streams(self) -> None:
         """Rewrite the stand-ins file without the superseded ones (written aside, then renamed
         over: a death midway leaves the old file, a superset, which recovery handles)."""
-        if not self._closed_streams or self._streams_fd is None:
-            return
+        if self._closed_streams and self._streams_fd is not None:
+            self._rewrite_streams()
+
+    def _rewrite_streams(self) -> None:
+        """The stand-ins file as `_streams` holds it (caller: the file is open)."""
+        assert self._streams_fd is not None
         path = self._streams_path()
         tmp = path.with_name(path.name + ".tmp")
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)

@@ -260,6 +260,7 @@ def run_drain(args: argparse.Namespace) -> int:
         "new": report.new_entries if report else 0,
         "torn": report.torn_lines if report else 0,
         "stand_ins_kept": report.kept if report else 0,
+        "unreadable_kept_aside": report.unreadable if report else 0,
         "still_spooled_by_live_writers": left,
         **charges,
     }
