@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import errno
 import fcntl
 import json
 import os
@@ -18,7 +19,7 @@ import pytest
 from _budget_helpers import shipped, wall_clock_ctx
 
 from switchyard.budgets.admission import Admissions
-from switchyard.budgets.charge_journal import ChargeJournal, recover_orphans
+from switchyard.budgets.charge_journal import ChargeJournal, read_journal, recover_orphans
 from switchyard.budgets.leased_gate import LeaseConfig, LeasedBudgetGate
 from switchyard.budgets.ledger import BudgetLedger, Charge, SoftAlert
 from switchyard.budgets.service import InProcessLedgerClient, LedgerService
@@ -372,3 +373,29 @@ async def test_a_recoverer_leaves_a_journal_its_live_writer_compacted_under_it_a
     await live.settle(open_request, [Bill("gpt-4o-mini", Usage(10, 5), 5_000)])
     await live.aclose()
     assert ledger.charged_nanos() == 2 * 123_000 + 5_000 < 2 * 123_000 + reserved_nanos
+
+
+def test_a_line_the_disk_cut_short_never_swallows_the_next(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Found reading the journal (stop 43): `os.write`'s count was not looked at, so a short
+    write (a full disk) left a fragment that the next charge's line extended into one line
+    recovery reads as torn, losing both; and a failed write raised out of a settlement half
+    done. Now the fragment is cut and the failure logged: every later line is whole."""
+    journal = ChargeJournal(tmp_path, "replica-1")
+    journal.open()
+    real_write, faults = os.write, ["short", "enospc"]
+
+    def full_disk(fd: int, data: bytes) -> int:
+        if faults and fd == journal._fd:
+            fault = faults.pop(0)
+            if fault == "enospc":
+                raise OSError(errno.ENOSPC, "No space left on device")
+            return real_write(fd, data[: len(data) // 2])
+        return real_write(fd, data)
+
+    monkeypatch.setattr(os, "write", full_disk)
+    lost = [Charge(f"r{n}", "support", "reply", "gpt-4o-mini", None, "2026-12-05", 1_000, 10, 5) for n in range(2)]
+    kept = Charge("r2", "support", "reply", "gpt-4o-mini", None, "2026-12-05", 2_000, 10, 5)
+    for charge in [*lost, kept]:
+        journal.append("hold-1", charge)
+    by_hold, torn = read_journal(journal.path.read_bytes(), journal.path)
+    assert (by_hold, torn) == ({"hold-1": [kept]}, 0)

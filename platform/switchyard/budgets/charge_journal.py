@@ -92,7 +92,22 @@ class ChargeJournal:
             self.open()
         assert self._fd is not None
         line = (json.dumps(entry, separators=(",", ":")) + "\n").encode()
-        os.write(self._fd, line)
+        # A line that cannot be written is logged, not raised: the charge is in memory and
+        # reaches the ledger at the next flush (the journal is for a crash before it), and a
+        # raise would leave the settlement half done. A reservation's line is written again by
+        # the next `rewrite` or `clear`.
+        try:
+            written = os.write(self._fd, line)
+        except OSError as exc:
+            log.error(
+                "charge journal %s: a line was not written (%s); a crash before the next flush loses it",
+                self.path,
+                exc.strerror,
+            )
+            return line
+        if written != len(line):  # a full disk: cut the fragment, or the next line would extend it
+            os.ftruncate(self._fd, os.fstat(self._fd).st_size - written)
+            log.error("charge journal %s: a short write; the line is not journaled until the next flush", self.path)
         return line
 
     def append(self, hold_id: str, charge: Charge) -> None:
