@@ -8,13 +8,14 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any, NoReturn
 
 import pytest
 from driver_support import driver, submission
 
 from switchyard.cluster.scheduler_journal import SchedulerJournal
 from switchyard.cluster.scheduler_recovery import recover, snapshot_document, write_snapshot
-from switchyard.cluster.scheduler_wal import SnapshotFiles, WalCorruptError, WriteAheadLog, read_records
+from switchyard.cluster.scheduler_wal import SnapshotFiles, WalCorruptError, WalWriteError, WriteAheadLog, read_records
 from switchyard.scheduler.core.state_codec import encode_state
 from switchyard.scheduler.driver import Driver, inputs
 from switchyard.scheduler.driver.snapshot import SCHEMA_VERSION, SnapshotVersionError, from_document, to_document
@@ -183,3 +184,42 @@ def test_a_changed_snapshot_is_named(tmp_path: Path) -> None:
     path.write_bytes(path.read_bytes().replace(b'"wal_seq":1', b'"wal_seq":0'))
     with pytest.raises(WalCorruptError, match=rf"{path.name}: its checksum does not match"):
         recover(tmp_path, SchedulerJournal(tmp_path / "scheduler.db"), lambda s: Driver(s))
+
+
+class _FullDisk:
+    """A segment file whose next write stores only half of what it is given."""
+
+    def __init__(self, file: Any) -> None:
+        self.file, self.name = file, file.name
+
+    def write(self, data: bytes) -> int:
+        written: int = self.file.write(data[: len(data) // 2])
+        return written
+
+    def fileno(self) -> int:
+        return int(self.file.fileno())
+
+    def close(self) -> None:
+        self.file.close()
+
+
+def test_a_record_the_disk_cut_short_is_raised_and_leaves_no_fragment(tmp_path: Path) -> None:
+    """Found reading the log (stop 43): `append` ignored how much `write` stored, so a full
+    disk left half a line that the next record extended into one line that stops recovery,
+    and the event the driver had applied was answered as logged. Now the fragment is cut and
+    the failure goes to `on_broken` (the live scheduler exits there, to restart from the log)."""
+    wal = WriteAheadLog(tmp_path, 0)
+    wal.wait_durable(wal.append(inputs.tick(1.0)))
+    broken: list[str] = []
+
+    def stop(error: Exception) -> NoReturn:
+        broken.append(str(error))
+        raise error
+
+    wal.on_broken = stop
+    wal._file = _FullDisk(wal._file)  # type: ignore[assignment]
+    with pytest.raises(WalWriteError, match="record 2 was cut short; it is not logged"):
+        wal.append(inputs.tick(2.0))
+    assert len(broken) == 1
+    wal.close()
+    assert [r["now"] for r in read_records(tmp_path, 0)] == [1.0]  # whole: recovery goes on from here

@@ -24,7 +24,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import ray
 
@@ -43,7 +43,7 @@ from switchyard.cluster.preemption_channel import GcsPreemptionChannel
 from switchyard.cluster.scheduler_journal import SchedulerJournal
 from switchyard.cluster.scheduler_metrics import SchedulerMetrics
 from switchyard.cluster.scheduler_recovery import recover, snapshot_document, write_snapshot
-from switchyard.cluster.scheduler_wal import SnapshotFiles
+from switchyard.cluster.scheduler_wal import SnapshotFiles, WalWriteError
 from switchyard.cluster.serve_pool import ServePool, is_pool_workload
 from switchyard.scheduler.api import LeaseGrant, ReleaseOutcome, StopReason, WorkloadSubmission
 from switchyard.scheduler.claims import CLAIM_TIMEOUT_S, ClaimPolicy
@@ -98,6 +98,16 @@ def cluster_gpu_nodes() -> list[Node]:
     return nodes
 
 
+def _fail_stop(error: WalWriteError) -> NoReturn:
+    """The log could not take an event the driver has applied (a full disk, a failed sync):
+    memory is ahead of what a restart would replay, so no answer may be given from it. The
+    process exits; Ray restarts the actor (`max_restarts`), which recovers from the log, and
+    the caller, never answered, retries (docs/live_scheduler.md, "Durability")."""
+    log.critical("the scheduler's write-ahead log failed: %s; exiting so Ray restarts it from the log", error)
+    logging.shutdown()
+    os._exit(70)  # EX_SOFTWARE; no cleanup may write state from memory
+
+
 @ray.remote(max_concurrency=16)
 class SchedulerActor:
     TICK_S = 0.25
@@ -146,6 +156,7 @@ class SchedulerActor:
         self._snapshots = SnapshotFiles(wal_dir)
         recovered = recover(wal_dir, self._journal, driver_of)
         self._driver, self._wal = recovered.driver, recovered.wal
+        self._wal.on_broken = _fail_stop
         self._last_snapshot = (time.monotonic(), recovered.wal.last_seq)
         state = self._driver.state
         if recovered.snapshot_seq or recovered.replayed or recovered.migrated_legacy:

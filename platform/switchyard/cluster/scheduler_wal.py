@@ -33,9 +33,9 @@ import logging
 import os
 import threading
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, NoReturn
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +44,11 @@ Record = dict[str, Any]
 
 class WalCorruptError(RuntimeError):
     """A write-ahead-log line that is not a record, or a gap in the sequence."""
+
+
+class WalWriteError(RuntimeError):
+    """A line could not be written whole, or a sync failed: the caller's state is ahead of
+    its log, and only a restart from the log (what was durable) is consistent again."""
 
 
 def _segment_path(directory: Path, first_seq: int) -> Path:
@@ -63,6 +68,9 @@ class WriteAheadLog:
     """Appends records after `last_seq`, in a new segment. Thread-safe."""
 
     def __init__(self, directory: Path, last_seq: int) -> None:
+        """`on_broken`, settable: what a `WalWriteError` does (default: raise it); the live
+        scheduler stops its process there, so Ray restarts it from the log."""
+        self.on_broken: Callable[[WalWriteError], NoReturn] = _raise
         self.directory = directory
         directory.mkdir(parents=True, exist_ok=True)
         self._sync = threading.Condition()
@@ -84,7 +92,14 @@ class WriteAheadLog:
         """Write `record` as the next line; returns its seq. Not durable until `wait_durable`."""
         with self._sync:
             seq = self._appended + 1
-            self._file.write(sealed({"seq": seq, **record}) + b"\n")
+            line = sealed({"seq": seq, **record}) + b"\n"
+            try:
+                written = self._file.write(line)
+            except OSError as exc:
+                self.on_broken(WalWriteError(f"{self._file.name}: record {seq} was not written ({exc.strerror})"))
+            if written != len(line):  # a full disk: no fragment may stay for the next line to extend
+                os.ftruncate(self._file.fileno(), os.fstat(self._file.fileno()).st_size - (written or 0))
+                self.on_broken(WalWriteError(f"{self._file.name}: record {seq} was cut short; it is not logged"))
             self._appended = seq
         return seq
 
@@ -98,6 +113,8 @@ class WriteAheadLog:
                 self._sync.release()
                 try:
                     os.fdatasync(fd)
+                except OSError as exc:  # the kernel may have dropped the pages: no retry can tell
+                    self.on_broken(WalWriteError(f"{self._file.name}: fdatasync failed ({exc.strerror})"))
                 finally:
                     self._sync.acquire()
                     self._syncing = False
@@ -242,6 +259,10 @@ class SnapshotFiles:
         for (_, path), (next_first, _) in itertools.pairwise(segments):
             if next_first - 1 <= seq:
                 path.unlink()
+
+
+def _raise(error: WalWriteError) -> NoReturn:
+    raise error
 
 
 def _fsync_directory(directory: Path) -> None:
