@@ -103,13 +103,17 @@ def test_every_grafana_panel_has_series_after_traffic(demo: tuple[dict[str, Any]
         # and timeouts alternate at 22-33 ms, 22 timeouts to 35 answers, and no opening), so
         # the steering holds the deadline at the edge where about half the requests start no
         # attempt: an attempt that does start there has little time left and mostly times out.
+        # They ask for the flow's whole 64 tokens: at 8, the model answered in a few ms, so the
+        # band between "no attempt" and "answered" was that narrow, and CI once saw 80 requests
+        # at 17-30 ms answer or start nothing (8 timeouts) with the circuit still closed.
+        tight = {**chat, "max_tokens": 64}
         deadline_ms, tries, outcomes = 30.0, 0, []
         while cb.gateway_status(gateway, admin_key)["circuits"]["local"]["times_opened"] == 0:
             assert tries < 80, f"80 requests with too-tight deadlines never opened the local circuit: {outcomes}"
             tries += 1
             answer = client.post(
                 "/chat/completions",
-                json=chat,
+                json=tight,
                 headers={"x-switchyard-flow": "assist", "x-switchyard-deadline-ms": str(round(deadline_ms))},
             )
             outcomes.append((round(deadline_ms), answer.status_code, answer.text[-80:]))
