@@ -42,13 +42,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from switchyard.audit.builder import BodyBlob, PendingEntry
+from switchyard.audit.builder import BodyBlob, PendingEntry, bill_record
 from switchyard.audit.record import BillRecord, RequestRecord, canonical_json
 from switchyard.audit.store import AuditStore
 from switchyard.audit.subject_keys import b64, unb64
 from switchyard.budgets.ledger import Charge
 from switchyard.budgets.money import nanos_to_usd
-from switchyard.gateway.seams import AuditUnavailable
+from switchyard.gateway.seams import AuditUnavailable, Bill, Usage
 
 log = logging.getLogger(__name__)
 
@@ -194,13 +194,8 @@ def _as_charged(stand_in: PendingEntry, charges: Sequence[Charge]) -> PendingEnt
 
 def _charge_record(charge: Charge) -> BillRecord:
     """A ledger charge as a bill; its basis is not known: the ledger keeps the charge alone."""
-    return BillRecord(
-        model=charge.model,
-        prompt_tokens=charge.prompt_tokens,
-        completion_tokens=charge.completion_tokens,
-        cached_prompt_tokens=charge.cached_tokens,
-        cost_usd=nanos_to_usd(charge.nanos),
-    )
+    usage = Usage(charge.prompt_tokens, charge.completion_tokens, charge.cached_tokens)
+    return bill_record(Bill(charge.model, usage, charge.nanos, basis=None))
 
 
 def _same_bills(charged: Sequence[BillRecord], stated: Sequence[BillRecord]) -> bool:

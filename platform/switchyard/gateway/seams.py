@@ -93,7 +93,7 @@ class Bill:
     model: str
     usage: Usage
     nanos: int
-    basis: BillBasis = "reported"
+    basis: BillBasis | None = "reported"  # None: not known (a charge read back from the ledger)
 
 
 @dataclass(frozen=True)
