@@ -288,7 +288,7 @@ class AuditStore:
                         f"sealed segment {seg.segment_no} ends with another entry than was sealed",
                     )
                 )
-        entries, unreadable = self._read_entries()
+        entries, unreadable = self._read_entries(rows)
         findings.extend(unreadable)
         findings.extend(self._verify_bodies(entries, time.time() if now is None else now))
         return distinct(findings)
@@ -311,25 +311,28 @@ class AuditStore:
         by_no = {seg.segment_no: (seg.last_seq, seg.last_hash) for seg in segments}
         return findings + check_anchors(anchors, by_seq, by_no, where)
 
-    def _read_entries(self) -> tuple[list[tuple[int, AuditEntry]], list[Finding]]:
-        """Every entry that reads as one, by seq, and a finding for each that does not: a
-        payload that is not an entry, or columns that say other than it does. The columns are
-        what queries select by, so an edited `team` hides its record from its team's queries."""
+    def _read_entries(self, rows: list[ChainRow]) -> tuple[list[tuple[int, AuditEntry]], list[Finding]]:
+        """Every entry of `rows` that reads as one, by seq, and a finding for each that does
+        not: a payload that is not an entry, or columns that say other than it does. The
+        columns are what queries select by, so an edited `team` hides its record from its
+        team's queries."""
         with self.db.read() as tx:
-            found = tx.execute(f"SELECT seq, payload, {', '.join(_COLUMNS)} FROM entries ORDER BY seq").rows
+            found = tx.execute(f"SELECT seq, {', '.join(_COLUMNS)} FROM entries").rows
+        columns_of = {int(r[0]): r[1:] for r in found}
         entries, findings = [], []
-        for seq, payload, *columns in found:
+        for row in rows:
+            seq = row.seq
             try:
-                entry = parse_entry(payload)
+                entry = parse_entry(row.payload)
             except UnreadableEntry as exc:
-                findings.append(Finding(int(seq), "edited", f"the payload is not an audit entry: {exc}"))
+                findings.append(Finding(seq, "edited", f"the payload is not an audit entry: {exc}"))
                 continue
-            entries.append((int(seq), entry))
-            for name, column in zip(_COLUMNS, columns, strict=True):
+            entries.append((seq, entry))
+            for name, column in zip(_COLUMNS, columns_of.get(seq, ()), strict=False):
                 if column != getattr(entry, name):
                     findings.append(
                         Finding(
-                            int(seq),
+                            seq,
                             "edited",
                             f"its {name} column says {column!r}, its entry {getattr(entry, name)!r}: queries by "
                             f"{name} go by the column",
