@@ -397,5 +397,5 @@ def test_a_line_the_disk_cut_short_never_swallows_the_next(tmp_path: Path, monke
     kept = Charge("r2", "support", "reply", "gpt-4o-mini", None, "2026-12-05", 2_000, 10, 5)
     for charge in [*lost, kept]:
         journal.append("hold-1", charge)
-    by_hold, torn = read_journal(journal.path.read_bytes(), journal.path)
-    assert (by_hold, torn) == ({"hold-1": [kept]}, 0)
+    content = read_journal(journal.path.read_bytes(), journal.path)
+    assert (content.by_hold, content.torn, content.unreadable) == ({"hold-1": [kept]}, 0, [])

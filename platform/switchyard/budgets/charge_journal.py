@@ -21,6 +21,16 @@ it unless the request settled (a charge with its id) or was released (nothing bi
 
 A host crash can still lose the last `flush_every_s` of charges (no fsync per request);
 docs/budgets.md states the bound.
+
+Each line carries its CRC-32 (`switchyard.sealed_json`): a digit of an amount changed on disk
+would otherwise be charged as written. A complete line that is not a whole, unchanged entry
+cannot come from a crash (each line is one `write(2)`), so recovery keeps it aside, as it was,
+in `<journal>.unreadable` for an operator, sends the rest and says how many it kept aside.
+A settled charge kept aside leaves its request's reservation standing: recovery charges the
+reservation (the request's upper bound) in its place, so damage makes a charge larger, never
+lost, while the reservation's line is in the file. Lines of journals written before checksums
+have none and are read as they are; in a journal that has checksums, a line without one is
+kept aside.
 """
 
 from __future__ import annotations
@@ -32,12 +42,15 @@ import os
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from switchyard.budgets.ledger import Charge
+from switchyard.sealed_json import CHECKSUM, sealed, unsealed
 
 log = logging.getLogger(__name__)
 
 SUFFIX = ".charges"
+UNREADABLE = ".unreadable"  # `<journal>.unreadable`: its lines that were no whole entry, as they were
 
 SendCharges = Callable[[str, Sequence[Charge]], Awaitable[object]]
 """`(hold_id, charges) -> ...`: record charges against a hold and close it."""
@@ -47,6 +60,10 @@ def _fields(charge: Charge) -> dict[str, object]:
     # A charge's fields are plain values: its instance dict, not `dataclasses.asdict`, whose
     # recursive copy was most of a journal line's cost (two lines per request).
     return dict(vars(charge))
+
+
+def _line(entry: dict[str, object]) -> bytes:
+    return sealed(entry) + b"\n"
 
 
 def journal_dir(state_dir: str | Path) -> Path:
@@ -91,7 +108,7 @@ class ChargeJournal:
         if self._fd is None:
             self.open()
         assert self._fd is not None
-        line = (json.dumps(entry, separators=(",", ":")) + "\n").encode()
+        line = _line(entry)
         # A line that cannot be written is logged, not raised: the charge is in memory and
         # reaches the ledger at the next flush (the journal is for a crash before it), and a
         # raise would leave the settlement half done. A reservation's line is written again by
@@ -135,30 +152,44 @@ class ChargeJournal:
         """Replace the journal by what it still has to cover: `unsent` (hold id, charge) pairs,
         the charges not yet acknowledged by the ledger (the caller's), and the reservations of
         requests still open. Under steady load the journal is never all sent at once, so
-        `clear` alone let it grow by two lines a request. Written aside, locked, then renamed
-        over: a recoverer always finds the journal locked, and a death midway leaves the old
-        file, a superset."""
+        `clear` alone let it grow by two lines a request."""
         if self._fd is None:
             return
-        lines = [
-            (json.dumps({"hold": hold, "charge": _fields(charge)}, separators=(",", ":")) + "\n").encode()
-            for hold, charge in unsent
-        ]
-        private = self.directory / f".{self.path.name}.new"
-        fd = os.open(private, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o600)
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        os.write(fd, b"".join([*lines, *self._reserved.values()]))
-        private.rename(self.path)
-        os.close(self._fd)  # the old file's lock goes with it; the path is the new file already
-        self._fd = fd
+        lines = [_line({"hold": hold, "charge": _fields(charge)}) for hold, charge in unsent]
+        self._replace(b"".join([*lines, *self._reserved.values()]))
 
     def clear(self) -> None:
         """Every journaled charge is in the ledger: start over (the caller guarantees it),
         keeping the reservations of requests still open."""
-        if self._fd is not None:
+        if self._fd is None:
+            return
+        if self._reserved:
+            self._replace(b"".join(self._reserved.values()))
+        else:
             os.ftruncate(self._fd, 0)
-            if self._reserved:
-                os.write(self._fd, b"".join(self._reserved.values()))
+
+    def _replace(self, content: bytes) -> None:
+        """Make `content` the journal: written aside, locked, then renamed over, so a recoverer
+        always finds the journal locked, and a death midway leaves the old file, a superset
+        (its extra charges reached the ledger already, which counts each id once). A write that
+        fails or is cut short (a full disk) keeps the old file too: truncating it in place and
+        writing again, as `clear` did, lost the open reservations it had."""
+        assert self._fd is not None
+        private = self.directory / f".{self.path.name}.new"
+        fd = os.open(private, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            written = os.write(fd, content) if content else 0
+            if written != len(content):
+                raise OSError(f"{written} of {len(content)} bytes written")
+        except OSError as exc:
+            os.close(fd)
+            private.unlink(missing_ok=True)
+            log.error("charge journal %s: not compacted (%s); it keeps every line it had", self.path, exc)
+            return
+        private.rename(self.path)
+        os.close(self._fd)  # the old file's lock goes with it; the path is the new file already
+        self._fd = fd
 
     def close(self) -> None:
         """Remove the journal; only once every charge in it has reached the ledger."""
@@ -175,43 +206,90 @@ class RecoveryReport:
     charges: int
     torn_lines: int  # a partial last line: its request never got a response
     kept: int = 0  # journals whose charges could not be sent; left for the next recovery
+    unreadable: int = 0  # complete lines that were no whole entry: kept aside (`UNREADABLE`)
 
 
 def _request_of(charge_id: str) -> str:
     return charge_id.split(".", 1)[0]  # a request's charges: <id>, <id>.2, <id>.3 ...
 
 
-def read_journal(content: bytes, path: Path) -> tuple[dict[str, list[Charge]], int]:
-    """The charges of one journal (`content`, read from `path`), grouped by hold, and how many
-    lines were torn: every settled charge, and the reservation of every request that neither
-    settled nor was released."""
-    by_hold: dict[str, list[Charge]] = {}
+@dataclass(frozen=True)
+class JournalContent:
+    """What one journal holds for the ledger."""
+
+    by_hold: dict[str, list[Charge]]  # every settled charge, and each open request's reservation
+    torn: int  # a last line without its newline: a write a crash cut short, never acknowledged
+    unreadable: list[bytes]  # complete lines that are no whole, unchanged entry, as they were
+
+
+def read_journal(content: bytes, path: Path) -> JournalContent:
+    """The charges of one journal (`content`, read from `path`), grouped by hold: every settled
+    charge, and the reservation of every request that neither settled nor was released."""
+    by_hold: dict[str, dict[str, Charge]] = {}  # hold -> charge id -> charge: a doubled line is one charge
     provisional: dict[str, tuple[str, Charge]] = {}
     closed: set[str] = set()  # requests settled or released
-    torn = 0
-    for number, raw in enumerate(content.split(b"\n"), start=1):
+    torn, unreadable = 0, []
+    lines = content.split(b"\n")
+    checked = f',"{CHECKSUM}":'.encode() in content  # written with checksums: every line must have one
+    for number, raw in enumerate(lines, start=1):
         if not raw:
             continue
         try:
-            entry = json.loads(raw)
+            entry = _entry(raw, checked)
             if "released" in entry:
                 closed.add(str(entry["released"]))
             elif "provisional" in entry:
                 charge = Charge(**entry["provisional"])
-                provisional[charge.charge_id] = (entry["hold"], charge)
+                provisional[charge.charge_id] = (str(entry["hold"]), charge)
             else:
                 charge = Charge(**entry["charge"])
-                by_hold.setdefault(entry["hold"], []).append(charge)
+                by_hold.setdefault(str(entry["hold"]), {}).setdefault(charge.charge_id, charge)
                 closed.add(_request_of(charge.charge_id))
-        except (ValueError, KeyError, TypeError):
-            log.warning(
-                "charge journal %s line %d is torn (%d bytes); it was never acknowledged", path, number, len(raw)
-            )
-            torn += 1
+        except (ValueError, KeyError, TypeError) as exc:
+            if number == len(lines):  # after the last newline
+                log.warning(
+                    "charge journal %s line %d is torn (%d bytes); it was never acknowledged", path, number, len(raw)
+                )
+                torn += 1
+            else:
+                log.error(
+                    "charge journal %s line %d (%d bytes) is no whole entry (%s); kept aside in %s%s",
+                    path,
+                    number,
+                    len(raw),
+                    exc,
+                    path.name,
+                    UNREADABLE,
+                )
+                unreadable.append(raw)
     for request_id, (hold_id, charge) in provisional.items():
         if request_id not in closed:
-            by_hold.setdefault(hold_id, []).append(charge)
-    return by_hold, torn
+            by_hold.setdefault(hold_id, {})[request_id] = charge
+    return JournalContent({hold: list(charges.values()) for hold, charges in by_hold.items()}, torn, unreadable)
+
+
+_ENTRY_KEYS = ({"hold", "charge"}, {"hold", "provisional"}, {"released"})
+
+
+def _entry(raw: bytes, checked: bool) -> dict[str, Any]:
+    """One line's entry, checksum verified; ValueError names what is wrong with it."""
+    document = json.loads(raw)
+    if not isinstance(document, dict):
+        raise ValueError("not a JSON object")
+    entry, had_checksum = unsealed(document)
+    if checked and not had_checksum:
+        raise ValueError("no checksum, in a journal written with them")
+    if set(entry) not in _ENTRY_KEYS:
+        raise ValueError(f"unexpected fields {sorted(entry)}")
+    return entry
+
+
+def _keep_aside(path: Path, unreadable: list[bytes]) -> None:
+    """Before `path` is deleted: its lines that were no whole entry, as they were."""
+    if unreadable:
+        with open(path.with_name(path.name + UNREADABLE), "ab") as f:
+            f.write(b"".join(raw + b"\n" for raw in unreadable))
+            os.fsync(f.fileno())
 
 
 def _still_at(path: Path, fd: int) -> bool:
@@ -229,7 +307,7 @@ async def recover_orphans(directory: Path, send: SendCharges) -> RecoveryReport:
 
     A journal whose charges cannot be sent (ledger down, unknown hold) is logged and kept
     for the next recovery: money is never dropped, and a replica still starts."""
-    journals = charges = torn = kept = 0
+    journals = charges = torn = kept = unreadable = 0
     if not directory.is_dir():
         return RecoveryReport(0, 0, 0)
     for path in sorted(directory.glob(f"*{SUFFIX}")):
@@ -250,23 +328,25 @@ async def recover_orphans(directory: Path, send: SendCharges) -> RecoveryReport:
                 continue
             with open(fd, "rb", closefd=False) as f:
                 content = f.read()  # the file locked, whatever `path` names by now
-            by_hold, bad = read_journal(content, path)
+            journal = read_journal(content, path)
             try:
-                for hold_id, hold_charges in by_hold.items():
+                for hold_id, hold_charges in journal.by_hold.items():
                     await send(hold_id, hold_charges)
             except Exception:
                 log.exception("cannot send the charges journaled in %s; kept for the next recovery", path)
                 kept += 1
                 continue
+            _keep_aside(path, journal.unreadable)
             path.unlink()
             journals += 1
-            charges += sum(len(c) for c in by_hold.values())
-            torn += bad
+            charges += sum(len(c) for c in journal.by_hold.values())
+            torn += journal.torn
+            unreadable += len(journal.unreadable)
         finally:
             os.close(fd)
     if journals:
         log.info("recovered %d charges from %d journals of dead gateway replicas", charges, journals)
-    return RecoveryReport(journals, charges, torn, kept)
+    return RecoveryReport(journals, charges, torn, kept, unreadable)
 
 
 @dataclass(frozen=True)

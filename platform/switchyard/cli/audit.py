@@ -279,7 +279,12 @@ def _drain_charge_journals(state: Path, ledger: BudgetLedger) -> dict[str, int]:
         await client.settle(hold_id, charges, close=True)
 
     report = asyncio.run(recover_charges(journal_dir(state), send))
-    return {"charge_journals": report.journals, "charges": report.charges, "charge_journals_kept": report.kept}
+    return {
+        "charge_journals": report.journals,
+        "charges": report.charges,
+        "charge_journals_kept": report.kept,
+        "charge_lines_kept_aside": report.unreadable,
+    }
 
 
 def run_purge(args: argparse.Namespace) -> int:

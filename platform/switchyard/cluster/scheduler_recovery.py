@@ -15,10 +15,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from switchyard.cluster.scheduler_journal import SchedulerJournal
-from switchyard.cluster.scheduler_wal import SnapshotFiles, WriteAheadLog, read_records, sealed
+from switchyard.cluster.scheduler_wal import SnapshotFiles, WriteAheadLog, read_records
 from switchyard.scheduler.driver import Driver, LiveState, inputs
 from switchyard.scheduler.driver.effects import JournalEvent
 from switchyard.scheduler.driver.snapshot import from_document, to_document
+from switchyard.sealed_json import sealed
 
 log = logging.getLogger(__name__)
 

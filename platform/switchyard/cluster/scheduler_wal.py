@@ -32,10 +32,11 @@ import json
 import logging
 import os
 import threading
-import zlib
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, BinaryIO, NoReturn
+
+from switchyard.sealed_json import sealed, unsealed
 
 log = logging.getLogger(__name__)
 
@@ -155,31 +156,6 @@ def read_records(directory: Path, after_seq: int) -> Iterator[Record]:
                     )
                 yield record
             expected = seq + 1
-
-
-CHECKSUM = "crc32"
-
-
-def sealed(document: Record, *, allow_nan: bool = False) -> bytes:
-    """`document` as compact JSON, ending with its checksum field (see the module doc).
-    `allow_nan`: a snapshot's state holds infinities (JSON's `Infinity`); a record never does."""
-    body = json.dumps(document, separators=(",", ":"), allow_nan=allow_nan).encode()
-    return body[:-1] + b',"' + CHECKSUM.encode() + b'":' + str(zlib.crc32(body)).encode() + b"}"
-
-
-def unsealed(document: Record) -> tuple[Record, bool]:
-    """`document` without its checksum, and whether it had one; raises ValueError if the
-    checksum does not match (a change after the write)."""
-    if CHECKSUM not in document:
-        return document, False
-    rest = {k: v for k, v in document.items() if k != CHECKSUM}
-    written = document[CHECKSUM]
-    actual = zlib.crc32(json.dumps(rest, separators=(",", ":")).encode())
-    if written != actual:
-        raise ValueError(
-            f"its checksum does not match (crc32 {written} written, {actual} read): changed after it was written"
-        )
-    return rest, True
 
 
 def _segment_records(path: Path, last_segment: bool) -> Iterator[Record]:

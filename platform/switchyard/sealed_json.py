@@ -1,0 +1,41 @@
+"""JSON documents that carry their own checksum, for the files the platform appends to and
+reads back after a crash (the scheduler's write-ahead log, the charge journal).
+
+A sealed document ends with `"crc32": N`, the CRC-32 of the compact JSON written before that
+field (the document without it). A byte changed after the write that still parses (a digit of
+an amount, a name) would otherwise be read back as another value; with the checksum the reader
+knows the line was changed. CRC-32, not a cryptographic hash: this finds damage, not forgery
+(the audit chain is what resists an editor).
+"""
+
+from __future__ import annotations
+
+import json
+import zlib
+from typing import Any
+
+CHECKSUM = "crc32"
+
+Document = dict[str, Any]
+
+
+def sealed(document: Document, *, allow_nan: bool = False) -> bytes:
+    """`document` as compact JSON, ending with its checksum field. `allow_nan`: the document
+    holds infinities (JSON's `Infinity`, as a scheduler snapshot does)."""
+    body = json.dumps(document, separators=(",", ":"), allow_nan=allow_nan).encode()
+    return body[:-1] + b',"' + CHECKSUM.encode() + b'":' + str(zlib.crc32(body)).encode() + b"}"
+
+
+def unsealed(document: Document) -> tuple[Document, bool]:
+    """`document` without its checksum, and whether it had one; raises ValueError if the
+    checksum does not match (a change after the write)."""
+    if CHECKSUM not in document:
+        return document, False
+    rest = {k: v for k, v in document.items() if k != CHECKSUM}
+    written = document[CHECKSUM]
+    actual = zlib.crc32(json.dumps(rest, separators=(",", ":")).encode())
+    if written != actual:
+        raise ValueError(
+            f"its checksum does not match (crc32 {written} written, {actual} read): changed after it was written"
+        )
+    return rest, True
