@@ -39,3 +39,30 @@ def unsealed(document: Document) -> tuple[Document, bool]:
             f"its checksum does not match (crc32 {written} written, {actual} read): changed after it was written"
         )
     return rest, True
+
+
+_MARK = b',"' + CHECKSUM.encode() + b'":'
+
+
+def sealed_bytes(body: bytes) -> bytes:
+    """`body` (the compact JSON of an object, as written) with its checksum field added, for a
+    writer that builds its JSON text itself: checked byte for byte, never encoded again."""
+    return body[:-1] + _MARK + str(zlib.crc32(body)).encode() + b"}"
+
+
+def unsealed_bytes(line: bytes) -> tuple[bytes, bool]:
+    """The bytes `sealed_bytes` was given, and whether `line` had a checksum; raises ValueError
+    if it does not match. (A JSON string escapes its quotes, so the checksum's `,"crc32":` is
+    found only where `sealed_bytes` put it.)"""
+    at = line.rfind(_MARK)
+    if at < 0:
+        return line, False
+    written, body = line[at + len(_MARK) : -1], line[:at] + b"}"
+    if not line.endswith(b"}") or not written.isdigit() or int(written) != zlib.crc32(body):
+        raise ValueError(f"its checksum does not match ({written[:12]!r} written): changed after it was written")
+    return body, True
+
+
+def has_checksums(content: bytes) -> bool:
+    """Whether a file of such lines was written with checksums: then a line without one was changed."""
+    return _MARK in content

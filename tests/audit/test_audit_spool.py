@@ -22,7 +22,14 @@ from switchyard.audit.builder import RecordBuilder
 from switchyard.audit.record import RequestRecord, canonical_json
 from switchyard.audit.redaction import TextScrubber
 from switchyard.audit.sink import StoreAuditSink
-from switchyard.audit.spool import AuditSpool, drain_file, encode_line, pending_lines, recover_orphans
+from switchyard.audit.spool import (
+    AuditSpool,
+    decode_line,
+    drain_file,
+    encode_line,
+    pending_lines,
+    recover_orphans,
+)
 from switchyard.audit.store import AuditStore
 from switchyard.audit.subject_keys import SubjectKeyring, b64
 from switchyard.budgets.charge_journal import ChargeJournal, ChargesOnHost, journal_dir
@@ -35,6 +42,7 @@ from switchyard.db.location import Store, open_store
 from switchyard.gateway.seams import AuditUnavailable, Bill, Usage
 from switchyard.policy.keys import PLATFORM_TEAM, KeyStore
 from switchyard.policy.models import DataPolicies, RiskTier, Role
+from switchyard.sealed_json import sealed_bytes
 
 HERE = Path(__file__).parent
 
@@ -373,13 +381,17 @@ async def test_switchyard_audit_drain_records_a_dead_replicas_cut_off_stream_at_
 
 
 def test_a_spool_line_is_the_same_bytes_as_before_the_record_was_embedded_verbatim(builder: RecordBuilder) -> None:
-    """Lines written before and after the encoding change drain alike (a spool may hold both)."""
+    """Lines written before and after the encoding change drain alike (a spool may hold both):
+    a line is the old encoding's bytes with the checksum field added (stop 44), and a line of
+    the old encoding, without one, still decodes."""
     pending = builder.build(make_exchange(output="ünïcode € answer"))
     old = {
         "record": json.loads(canonical_json(pending.record)),
         "bodies": [{"part": b.part, "data": b64(b.data)} for b in pending.bodies],
     }
-    assert encode_line(pending) == (json.dumps(old, separators=(",", ":")) + "\n").encode()
+    old_line = json.dumps(old, separators=(",", ":")).encode()
+    assert encode_line(pending) == sealed_bytes(old_line) + b"\n"
+    assert decode_line(old_line) == decode_line(encode_line(pending)) == pending
 
 
 async def test_a_short_write_never_swallows_the_next_record(

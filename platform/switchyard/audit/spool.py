@@ -49,6 +49,7 @@ from switchyard.audit.subject_keys import b64, unb64
 from switchyard.budgets.ledger import Charge
 from switchyard.budgets.money import nanos_to_usd
 from switchyard.gateway.seams import AuditUnavailable, Bill, Usage
+from switchyard.sealed_json import has_checksums, sealed_bytes, unsealed_bytes
 
 log = logging.getLogger(__name__)
 
@@ -57,16 +58,26 @@ OPEN_STREAMS = ".open"  # `<writer>.open`: the stand-in records of a writer's st
 
 
 def encode_line(pending: PendingEntry) -> bytes:
-    """`{"record": <canonical JSON>, "bodies": [...]}`: the record's canonical text is embedded as
-    it is (it is compact JSON already), not parsed back and encoded a second time."""
+    """`{"record": <canonical JSON>, "bodies": [...], "crc32": N}`: the record's canonical text is
+    embedded as it is (it is compact JSON already), not parsed back and encoded a second time;
+    the checksum covers the line's bytes before it (`switchyard.sealed_json`). The chain hashes
+    a record only once it is drained, so before that the checksum is what shows a byte changed
+    on disk (a digit of a cost, a team), which would otherwise be stored and chained as written."""
     bodies = json.dumps([{"part": b.part, "data": b64(b.data)} for b in pending.bodies], separators=(",", ":"))
-    return f'{{"record":{canonical_json(pending.record)},"bodies":{bodies}}}\n'.encode()
+    return sealed_bytes(f'{{"record":{canonical_json(pending.record)},"bodies":{bodies}}}'.encode()) + b"\n"
 
 
-def decode_line(line: bytes) -> PendingEntry:
-    """Raises ValueError for a line that is not a spooled record."""
+def decode_line(line: bytes, checked: bool = False) -> PendingEntry:
+    """Raises ValueError for a line that is not a whole, unchanged spooled record. `checked`:
+    its file was written with checksums (`has_checksums`), so a line without one was changed.
+    Lines written before checksums have none and are read as they are."""
+    body, had_checksum = unsealed_bytes(line.removesuffix(b"\n"))
+    if checked and not had_checksum:
+        raise ValueError("no checksum, in a file written with them")
     try:
-        data = json.loads(line)
+        data = json.loads(body)
+        if set(data) != {"record", "bodies"}:
+            raise ValueError(f"unexpected fields {sorted(data)}")
         bodies = tuple(BodyBlob(b["part"], unb64(b["data"])) for b in data["bodies"])
         return PendingEntry(RequestRecord.model_validate(data["record"]), bodies)
     except (KeyError, TypeError) as exc:  # JSON, but not of a spooled record's shape
@@ -118,13 +129,14 @@ def _decode_lines(path: Path) -> tuple[list[PendingEntry], int, list[bytes]]:
     they are logged as an error. Logged by position only: a line may hold a body and must not
     reach the logs."""
     entries: list[PendingEntry] = []
-    lines = path.read_bytes().split(b"\n")
+    content = path.read_bytes()
+    lines, checked = content.split(b"\n"), has_checksums(content)
     torn, unreadable = 0, []
     for number, raw in enumerate(lines, start=1):
         if not raw:
             continue
         try:
-            entries.append(decode_line(raw))
+            entries.append(decode_line(raw, checked))
         except ValueError:
             if number == len(lines):  # after the last newline
                 log.warning("%s line %d is torn (%d bytes); its writer never acknowledged it", path, number, len(raw))
@@ -377,8 +389,11 @@ class AuditSpool:
             self._streams_fd = os.open(self._streams_path(), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         line = encode_line(stand_in)
         try:
+            size = os.fstat(self._streams_fd).st_size
             if os.write(self._streams_fd, line) != len(line):
-                self._rewrite_streams()  # without the fragment, which the next line would extend
+                # Cut the fragment, which the next line would extend. (Rewriting the whole file
+                # to drop it, as before, needs the space the disk just refused.)
+                os.ftruncate(self._streams_fd, size)
                 raise AuditUnavailable(f"short write to {self._streams_path()}")
             if durable:
                 await asyncio.to_thread(os.fsync, self._streams_fd)
@@ -406,13 +421,22 @@ class AuditSpool:
         assert self._streams_fd is not None
         path = self._streams_path()
         tmp = path.with_name(path.name + ".tmp")
+        content = b"".join(line for line, _ in self._streams.values())
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         try:
-            os.write(fd, b"".join(line for line, _ in self._streams.values()))
+            written = os.write(fd, content) if content else 0
+            if written != len(content):
+                raise OSError(f"{written} of {len(content)} bytes written")
             if any(durable for _, durable in self._streams.values()):
                 os.fsync(fd)
-        finally:
+        except OSError as exc:
+            # The old file stays: a superset, which recovery handles. Renaming the partial
+            # file over it lost the stand-ins of streams still open (before stop 44).
             os.close(fd)
+            tmp.unlink(missing_ok=True)
+            log.error("audit stand-ins %s: not compacted (%s); it keeps every stand-in it had", path, exc)
+            return
+        os.close(fd)
         tmp.rename(path)
         os.close(self._streams_fd)
         self._streams_fd = os.open(path, os.O_WRONLY | os.O_APPEND)
