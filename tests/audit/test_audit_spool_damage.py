@@ -30,6 +30,7 @@ from switchyard.audit.redaction import TextScrubber
 from switchyard.audit.spool import UNREADABLE, AuditSpool, decode_line, drain_file, encode_line
 from switchyard.audit.store import AuditStore
 from switchyard.audit.subject_keys import SubjectKeyring
+from switchyard.gateway.seams import AuditUnavailable
 from switchyard.policy.models import DataPolicies
 from tests.examples import examples
 
@@ -134,12 +135,12 @@ async def test_a_stand_ins_compaction_on_a_full_disk_keeps_every_open_stream(
             return real_write(fd, data[: len(data) // 2])
         return real_write(fd, data)
 
-    monkeypatch.setattr(os, "write", full_disk)
-    spool.compact_streams()  # short
-    spool.compact_streams()  # ENOSPC
-    with pytest.raises(Exception, match="short write"):
-        await spool.open_stream(refused, durable=False)
-    monkeypatch.undo()
+    with monkeypatch.context() as patched:
+        patched.setattr(os, "write", full_disk)
+        spool.compact_streams()  # short
+        spool.compact_streams()  # ENOSPC
+        with pytest.raises(AuditUnavailable, match="short write"):
+            await spool.open_stream(refused, durable=False)
     lines = spool._streams_path().read_bytes().split(b"\n")
     assert lines[-1] == b"", "a fragment was left as the file's last bytes"
     held = {decode_line(line).record.request_id for line in lines[:-1]}

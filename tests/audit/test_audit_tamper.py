@@ -10,6 +10,7 @@ through the database, as anyone with its credentials could.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -203,3 +204,30 @@ def test_a_column_that_disagrees_with_its_entry_is_found(
     assert store.find(team="support", limit=10)[1].seq == 3  # hidden from its team's queries
     [finding] = store.verify()
     assert (finding.seq, finding.problem) == (2, "edited") and "team column says 'elsewhere'" in finding.detail
+
+
+def test_an_anchor_the_disk_cut_short_leaves_no_false_alarm(
+    audit_state: Path, data_policies: DataPolicies, scrubber: TextScrubber, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Found reading the anchor log (stop 44): `write`'s count was not looked at, so a short
+    write (a full disk) left a fragment that the next anchor extended into one line that is no
+    anchor, and `audit verify` reported the file as edited from then on (and that anchor was
+    lost). Now the fragment is cut under the file's lock and the failure logged."""
+    real_write, cut = os.write, [True]
+
+    def full_disk(fd: int, data: bytes) -> int:
+        if cut and data.startswith(b'{"hash"'):
+            cut.clear()
+            return real_write(fd, data[: len(data) // 2])
+        return real_write(fd, data)
+
+    store = AuditStore.in_state_dir(audit_state, anchor_every_s=0)
+    builder = RecordBuilder(data_policies, scrubber, SubjectKeyring.in_state_dir(audit_state))
+    with monkeypatch.context() as patched:  # (`undo` would also drop the fixture's database)
+        patched.setattr(os, "write", full_disk)
+        for _ in range(2):
+            store.append([builder.build(make_exchange())])
+    assert not cut, "no anchor was written"
+    anchors, unreadable = store.anchors.read()
+    assert unreadable == [] and anchors[-1].seq == 2, (anchors, unreadable)
+    assert _reopen(store, audit_state).verify() == []

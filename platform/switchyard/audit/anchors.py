@@ -6,9 +6,11 @@ timer writes the newest head when that time is up, so every committed entry is a
 within `every_s`) and one for every segment it seals. `check_anchors` compares a chain with
 anchors, these or the head objects of the S3 export (`audit/export.py`).
 
-Each line is one `write(2)` on an O_APPEND descriptor (atomic for lines this short, so
-writers in several processes never interleave), not fsynced: the database is fsynced
-first, so a line lost to a power cut never names an entry the database lacks.
+Each line is one `write(2)` on an O_APPEND descriptor, under an exclusive `flock` (writers in
+several processes never interleave), not fsynced: the database is fsynced first, so a line
+lost to a power cut never names an entry the database lacks. A short write (a full disk) is
+cut from the file under that lock: its fragment, extended by the next anchor into one line
+that is no anchor, would make `verify` report the file as edited for good.
 
 On the host this raises the bar (whoever deletes entries must also edit this file to
 match); the object-locked S3 copies are the anchors nobody on the host can alter.
@@ -16,6 +18,8 @@ match); the object-locked S3 copies are the anchors nobody on the host can alter
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import json
 import logging
 import os
@@ -105,9 +109,15 @@ class AnchorLog:
 
     def _append(self, anchor: Anchor) -> None:
         try:
+            line = anchor.line().encode()
             fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
             try:
-                os.write(fd, anchor.line().encode())
+                fcntl.flock(fd, fcntl.LOCK_EX)  # released by the close
+                size = os.fstat(fd).st_size
+                written = os.write(fd, line)
+                if written != len(line):
+                    os.ftruncate(fd, size)
+                    raise OSError(errno.ENOSPC, f"a short write ({written} of {len(line)} bytes), cut from the file")
             finally:
                 os.close(fd)
         except OSError as exc:
