@@ -199,6 +199,55 @@ def test_up_over_an_attached_platform_whose_cluster_is_gone_says_so(tmp_path: Pa
     assert read_record(state) == record
 
 
+# A record damaged on disk, or edited by hand: cut short, empty, a field of another type, one missing.
+DAMAGED_RECORDS = ('{"ray_address": "127.0.0.1:6379", "gpus": 8', "", '"gpus": "eight"', '"started_at": ')
+
+
+def _damaged(good: str, how: str) -> str:
+    if how.startswith('"') and how.endswith(": "):  # that field deleted
+        field = how.rstrip(": ")
+        return json.dumps({k: v for k, v in json.loads(good).items() if f'"{k}"' != field})
+    if how.startswith('"gpus"'):
+        return good.replace('"gpus": 8', how)
+    return how
+
+
+def test_every_command_refuses_a_damaged_record_by_name_and_leaves_it(tmp_path: Path) -> None:
+    """Found by damaging `up.json` (stop 44): `down`, `status`, `up`, `env` and the rest raised a
+    pydantic traceback. Each now refuses with an error that names the file and says what to do
+    (no command can tell from it what `up` started, so none guesses), starts and stops nothing,
+    and leaves the file as it was for the operator."""
+    state = tmp_path / "state"
+    state.mkdir()
+    migrate_stores(state)
+    admin = ensure_admin_key(state)
+    assert admin is not None
+    write_record(state, platform_record(state, gone_pid()))
+    good = (state / "up.json").read_text()
+    assert '"gpus": 8' in good
+    key = ["--api-key", admin]
+    commands = (
+        ["down"],
+        ["status", *key],
+        ["up", "--detach"],
+        ["env"],
+        ["train", "list", *key],
+        ["nodes", "list", *key],
+    )
+    for n, command in enumerate(commands):
+        damaged = _damaged(good, DAMAGED_RECORDS[n % len(DAMAGED_RECORDS)])
+        (state / "up.json").write_text(damaged)
+        answer = switchyard(*command, "--state-dir", str(state))
+        said = answer.stderr
+        assert answer.returncode == 2, f"{command} on {damaged!r}: {answer.returncode}\n{said}"
+        assert f"{state / 'up.json'} is not a platform record" in said and "Traceback" not in said, said
+        assert "If no platform runs from there, delete the file" in said, said
+        assert (state / "up.json").read_text() == damaged, f"{command} changed the damaged record"
+        assert answer.stdout == ""
+    running = subprocess.run(["pgrep", "-f", f"{HEAD_MODULE}.*{state}"], capture_output=True, text=True).stdout
+    assert running == "", f"a supervisor was started over a damaged record: {running}"
+
+
 # Claims the state dir as a supervisor does, starts a child the way a careless spawner would
 # (passing on what it may), prints both PIDs and waits.
 HOLDER = """

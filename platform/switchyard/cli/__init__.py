@@ -32,12 +32,17 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     # Before anything imports ray, which reads its auth mode once, at import: a command typed in
     # a fresh shell talks to the platform's cluster with the platform's settings (token auth on).
+    from switchyard.cli._output import fail
     from switchyard.cluster.head import PLATFORM_ENV
+    from switchyard.cluster.record import RecordUnreadable
 
     os.environ.update(PLATFORM_ENV)
     parser = build_parser()
     args = parser.parse_args(argv)
-    code: int = args.handler(args)
+    try:
+        code: int = args.handler(args)
+    except RecordUnreadable as exc:  # every command that reads the platform's record
+        return fail(str(exc))
     return code
 
 

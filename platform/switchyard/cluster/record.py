@@ -6,7 +6,7 @@ import json
 import os
 from pathlib import Path
 
-from pydantic import BaseModel
+from pydantic import BaseModel, ValidationError
 
 RECORD_FILE = "up.json"
 NAMESPACE = "switchyard"  # the Ray namespace of the platform's named actors
@@ -34,11 +34,27 @@ def record_path(state: Path) -> Path:
     return state / RECORD_FILE
 
 
+class RecordUnreadable(ValueError):
+    """`up.json` is there but is not a platform record (damaged, or edited by hand): no command
+    can tell what it started, so each refuses, naming the file, rather than guess."""
+
+
 def read_record(state: Path) -> PlatformRecord | None:
     path = record_path(state)
-    if not path.exists():
+    try:
+        text = path.read_bytes()
+    except FileNotFoundError:
         return None
-    return PlatformRecord.model_validate_json(path.read_text())
+    try:
+        return PlatformRecord.model_validate_json(text)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(map(str, first["loc"]))
+        raise RecordUnreadable(
+            f"{path} is not a platform record ({where + ': ' if where else ''}{first['msg']}), so switchyard cannot "
+            f"tell what `switchyard up` started from {state}. If no platform runs from there, delete the file; if one "
+            f"does, stop its supervisor (`pgrep -af 'switchyard.cluster.head.*{state}'`) and then delete it"
+        ) from None
 
 
 def write_record(state: Path, record: PlatformRecord) -> None:
