@@ -199,6 +199,13 @@ class SchedulerFile(_Strict):
 
     def _reference_problems(self) -> list[tuple[Loc, str]]:
         out: list[tuple[Loc, str]] = []
+        for field, kind, names_of in (
+            ("teams", "team", [t.name for t in self.teams]),
+            ("priority_classes", "priority class", [p.name for p in self.priority_classes or ()]),
+        ):
+            for i, name in enumerate(names_of):
+                if names_of.index(name) != i:  # the core refuses it too, but with no line to point at
+                    out.append(((field, i, "name"), f"{kind} {name!r} is declared twice"))
         types = set(self.gpu_types)
         if len(types) != len(self.gpu_types):
             out.append((("gpu_types",), f"GPU types must be unique, got {self.gpu_types}"))
