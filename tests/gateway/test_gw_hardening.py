@@ -369,6 +369,40 @@ async def test_replica_starts_on_the_last_good_set_when_the_files_are_bad(
         PolicyStore(policies, fresh)
 
 
+async def test_a_last_good_copy_changed_on_disk_is_refused_not_served(
+    gw_dirs: tuple[Path, Path, dict[str, str]], tmp_path: Path
+) -> None:
+    """Found by damaging the state dir (stop 44): a replica starting while the policy files
+    were bad loaded the last good copy without checking it was the set saved there. A copy
+    changed on disk that still loaded (here a team's monthly budget, 6000 -> 7000) was served,
+    and the status said only "degraded"; a copy that no longer loaded raised its own error with
+    no word of the live files'. Now both refuse, naming the copy and the live files."""
+    from switchyard.policy.errors import PolicyError
+    from switchyard.policy.store import PolicyStore
+
+    policies = tmp_path / "policies"
+    shutil.copytree(gw_dirs[0], policies)
+    state = tmp_path / "state"
+    state.mkdir()
+    PolicyStore(policies, state)
+    (policies / "org.yaml").write_bytes(b"org: acme\n\xff\n")
+    saved = PolicyStore(policies, state)._last_good
+    copy = saved.path() if saved is not None else None
+    assert copy is not None
+    team = copy / "teams" / "search.yaml"
+    assert "month_usd: 6000" in team.read_text()
+    team.write_text(team.read_text().replace("month_usd: 6000", "month_usd: 7000"))
+    with pytest.raises(PolicyError) as refused:
+        PolicyStore(policies, state)
+    said = str(refused.value)
+    assert "org.yaml" in said and str(copy) in said and "changed after it was saved" in said, said
+    team.write_text("teams: [")
+    with pytest.raises(PolicyError) as refused:
+        PolicyStore(policies, state)
+    said = str(refused.value)
+    assert "org.yaml" in said and "the last good copy does not load either" in said, said
+
+
 async def _until(condition: Any, timeout_s: float = 5.0) -> None:
     deadline = time.monotonic() + timeout_s
     while not condition():

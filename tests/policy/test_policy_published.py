@@ -101,6 +101,23 @@ def test_a_set_that_does_not_hash_to_its_fingerprint_is_refused(
     assert replica.rejected == 1
 
 
+def test_a_replicas_saved_copy_changed_on_disk_is_replaced_by_the_published_bytes(head: Head, tmp_path: Path) -> None:
+    """Found by damaging the state dir (stop 44): a replica saves each published set under its
+    fingerprint and loads it from there; a saved copy that existed was never rewritten. Once
+    its bytes changed on disk it loaded as another fingerprint on every start, so no replica on
+    that host could start on the published set again ("loads as ..., not the published ...").
+    Now a copy that is not the offered bytes is replaced."""
+    state = tmp_path / "replica-state"
+    first = _replica(head, state)
+    copy = first.current.root
+    team = copy / "teams" / "search.yaml"
+    team.write_text(team.read_text().replace("month_usd: 6000", "month_usd: 7000"))
+    restarted = _replica(head, state, "r2")
+    assert restarted.current.fingerprint == head.store.current.fingerprint and not restarted.degraded
+    budget = restarted.current.teams["search"].budget
+    assert budget is not None and budget.month_usd == 6000
+
+
 def test_a_replica_that_cannot_get_a_set_does_not_start(head: Head, tmp_path: Path) -> None:
     head.reachable = False
     with pytest.raises(PolicyUnavailable, match="cannot reach the policy publisher"):

@@ -9,6 +9,7 @@ through the same loader, and the replica reports itself degraded until the files
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import shutil
@@ -33,7 +34,7 @@ class LastGoodSet:
         """Write a set's files under its fingerprint and make it CURRENT; returns its directory."""
         name = fingerprint[:24]
         final = self.directory / name
-        if not final.is_dir():
+        if not final.is_dir() or not _holds(final, sources):
             tmp = self.directory / f".{name}.{os.getpid()}.tmp"
             shutil.rmtree(tmp, ignore_errors=True)
             for rel, data in sources.items():
@@ -42,10 +43,19 @@ class LastGoodSet:
                 target = tmp / rel
                 target.parent.mkdir(parents=True, exist_ok=True)
                 target.write_bytes(data)
+            # A copy under this name that is not these bytes was changed on disk (or saved from
+            # bytes changed in transit): it is replaced, or the set could never be loaded here
+            # again (it would load as another fingerprint every time).
+            stale = self.directory / f".{name}.{os.getpid()}.stale"
+            if final.is_dir():
+                log.warning("the saved policy set %s in %s is not the bytes it was saved as; replacing it", name, final)
+                with contextlib.suppress(OSError):  # another replica on this host moved it first
+                    final.rename(stale)
             try:
                 tmp.rename(final)
             except OSError:  # another replica on this host saved the same set first
                 shutil.rmtree(tmp, ignore_errors=True)
+            shutil.rmtree(stale, ignore_errors=True)
         pointer = self.directory / f".CURRENT.{os.getpid()}.tmp"
         pointer.write_text(name + "\n")
         pointer.replace(self.directory / "CURRENT")  # atomic: a reader sees the old name or the new
@@ -76,3 +86,12 @@ class LastGoodSet:
         directory = state / "policy_last_good"
         directory.mkdir(parents=True, exist_ok=True)
         return cls(directory)
+
+
+def _holds(directory: Path, sources: Mapping[str, bytes]) -> bool:
+    """Whether `directory` holds exactly `sources`: those files, those bytes, nothing else."""
+    try:
+        present = {str(p.relative_to(directory)) for p in directory.rglob("*") if p.is_file()}
+        return present == set(sources) and all((directory / rel).read_bytes() == data for rel, data in sources.items())
+    except OSError:
+        return False

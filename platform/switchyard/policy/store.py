@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from switchyard.policy.errors import PolicyError
+from switchyard.policy.errors import PolicyError, PolicyViolation
 from switchyard.policy.last_good import LastGoodSet
 from switchyard.policy.loader import hash_files, load_policy_set, policy_files
 from switchyard.policy.policy_set import PolicySet
@@ -142,7 +142,29 @@ class PolicyStore:
         saved = self._last_good.path() if self._last_good is not None else None
         if saved is None:
             raise exc  # nothing ever loaded here: there is no safe set to start on
-        fallback = load_policy_set(saved)
+        try:
+            fallback = load_policy_set(saved)
+        except PolicyError as copy_exc:
+            raise PolicyError(
+                [
+                    *exc.violations,
+                    PolicyViolation(str(saved), "", f"the last good copy does not load either: {copy_exc}"),
+                ]
+            ) from None
+        if not fallback.fingerprint.startswith(saved.name):
+            # Its bytes changed after it was saved (a disk, a hand): starting on it would serve a
+            # set that never passed as the live files (a budget, a route), under no alarm.
+            raise PolicyError(
+                [
+                    *exc.violations,
+                    PolicyViolation(
+                        str(saved),
+                        "",
+                        f"the last good copy loads as {fallback.fingerprint[:12]}, not the set {saved.name[:12]} "
+                        "saved there: it was changed after it was saved, so nothing starts on it",
+                    ),
+                ]
+            )
         log.error(
             "the policy files do not load; starting DEGRADED on the last good set %s:\n%s",
             fallback.fingerprint[:12],
