@@ -66,6 +66,14 @@ def test_a_2031_trace_replays_its_jobs(tmp_path: Path) -> None:
         ("nan,3600,1,a,,,", "jobs.csv:3: column 'submit_time': 'nan': unix seconds out of range"),
         ("2031-05-02T09:00:00,inf,1,a,,,", "jobs.csv:3: column 'duration_s': 'inf': must be a finite number"),
         ("9000-01-01T00:00:00,3600,1,a,,,", "from line 2 (2031-05-02) to line 3 (9000-01-01); a trace may span"),
+        # Found by a generated fuzz of the CSV (stop 44): a GPU count of 20 digits raised
+        # OverflowError; one of 9 digits built a tuple of 10^8 bundles (6.6 GB, 80 s).
+        (
+            "2031-05-02T09:00:00,3600,99999999999999999999,a,,,",
+            "jobs.csv:3: column 'gpus': '99999999999999999999': a job may ask for at most 100,000 GPUs",
+        ),
+        ("2031-05-02T09:00:00,3600,800000,a,,,100000x8", "jobs.csv:3: column 'gpus': '800000': a job may ask"),
+        ("2031-05-02T09:00:00,3600,8,a,,,100000x8", "jobs.csv:3: column 'gang': '100000x8': a job may ask for at most"),
     ],
 )
 def test_bad_rows_are_named_without_a_traceback(

@@ -13,12 +13,13 @@ from pathlib import Path
 
 from switchyard.scheduler.sim.trace_rows import (
     CSV_ENCODING,
+    MAX_JOB_GPUS,
     TraceError,
     TraceRow,
     cell,
     finite_seconds,
+    job_gpus,
     parse_submit_time,
-    positive_int,
 )
 
 GENERIC_COLUMNS = frozenset({"submit_time", "duration_s", "gpus", "team"})
@@ -33,6 +34,8 @@ def parse_gang(text: str) -> tuple[int, ...]:
     bundles, gpus = int(count), int(size)
     if bundles <= 0 or gpus <= 0:
         raise ValueError(f"{text!r}: bundles and GPUs per bundle must be positive")
+    if bundles * gpus > MAX_JOB_GPUS:  # before the tuple is built
+        raise ValueError(f"a job may ask for at most {MAX_JOB_GPUS:,} GPUs")
     return (gpus,) * bundles
 
 
@@ -43,7 +46,7 @@ def _required(text: str) -> str:
 
 
 def _row(path: Path, line: int, row: dict[str, str]) -> TraceRow:
-    gpus = cell(path, line, row, "gpus", positive_int)
+    gpus = cell(path, line, row, "gpus", job_gpus)
     bundles = None
     if (row.get("gang") or "").strip():
         bundles = cell(path, line, row, "gang", parse_gang)

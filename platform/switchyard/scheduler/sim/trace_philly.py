@@ -11,8 +11,8 @@ from switchyard.scheduler.sim.trace_rows import (
     TraceRow,
     cell,
     finite_seconds,
+    job_gpus,
     parse_submit_time,
-    positive_int,
 )
 
 PHILLY_COLUMNS = frozenset({"timestamp", "duration", "num_gpus", "cluster"})
@@ -28,6 +28,6 @@ def read_philly(path: Path) -> list[TraceRow]:
         for line, row in enumerate(reader, start=2):
             submit = cell(path, line, row, "timestamp", parse_submit_time)
             duration = cell(path, line, row, "duration", finite_seconds)
-            gpus = cell(path, line, row, "num_gpus", positive_int)
+            gpus = cell(path, line, row, "num_gpus", job_gpus)
             rows.append(TraceRow(line, f"philly-{line - 1}", submit, duration, gpus, row["cluster"]))
     return rows

@@ -73,3 +73,17 @@ def positive_int(text: str) -> int:
     if value <= 0:
         raise ValueError("must be a positive integer")
     return value
+
+
+MAX_JOB_GPUS = 100_000
+"""The most GPUs one job may ask for: more than any cluster the simulator replays (12,500 nodes
+of 8). A job's bundles are built one per node, so a typo of twenty digits would otherwise take
+minutes and gigabytes before the job was found never to fit (stop 44: 6.6 GB for 10^8)."""
+
+
+def job_gpus(text: str) -> int:
+    """A job's GPU count: a positive integer up to `MAX_JOB_GPUS`."""
+    value = positive_int(text)
+    if value > MAX_JOB_GPUS:
+        raise ValueError(f"a job may ask for at most {MAX_JOB_GPUS:,} GPUs")
+    return value
