@@ -89,6 +89,17 @@ def test_job_spec_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> No
         (["--params", "1.5"], "--params"),
         (["--spec", "/nonexistent/job.yaml"], "/nonexistent/job.yaml"),
         (["--model", "llama3-8b", "--micro-batch", "0"], "job.micro_batch"),
+        # Found by a generated fuzz of the flags (stop 44): an infinite --params raised
+        # OverflowError; an infinite or NaN cluster figure was planned with, and printed as
+        # `inf` GiB; a billion layers used the machine's 24 GB until the kernel killed it.
+        (["--params", "inf"], "--params must be a positive whole number"),
+        (["--params", "8e9", "--gpu-memory-gib", "inf"], "cluster.gpu_memory_gib must be a finite number"),
+        (["--params", "8e9", "--intra-node-latency-us", "nan"], "cluster.intra_node_latency_us must be a finite"),
+        (
+            ["--layers", "1000000000", "--hidden", "4096", "--heads", "32", "--kv-heads", "8", "--ffn", "14336",
+             "--vocab", "128256", "--llama-style", "--compare"],
+            "model.layers must be at most 10,000, got 1,000,000,000",
+        ),
     ],
 )
 def test_errors_name_the_input(

@@ -8,6 +8,7 @@ Flags given on the command line override what a job spec says.
 from __future__ import annotations
 
 import argparse
+import math
 from dataclasses import fields, replace
 from typing import Any
 
@@ -153,7 +154,7 @@ def _inputs(args: argparse.Namespace) -> tuple[ModelShape | int, str, ClusterSpe
     elif args.model is not None:
         model, label = model_preset(args.model), args.model
     elif args.params is not None:
-        if args.params < 1 or args.params != int(args.params):
+        if not math.isfinite(args.params) or args.params < 1 or args.params != int(args.params):
             raise PlanError(f"--params must be a positive whole number, got {args.params!r}")
         model, label = int(args.params), f"{args.params:.4g} parameters"
     else:

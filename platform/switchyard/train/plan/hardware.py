@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, fields
 
 from switchyard.train.plan.errors import PlanError
 
@@ -52,6 +53,10 @@ class ClusterSpec:
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise PlanError(f"cluster.{name} must be a positive integer, got {value!r}")
+        for field in fields(self):  # NaN passes every comparison below, and infinity most
+            value = getattr(self, field.name)
+            if isinstance(value, float) and not math.isfinite(value):
+                raise PlanError(f"cluster.{field.name} must be a finite number, got {value!r}")
         for name in (
             "gpu_memory_gib",
             "intra_node_gbps",

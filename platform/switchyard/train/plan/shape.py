@@ -19,6 +19,12 @@ class Norm(StrEnum):
     RMSNORM = "rmsnorm"  # weight only: h parameters
 
 
+MAX_LAYERS = 10_000
+"""The deepest model the planner takes: it traces each layer's modules as DeepSpeed gathers them
+(`zero3.module_trace`), and the deepest transformers have a few hundred layers. Before stop 44,
+`switchyard plan --layers 1000000000` used all the machine's memory (24 GB) until it was killed."""
+
+
 @dataclass(frozen=True)
 class ModelShape:
     """Dimensions of a decoder-only transformer."""
@@ -55,6 +61,8 @@ class ModelShape:
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise PlanError(f"model.{name} must be a positive integer, got {value!r}")
+        if self.layers > MAX_LAYERS:
+            raise PlanError(f"model.layers must be at most {MAX_LAYERS:,}, got {self.layers:,}")
         if self.positions < 0:
             raise PlanError(f"model.positions must be >= 0, got {self.positions!r}")
         if self.hidden % self.heads:
