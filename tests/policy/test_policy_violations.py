@@ -46,6 +46,23 @@ def test_data_class_below_floor(policies_copy: Path) -> None:
     assert any("teams/sales.yaml: defaults.data_class" in v and "below the org floor 'internal'" in v for v in found)
 
 
+def test_a_floor_naming_a_data_class_that_is_gone_is_named(policies_copy: Path) -> None:
+    """Found by the generated policy mutations (stop 44): with the class an org guardrail's
+    `min_class` names deleted from data_policies.yaml, `policy check` raised KeyError while
+    ranking a team's data class against it."""
+    edit(
+        policies_copy / "data_policies.yaml",
+        "  internal:\n    rank: 1\n    send: raw\n    store_input: full\n    store_output: full\n"
+        "    retention_days: 90\n",
+        "",
+    )
+    found = violations(policies_copy)
+    assert (
+        "org.yaml: guardrails.data_class.min_class: unknown data class 'internal' "
+        "(known: confidential, personal, public, regulated)" in found
+    ), found
+
+
 def test_provider_outside_org_set(policies_copy: Path) -> None:
     edit(
         policies_copy / "teams/legal.yaml",

@@ -41,6 +41,7 @@ def check_policy_set(ps: PolicySet, today: date | None = None) -> list[PolicyVio
     violations += _check_catalog(ps)
     violations += _check_admission(ps)
     violations += _check_budget_nulls(ps)
+    violations += _check_guardrail_classes(ps)
     unpriced: dict[str, list[str]] = {}  # model -> where a flow reaches it
     for team_name, team in ps.teams.items():
         if team_name == PLATFORM_TEAM:
@@ -110,6 +111,19 @@ def _check_guardrails(ps: PolicySet, layers: list[Layer]) -> list[PolicyViolatio
     return out
 
 
+def _check_guardrail_classes(ps: PolicySet) -> list[PolicyViolation]:
+    """A guardrail's `min_class` must be a data class of data_policies.yaml: the checks of every
+    team's data classes against it rank both (a class deleted there raised KeyError, stop 44)."""
+    known = ", ".join(sorted(ps.data.classes))
+    return [
+        PolicyViolation(
+            "org.yaml", f"guardrails.{path}.min_class", f"unknown data class {bound.min_class!r} (known: {known})"
+        )
+        for path, bound in ps.org.guardrails.items()
+        if bound.min_class is not None and bound.min_class not in ps.data.classes
+    ]
+
+
 def _violates(ps: PolicySet, bound: Bound, value: Any) -> str | None:
     if bound.locked:
         return f"is locked by org.yaml guardrails; the team sets {value!r}"
@@ -121,7 +135,7 @@ def _violates(ps: PolicySet, bound: Bound, value: Any) -> str | None:
     if bound.min_class is not None and isinstance(value, str):
         if value not in ps.data.classes:
             return f"unknown data class {value!r} (known: {', '.join(sorted(ps.data.classes))})"
-        if ps.data.rank(value) < ps.data.rank(bound.min_class):
+        if bound.min_class in ps.data.classes and ps.data.rank(value) < ps.data.rank(bound.min_class):
             return (
                 f"the team sets data class {value!r}, below the org floor {bound.min_class!r} "
                 "(org.yaml guardrails: min_class; a team may raise a data class, never lower it)"
