@@ -22,6 +22,7 @@ from switchyard.budgets.charge_journal import ChargesOnHost, journal_dir
 from switchyard.budgets.charge_journal import recover_orphans as recover_charges
 from switchyard.budgets.ledger import BudgetLedger, Charge
 from switchyard.budgets.service import InProcessLedgerClient, LedgerService
+from switchyard.cli._args import int_between
 from switchyard.cli._auth import NotAuthenticated, add_auth_args, require
 from switchyard.cli._output import fail, print_json, print_table
 from switchyard.db.engine import open_database
@@ -54,7 +55,7 @@ def register(subparsers: Any) -> None:
     query.add_argument("--flow")
     query.add_argument("--since", help="unix seconds, ISO 8601, or an age: 30m, 24h, 7d")
     query.add_argument("--bodies", action="store_true", help="include bodies (audited; per data class)")
-    query.add_argument("--limit", type=int, default=1000)
+    query.add_argument("--limit", type=int_between(1, 10_000), default=1000)  # as the HTTP API
     query.set_defaults(handler=_guarded(run_query))
     erase = sub.add_parser(
         "erase",
@@ -78,8 +79,8 @@ def register(subparsers: Any) -> None:
     purge.set_defaults(handler=_guarded(run_purge))
     export = sub.add_parser("export", help="seal full segments and upload them and the chain head to S3 (object lock)")
     _add_s3_args(export)
-    export.add_argument("--segment-size", type=int, default=10_000, help="entries per segment")
-    export.add_argument("--retention-days", type=int, default=365, help="object-lock retain-until")
+    export.add_argument("--segment-size", type=int_between(1, 1_000_000), default=10_000, help="entries per segment")
+    export.add_argument("--retention-days", type=int_between(1, 36_500), default=365, help="object-lock retain-until")
     export.add_argument("--all", action="store_true", help="also seal the last, partial segment")
     export.set_defaults(handler=_guarded(run_export))
     for p in sub.choices.values():

@@ -71,7 +71,10 @@ def _write(args: argparse.Namespace, state: Path, policies: Path, scheduler: Any
         view = report(reader, since, now)
         html = render_standalone(view)
         out = Path(args.out)
-        out.write_text(html, encoding="utf-8")
+        try:
+            out.write_text(html, encoding="utf-8")
+        except OSError as exc:  # a directory that is not there, a read-only disk
+            return fail(f"cannot write the report to {out}: {exc.strerror or exc}")
         if args.json:
             print_json({"out": str(out), **view.data})
         else:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING, Any
 
+from switchyard.cli._args import int_between
 from switchyard.cli._output import fail
 
 if TYPE_CHECKING:  # the CLI imports torch and Ray only for the command that needs them
@@ -24,7 +25,9 @@ def register(subparsers: Any) -> None:
     commands = parser.add_subparsers(dest="train_command", required=True, metavar="COMMAND")
     run = commands.add_parser("run", help="run a job spec on this machine and print its result")
     run.add_argument("config", help="job spec YAML (see train_jobs/configs/)")
-    run.add_argument("--nproc", type=int, default=None, help="local processes (default: the spec's num_workers)")
+    run.add_argument(
+        "--nproc", type=int_between(1, 1_024), default=None, help="local processes (default: the spec's num_workers)"
+    )
     run.add_argument("--ray", action="store_true", help="run under Ray Train on a private local Ray instead")
     run.add_argument("--storage", default=None, help="checkpoint root (local dir or s3://)")
     run.add_argument("--job-id", default=None, help="id preemption notices address")

@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from switchyard.cli._args import int_between, positive_seconds
 from switchyard.cli._auth import ensure_admin_key
 from switchyard.cli._output import fail, print_json
 from switchyard.cluster.app_readiness import APPS_READY_WITHIN_S, PlatformNotRunning, without_frames
@@ -31,25 +32,25 @@ HEAD_START_S = 150.0  # Ray's own start, before the parts' deadlines begin
 def register(subparsers: Any) -> None:
     p = subparsers.add_parser("up", help="start the platform: Ray, the scheduler and the gateway")
     p.add_argument("--address", help="attach to this Ray cluster instead of starting a local head")
-    p.add_argument("--gpus", type=int, default=8, help="logical GPUs of a local head (default 8)")
+    p.add_argument("--gpus", type=int_between(0, 100_000), default=8, help="logical GPUs of a local head (default 8)")
     p.add_argument(
         "--cpus",
-        type=int,
+        type=int_between(1, 10_000),
         default=max(8, os.cpu_count() or 1),
         help="logical CPUs of a local head (default: max(8, cores))",
     )
-    p.add_argument("--gateway-port", type=int, default=8000, help="Serve HTTP port when attaching")
+    p.add_argument("--gateway-port", type=int_between(1, 65_535), default=8000, help="Serve HTTP port when attaching")
     p.add_argument("--demo", action="store_true", help="demo policies and a fresh key for the demo team")
     p.add_argument(
         "--local-model-gpus",
-        type=int,
+        type=int_between(0, 1_024),
         default=0,
         help="GPUs per replica of the local model, in the inference pool (default 0: CPU);"
         " its replicas autoscale up to the inference quota in policies/scheduler.yaml",
     )
     p.add_argument(
         "--timeout",
-        type=float,
+        type=positive_seconds,
         default=APPS_READY_WITHIN_S,
         help="seconds each part (the scheduler, the policy publisher, the gateway, the console) may take to"
         " start before `up` gives up, undoes what it started and names the part that is stuck and why"

@@ -28,6 +28,7 @@ from switchyard.scheduler.sim.teams import (
     read_vc_nodes,
 )
 from switchyard.scheduler.sim.trace import TraceJob, load_trace
+from switchyard.scheduler.sim.trace_rows import MAX_JOB_GPUS
 from switchyard.scheduler.sim.window import NAMED_WINDOWS, resolve_window, select_jobs
 
 WINDOWS = NAMED_WINDOWS
@@ -115,6 +116,8 @@ def _check_spec(spec: SimSpec) -> None:
     """Numbers a run cannot mean, named as the CLI flag that sets them."""
     if spec.gpus <= 0:
         raise ValueError(f"--gpus must be positive, got {spec.gpus}")
+    if spec.gpus > MAX_JOB_GPUS:  # one node object per 8 GPUs: 10^9 ran out of memory (stop 44)
+        raise ValueError(f"--gpus must be at most {MAX_JOB_GPUS:,}, got {spec.gpus:,}")
     rps = spec.inference_peak_rps
     if rps is not None and not (math.isfinite(rps) and rps >= 0):
         raise ValueError(f"--inference-peak-rps must be a finite number >= 0, got {rps}")

@@ -76,9 +76,10 @@ def positive_int(text: str) -> int:
 
 
 MAX_JOB_GPUS = 100_000
-"""The most GPUs one job may ask for: more than any cluster the simulator replays (12,500 nodes
-of 8). A job's bundles are built one per node, so a typo of twenty digits would otherwise take
-minutes and gigabytes before the job was found never to fit (stop 44: 6.6 GB for 10^8)."""
+"""The most GPUs one job may ask for, and the largest cluster the simulator replays (`--gpus`):
+12,500 nodes of 8. A job's bundles, like the cluster's nodes, are built one per node, so a typo
+of twenty digits would otherwise take minutes and gigabytes before the job was found never to fit
+(stop 44: 6.6 GB for a job of 10^8 GPUs; `--gpus 1000000000` ran out of memory)."""
 
 
 def job_gpus(text: str) -> int:
