@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from switchyard.db.engine import redacted
 from switchyard.db.location import (
     DATABASE_URL_ENV,
     LEDGER_URL_ENV,
@@ -18,7 +19,6 @@ from switchyard.db.location import (
     state_identity,
     store_url,
 )
-from switchyard.db.migrations import redacted
 
 PG = "postgresql://switchyard:s3cret@db.internal:5432/switchyard"
 

@@ -5,8 +5,9 @@ error (exit 2) that names the input, never with a traceback or a machine's worth
 
 Found by the first version of this test, run as a script (stop 44): `--params inf` raised
 OverflowError, an infinite or NaN cluster figure was planned with and printed (`inf GiB`), and
-`--layers 1000000000` used 24 GB until the kernel killed the process (`test_plan_cli.py` keeps
-those cases). Pure: `make test` runs `examples(40)`.
+`--layers 1000000000` used 24 GB until the kernel killed the process, and a run at scale found
+`--peak-tflops 1e-300 --mfu 1e-300` divided by zero (`test_plan_cli.py` keeps those cases).
+Pure: `make test` runs `examples(40)`.
 """
 
 from __future__ import annotations

@@ -15,8 +15,7 @@ from switchyard.audit.redaction import TextScrubber
 from switchyard.audit.spool import AuditSpool, DrainReport, recover_orphans
 from switchyard.audit.store import AuditStore
 from switchyard.audit.subject_keys import SubjectKeyring
-from switchyard.db.engine import database_errors
-from switchyard.db.migrations import redacted
+from switchyard.db.engine import database_errors, redacted
 from switchyard.gateway.seams import AuditUnavailable, Exchange
 from switchyard.policy.models import BodyStorage, RiskTier
 

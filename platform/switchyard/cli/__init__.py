@@ -35,13 +35,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     from switchyard.cli._output import fail
     from switchyard.cluster.head import PLATFORM_ENV
     from switchyard.cluster.record import RecordUnreadable
+    from switchyard.db.engine import DatabaseUnavailable
 
     os.environ.update(PLATFORM_ENV)
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
         code: int = args.handler(args)
-    except RecordUnreadable as exc:  # every command that reads the platform's record
+    except (RecordUnreadable, DatabaseUnavailable) as exc:  # what many commands open: named, not a traceback
         return fail(str(exc))
     return code
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import math
 from collections.abc import Callable
+from datetime import date
 
 
 def int_between(low: int, high: int) -> Callable[[str], int]:
@@ -36,3 +37,15 @@ def positive_seconds(text: str) -> float:
     if not (math.isfinite(value) and value > 0):
         raise argparse.ArgumentTypeError(f"{text} is not a finite number of seconds above 0")
     return value
+
+
+def utc_day(text: str) -> str:
+    """A calendar day, `YYYY-MM-DD`, as given. (A day that does not exist, such as 2026-13-45,
+    was compared as text with the ledger's days and matched nothing, in silence: stop 44.)"""
+    try:
+        day = date.fromisoformat(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a day (YYYY-MM-DD)") from None
+    if day.isoformat() != text:  # fromisoformat also takes 20261205 and 2026-W49-6
+        raise argparse.ArgumentTypeError(f"{text!r} is not a day (YYYY-MM-DD)")
+    return text

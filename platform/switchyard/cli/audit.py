@@ -113,8 +113,23 @@ def _guarded(fn: Handler) -> Handler:
             return fail(str(exc), 3)
         except (DataPolicyError, SchemaError, ValueError) as exc:  # SchemaError names the migration to run
             return fail(str(exc))
+        except Exception as exc:
+            if not _from_s3(exc):
+                raise
+            # No credentials, a bucket that is not there, an endpoint that does not answer:
+            # export marks each segment after its upload, so the next run goes on from there.
+            return fail(
+                f"S3 ({getattr(args, 'endpoint_url', None) or 'AWS'}, bucket {getattr(args, 'bucket', None)!r}): {exc}"
+            )
 
     return wrapper
+
+
+def _from_s3(exc: Exception) -> bool:
+    """Whether boto3 raised `exc` (imported only then: `switchyard --help` stays fast)."""
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    return isinstance(exc, BotoCoreError | ClientError)
 
 
 def _state(args: argparse.Namespace) -> Path:

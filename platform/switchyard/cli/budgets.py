@@ -9,6 +9,7 @@ from typing import Any
 
 from switchyard.budgets.ledger import BudgetLedger
 from switchyard.budgets.report import spend_report
+from switchyard.cli._args import utc_day
 from switchyard.cli._auth import NotAuthenticated, add_auth_args, principal, require
 from switchyard.cli._output import fail, print_json, print_table
 from switchyard.db.engine import open_database
@@ -21,7 +22,7 @@ from switchyard.state import state_dir
 def register(subparsers: Any) -> None:
     parser = subparsers.add_parser("budgets", help="budgets and spend by team, flow, model and day")
     parser.add_argument("--team", help="one team (default: your team if you are a team admin, else all)")
-    parser.add_argument("--since", metavar="YYYY-MM-DD", help="spend from this UTC day on")
+    parser.add_argument("--since", metavar="YYYY-MM-DD", type=utc_day, help="spend from this UTC day on")
     parser.add_argument("--ledger", help=f"ledger URL (default: ${LEDGER_URL_ENV}, else the state dir's ledger.db)")
     parser.add_argument("--json", action="store_true")
     add_auth_args(parser)

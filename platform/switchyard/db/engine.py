@@ -68,13 +68,18 @@ class Database(Protocol):
     def close(self) -> None: ...
 
 
+class DatabaseUnavailable(RuntimeError):
+    """A store's database could not be opened (unreachable, refused, not a database, no such
+    directory); the message names it, without its password."""
+
+
 def database_errors(*also: type[Exception]) -> tuple[type[Exception], ...]:
     """What a store's database raises when it cannot answer (locked, unreachable, refused):
-    sqlite3's and psycopg's base errors (psycopg imported only when asked), plus `also`, for an
-    `except` that catches them together."""
+    sqlite3's and psycopg's base errors (psycopg imported only when asked), `open_database`'s
+    `DatabaseUnavailable`, plus `also`, for an `except` that catches them together."""
     import psycopg
 
-    return (sqlite3.Error, psycopg.Error, *also)
+    return (sqlite3.Error, psycopg.Error, DatabaseUnavailable, *also)
 
 
 def ddl(db: Database, text: str) -> str:
@@ -211,9 +216,25 @@ class PostgresDatabase:
 
 
 def open_database(url: str, *, secure_delete: bool = False) -> SqliteDatabase | PostgresDatabase:
-    """`sqlite:////abs/path/ledger.db` or `postgresql://user@host:port/db`."""
-    if url.startswith(SQLITE_PREFIX):
-        return SqliteDatabase(Path(url[len(SQLITE_PREFIX) :]), secure_delete=secure_delete)
-    if url.startswith(POSTGRES_PREFIXES):
+    """`sqlite:////abs/path/ledger.db` or `postgresql://user@host:port/db`. Raises
+    `DatabaseUnavailable` when it cannot be opened: the CLI prints that, not the driver's
+    traceback (a Postgres that refused, a file that is not SQLite: stop 44)."""
+    if not url.startswith((SQLITE_PREFIX, *POSTGRES_PREFIXES)):
+        raise ValueError(f"database URL {url!r}: expected {SQLITE_PREFIX}<path> or postgresql://user@host:port/db")
+    try:
+        if url.startswith(SQLITE_PREFIX):
+            return SqliteDatabase(Path(url[len(SQLITE_PREFIX) :]), secure_delete=secure_delete)
         return PostgresDatabase(url)
-    raise ValueError(f"database URL {url!r}: expected {SQLITE_PREFIX}<path> or postgresql://user@host:port/db")
+    except database_errors(OSError) as exc:
+        reason = " ".join(str(exc).split()) or type(exc).__name__  # psycopg's message spans lines
+        raise DatabaseUnavailable(f"cannot open the database {redacted(url)}: {reason}") from exc
+
+
+def redacted(url: str) -> str:
+    """A database URL without its password, for messages and logs."""
+    scheme, sep, rest = url.partition("://")
+    if not sep or "@" not in rest:
+        return url
+    credentials, _, host = rest.rpartition("@")
+    user = credentials.split(":", 1)[0]
+    return f"{scheme}://{user}@{host}" if user else f"{scheme}://{host}"

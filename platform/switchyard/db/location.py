@@ -24,8 +24,14 @@ from collections.abc import Mapping
 from enum import StrEnum
 from pathlib import Path
 
-from switchyard.db.engine import POSTGRES_PREFIXES, SQLITE_PREFIX, PostgresDatabase, SqliteDatabase, open_database
-from switchyard.db.migrations import redacted
+from switchyard.db.engine import (
+    POSTGRES_PREFIXES,
+    SQLITE_PREFIX,
+    PostgresDatabase,
+    SqliteDatabase,
+    open_database,
+    redacted,
+)
 
 DATABASE_URL_ENV = "SWITCHYARD_DATABASE_URL"
 LEDGER_URL_ENV = "SWITCHYARD_LEDGER_URL"

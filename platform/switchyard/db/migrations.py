@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from switchyard.db.engine import Database, Transaction, ddl
+from switchyard.db.engine import Database, Transaction, ddl, redacted
 
 _VERSIONS = """CREATE TABLE IF NOT EXISTS schema_versions (
     component TEXT PRIMARY KEY,
@@ -126,16 +126,6 @@ def _refuse_newer(schema: Schema, at: int, url: str) -> None:
             f"the {schema.component} schema in {redacted(url)} is at version {at}, newer than this"
             f" code's {schema.version}: upgrade switchyard here before it uses that database"
         )
-
-
-def redacted(url: str) -> str:
-    """A database URL without its password, for messages and logs."""
-    scheme, sep, rest = url.partition("://")
-    if not sep or "@" not in rest:
-        return url
-    credentials, _, host = rest.rpartition("@")
-    user = credentials.split(":", 1)[0]
-    return f"{scheme}://{user}@{host}" if user else f"{scheme}://{host}"
 
 
 def migrate_all(databases: Sequence[tuple[Database, Schema]]) -> dict[str, int]:

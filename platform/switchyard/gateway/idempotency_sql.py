@@ -25,9 +25,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, ParamSpec, TypeVar
 
-from switchyard.db.engine import Database, Transaction, database_errors
+from switchyard.db.engine import Database, Transaction, database_errors, redacted
 from switchyard.db.location import Store, open_store
-from switchyard.db.migrations import Migration, Schema, prepare, redacted
+from switchyard.db.migrations import Migration, Schema, prepare
 from switchyard.gateway.idempotency import (
     Claim,
     IdempotencyEntry,

@@ -8,6 +8,9 @@ from dataclasses import dataclass, fields
 from switchyard.train.plan.errors import PlanError
 
 GIB = 1024**3
+SMALLEST_FIGURE = 1e-6
+"""The least a memory size, bandwidth, FLOP rate or MFU may be: products of smaller ones (a
+1e-300 TFLOPS at a 1e-300 MFU) underflow to 0, and the planner then divided by zero."""
 GB = 1e9
 
 
@@ -65,13 +68,13 @@ class ClusterSpec:
             "peak_tflops",
             "fp32_peak_tflops",
         ):
-            if getattr(self, name) <= 0:
-                raise PlanError(f"cluster.{name} must be > 0, got {getattr(self, name)!r}")
+            if getattr(self, name) < SMALLEST_FIGURE:  # below it, rates underflow to 0 (stop 44)
+                raise PlanError(f"cluster.{name} must be at least {SMALLEST_FIGURE:g}, got {getattr(self, name)!r}")
         for name in ("intra_node_latency_us", "inter_node_latency_us"):
             if getattr(self, name) < 0:
                 raise PlanError(f"cluster.{name} must be >= 0, got {getattr(self, name)!r}")
-        if not 0 < self.mfu <= 1:
-            raise PlanError(f"cluster.mfu must be in (0, 1], got {self.mfu!r}")
+        if not SMALLEST_FIGURE <= self.mfu <= 1:
+            raise PlanError(f"cluster.mfu must be in [{SMALLEST_FIGURE:g}, 1], got {self.mfu!r}")
         if self.runtime_overhead_gib < 0 or not 0 <= self.fragmentation < 1:
             raise PlanError(
                 "cluster.runtime_overhead_gib must be >= 0 and cluster.fragmentation in [0, 1), "
