@@ -33,6 +33,7 @@ from switchyard.audit.subject_keys import SubjectKeyring
 from switchyard.gateway.seams import AuditUnavailable
 from switchyard.policy.models import DataPolicies
 from tests.examples import examples
+from tests.mutations import damage_lines
 
 
 @pytest.fixture(scope="module")
@@ -46,30 +47,9 @@ def records(
     ]
 
 
-def _damage(path: Path, data: st.DataObject) -> str:
-    raw = path.read_bytes()
-    lines = raw.split(b"\n")[:-1]
-    how = data.draw(st.sampled_from(["flip", "flip", "flip", "delete", "double", "swap", "junk", "cut"]), label="how")
-    if how == "flip":
-        at = data.draw(st.integers(0, len(raw) - 1), label="byte")
-        path.write_bytes(raw[:at] + bytes([raw[at] ^ data.draw(st.integers(1, 255))]) + raw[at + 1 :])
-        return f"byte {at} of {len(raw)} changed"
-    if how == "cut":
-        keep = data.draw(st.integers(len(raw) - len(lines[-1]) - 1, len(raw) - 1), label="cut at")
-        path.write_bytes(raw[:keep])
-        return f"cut at byte {keep} of {len(raw)}"
-    n = data.draw(st.integers(0, len(lines) - 1), label="line")
-    if how == "swap" and n + 1 < len(lines):
-        lines[n], lines[n + 1] = lines[n + 1], lines[n]
-    elif how == "double":
-        lines.insert(n, lines[n])
-    elif how == "junk":  # a record's line as written before checksums, among lines that have them
-        lines.insert(n, lines[n][: lines[n].rfind(b',"crc32":')] + b"}")
-    else:
-        how = "delete"
-        del lines[n]
-    path.write_bytes(b"".join(line + b"\n" for line in lines))
-    return f"line {n + 1} of {len(lines)}: {how}"
+def _without_checksum(line: bytes) -> bytes:
+    """A record's line as written before checksums, among lines that have them."""
+    return line[: line.rfind(b',"crc32":')] + b"}"
 
 
 @settings(max_examples=examples(60), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -83,7 +63,7 @@ def test_a_drain_stores_each_whole_line_as_written_and_keeps_the_rest(
         path.parent.mkdir()
         original = b"".join(encode_line(r) for r in written)
         path.write_bytes(original)
-        what = _damage(path, data)
+        what = damage_lines(path, data, _without_checksum)
         content = path.read_bytes()
         whole = set(original.split(b"\n")[:-1])
         *complete, tail = content.split(b"\n")

@@ -43,6 +43,7 @@ from switchyard.budgets.charge_journal import UNREADABLE, ChargeJournal, read_jo
 from switchyard.budgets.ledger import Charge
 from switchyard.sealed_json import CHECKSUM
 from tests.examples import examples
+from tests.mutations import damage_lines
 
 HOLDS = ("hold-a", "hold-b")
 Sent = dict[str, dict[str, Charge]]  # hold -> charge id -> charge
@@ -144,30 +145,9 @@ def _what_lines_say(lines: Sequence[bytes]) -> Sent:
     return sent
 
 
-def _damage(path: Path, data: st.DataObject) -> str:
-    raw = path.read_bytes()
-    lines = raw.split(b"\n")[:-1]
-    how = data.draw(st.sampled_from(["flip", "flip", "delete", "double", "swap", "junk", "cut"]), label="damage")
-    if how == "flip" or not lines:
-        at = data.draw(st.integers(0, len(raw) - 1), label="byte")
-        path.write_bytes(raw[:at] + bytes([raw[at] ^ data.draw(st.integers(1, 255))]) + raw[at + 1 :])
-        return f"byte {at} of {len(raw)} changed"
-    if how == "cut":
-        keep = data.draw(st.integers(len(raw) - len(lines[-1]) - 1, len(raw) - 1), label="cut at")
-        path.write_bytes(raw[:keep])
-        return f"cut at byte {keep} of {len(raw)}"
-    n = data.draw(st.integers(0, len(lines) - 1), label="line")
-    if how == "swap" and n + 1 < len(lines):
-        lines[n], lines[n + 1] = lines[n + 1], lines[n]
-    elif how == "double":
-        lines.insert(n, lines[n])
-    elif how == "junk":  # an entry without the checksum its neighbours carry
-        lines.insert(n, b'{"hold":"hold-a","charge":' + json.dumps(vars(_charge("forged", 1))).encode() + b"}")
-    else:
-        how = "delete"
-        del lines[n]
-    path.write_bytes(b"".join(line + b"\n" for line in lines))
-    return f"line {n + 1} of {len(lines)}: {how}"
+def _forged(_: bytes) -> bytes:
+    """An entry without the checksum its neighbours carry."""
+    return b'{"hold":"hold-a","charge":' + json.dumps(vars(_charge("forged", 1))).encode() + b"}"
 
 
 def _recover(directory: Path) -> tuple[Sent, Any]:
@@ -206,7 +186,7 @@ def test_recovery_sends_what_the_journal_says_and_keeps_damaged_lines(data: st.D
                 assert (hold, charge) in writer.journaled, f"{charge} was never journaled"
 
         damaged = data.draw(st.booleans(), label="damaged")
-        what = _damage(path, data) if damaged and original else "undamaged"
+        what = damage_lines(path, data, _forged) if damaged and original else "undamaged"
         content = path.read_bytes()
         after = content.split(b"\n")
         complete, tail = after[:-1], after[-1]

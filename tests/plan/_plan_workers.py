@@ -40,7 +40,9 @@ def _one_step(strategy: Strategy, world_size: int) -> dict[str, int]:
 
 
 def measure_strategies(rank: int, world_size: int, init_file: str, out_dir: str) -> None:
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world_size)
+    dist.init_process_group(
+        "gloo", init_method=f"file://{init_file}", rank=rank, world_size=world_size
+    )
     try:
         measured = {s.value: _one_step(s, world_size) for s in STRATEGIES}
         Path(out_dir, f"rank{rank}.json").write_text(json.dumps(measured))

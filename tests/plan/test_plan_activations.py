@@ -29,11 +29,9 @@ def test_gpt3_layer_is_the_papers_34sbh_plus_5as2b() -> None:
 
 def test_checkpointing_modes_on_gpt3() -> None:
     full_layer, L = 2_868_903_936, 96
-
     def blocks(mode: CheckpointMode, k: int = 2) -> tuple[float, float]:
         a = activations(GPT3, S, B, 2, False, mode, k)
         return a.blocks.value, a.recompute.value
-
     assert blocks(CheckpointMode.NONE) == (L * full_layer, 0)  # 275,414,777,856
     # selective: the attention core of the top block recomputes on top of 95 blocks' 34·sbh
     assert blocks(CheckpointMode.SELECTIVE) == (L * 34 * SBH, (L - 1) * 34 * SBH + full_layer)

@@ -11,17 +11,10 @@ import pytest
 from switchyard.cli import plan as plan_cli
 
 REQUIRED_KEYS = {
-    "model_states_bytes_per_gpu",
-    "parameters_bytes_per_gpu",
-    "gradients_bytes_per_gpu",
-    "optimizer_bytes_per_gpu",
-    "activations_bytes_per_gpu",
-    "transient_bytes_per_gpu",
-    "total_bytes_per_gpu",
-    "comm_bytes_per_gpu_per_step",
-    "comm_seconds_per_step",
-    "compute_seconds_per_step",
-    "fits",
+    "model_states_bytes_per_gpu", "parameters_bytes_per_gpu", "gradients_bytes_per_gpu",
+    "optimizer_bytes_per_gpu", "activations_bytes_per_gpu", "transient_bytes_per_gpu",
+    "total_bytes_per_gpu", "comm_bytes_per_gpu_per_step", "comm_seconds_per_step",
+    "compute_seconds_per_step", "fits",
 }
 
 
@@ -35,9 +28,8 @@ def _run(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str,
 
 
 def test_json_has_the_stable_keys(capsys: pytest.CaptureFixture[str]) -> None:
-    code, out, _ = _run(
-        ["--model", "llama3-70b", "--gpus", "64", "--strategy", "zero3", "--checkpointing", "full", "--json"], capsys
-    )
+    code, out, _ = _run(["--model", "llama3-70b", "--gpus", "64", "--strategy", "zero3",
+                         "--checkpointing", "full", "--json"], capsys)
     assert code == 0
     data = json.loads(out)
     assert set(data) >= REQUIRED_KEYS
@@ -55,7 +47,8 @@ def test_table_shows_the_formula_per_line(capsys: pytest.CaptureFixture[str]) ->
 
 
 def test_compare_prints_a_recommendation(capsys: pytest.CaptureFixture[str]) -> None:
-    code, out, _ = _run(["--model", "llama3-70b", "--gpus", "32", "--compare", "--checkpointing", "full"], capsys)
+    code, out, _ = _run(["--model", "llama3-70b", "--gpus", "32", "--compare",
+                         "--checkpointing", "full"], capsys)
     assert code == 0
     assert "recommended: fsdp-full" in out
     code, out, _ = _run(["--params", "70e9", "--gpus", "64", "--compare", "--json"], capsys)
@@ -63,25 +56,9 @@ def test_compare_prints_a_recommendation(capsys: pytest.CaptureFixture[str]) -> 
 
 
 def test_explicit_dimensions(capsys: pytest.CaptureFixture[str]) -> None:
-    code, out, _ = _run(
-        [
-            "--layers",
-            "32",
-            "--hidden",
-            "4096",
-            "--heads",
-            "32",
-            "--kv-heads",
-            "8",
-            "--ffn",
-            "14336",
-            "--vocab",
-            "128256",
-            "--llama-style",
-            "--json",
-        ],
-        capsys,
-    )
+    code, out, _ = _run(["--layers", "32", "--hidden", "4096", "--heads", "32", "--kv-heads",
+                         "8", "--ffn", "14336", "--vocab", "128256", "--llama-style", "--json"],
+                        capsys)
     assert code == 0
     assert json.loads(out)["params"] == 8_030_261_248
 
@@ -114,37 +91,21 @@ def test_job_spec_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> No
         (["--model", "llama3-8b", "--micro-batch", "0"], "job.micro_batch"),
         # Found by a generated fuzz of the flags (stop 44): an infinite --params raised
         # OverflowError; an infinite or NaN cluster figure was planned with, and printed as
-        # `inf` GiB; a billion layers used the machine's 24 GB until the kernel killed it.
+        # `inf` GiB; a FLOP rate times an MFU that underflows to 0 was divided by; a billion
+        # layers used the machine's 24 GB until the kernel killed it.
         (["--params", "inf"], "--params must be a positive whole number"),
         (["--params", "8e9", "--gpu-memory-gib", "inf"], "cluster.gpu_memory_gib must be a finite number"),
         (["--params", "8e9", "--intra-node-latency-us", "nan"], "cluster.intra_node_latency_us must be a finite"),
-        # ... and a FLOP rate times an MFU that underflows to 0 was divided by (ZeroDivisionError).
-        (
-            ["--model", "gpt-small", "--peak-tflops", "1e-300", "--mfu", "1e-300"],
-            "cluster.peak_tflops must be at least",
-        ),
-        (
-            [
-                "--layers",
-                "1000000000",
-                "--hidden",
-                "4096",
-                "--heads",
-                "32",
-                "--kv-heads",
-                "8",
-                "--ffn",
-                "14336",
-                "--vocab",
-                "128256",
-                "--llama-style",
-                "--compare",
-            ],
-            "model.layers must be at most 10,000, got 1,000,000,000",
-        ),
+        (["--model", "gpt-small", "--peak-tflops", "1e-300", "--mfu", "1e-300"],
+         "cluster.peak_tflops must be at least"),
+        (["--layers", "1000000000", "--hidden", "4096", "--heads", "32", "--kv-heads", "8", "--ffn", "14336",
+          "--vocab", "128256", "--llama-style", "--compare"],
+         "model.layers must be at most 10,000, got 1,000,000,000"),
     ],
 )
-def test_errors_name_the_input(argv: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
+def test_errors_name_the_input(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
     code, _, err = _run(argv, capsys)
     assert code == 2
     assert message in err

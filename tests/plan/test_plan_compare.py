@@ -14,7 +14,8 @@ def test_70b_on_64_gpus_recommends_a_fully_sharded_strategy() -> None:
     # FULL_SHARD and ZeRO-3 both fit and are communication-bound; FULL_SHARD sends less: its
     # backward does not gather the root unit again (embedding and head, 2.1e9 parameters),
     # ZeRO-3's keeps only the head, used again at once.
-    c = compare(model_preset("llama3-70b"), ClusterSpec(gpus=64), TrainingJob(checkpointing=CheckpointMode.FULL))
+    c = compare(model_preset("llama3-70b"), ClusterSpec(gpus=64),
+                TrainingJob(checkpointing=CheckpointMode.FULL))
     assert [p.job.strategy for p in c.plans] == list(Strategy)
     assert c.recommended is not None and c.recommended.job.strategy is Strategy.FSDP_FULL
     by_name = {p.job.strategy: p for p in c.plans}
@@ -73,10 +74,7 @@ def test_params_only_comparison_ranks_by_communication() -> None:
 
 def test_tight_fits_are_named_when_none_has_headroom() -> None:
     # llama3-8b, 8 GPUs, 8192 tokens, selective recompute: ZeRO-3 needs about 76.4 GiB of 80
-    c = compare(
-        model_preset("llama3-8b"),
-        ClusterSpec(gpus=8),
-        TrainingJob(seq_len=8192, checkpointing=CheckpointMode.SELECTIVE),
-    )
+    c = compare(model_preset("llama3-8b"), ClusterSpec(gpus=8),
+                TrainingJob(seq_len=8192, checkpointing=CheckpointMode.SELECTIVE))
     assert c.recommended is None
     assert "zero3" in c.reason and "without headroom" in c.reason

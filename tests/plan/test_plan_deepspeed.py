@@ -54,7 +54,9 @@ def _printed_per_gpu(estimator: object, *args: object, **kwargs: object) -> dict
     for line in out.getvalue().splitlines():
         match = ROW.match(line)
         if match:
-            rows[match.group(3).replace("OffloadDeviceEnum.cpu", "cpu")] = float(match.group(2)) * GIB
+            rows[match.group(3).replace("OffloadDeviceEnum.cpu", "cpu")] = (
+                float(match.group(2)) * GIB
+            )
     return rows
 
 
@@ -68,7 +70,9 @@ def _zero(name: str, gpus: int, strategy: Strategy, offload: Offload = Offload.N
 def test_zero2_differs_from_deepspeed_by_the_16bit_gradient_partition(name: str, gpus: int) -> None:
     p = _zero(name, gpus, Strategy.ZERO2)
     psi, nodes = p.params, gpus // 8
-    printed = _printed_per_gpu(stage12.estimate_zero2_model_states_mem_needs_all_cold, psi, 8, nodes)
+    printed = _printed_per_gpu(
+        stage12.estimate_zero2_model_states_mem_needs_all_cold, psi, 8, nodes
+    )
     _, exact = stage12.estimate_zero2_model_states_mem_needs(psi, 8, nodes, cpu_offload=False)
     assert printed["offload_optimizer=none"] == pytest.approx(exact, abs=0.006 * GIB)
     # 2Ψ + 4Ψ/N (fp32 gradient partition) + 12Ψ/N; DeepSpeed adds a 16-bit one, 2Ψ/N.
@@ -85,11 +89,15 @@ def test_zero3_matches_deepspeed_plus_the_fp32_copy_of_one_layer_gradient(name: 
     shape = model_preset(name)
     p = _zero(name, gpus, Strategy.ZERO3)
     psi, layer, nodes = p.params, shape.largest_module_params(), gpus // 8
-    printed = _printed_per_gpu(stage3.estimate_zero3_model_states_mem_needs_all_cold, psi, layer, 8, nodes)
+    printed = _printed_per_gpu(
+        stage3.estimate_zero3_model_states_mem_needs_all_cold, psi, layer, 8, nodes
+    )
     _, exact, _ = stage3.estimate_zero3_model_states_mem_needs(
         psi, layer, 8, nodes, cpu_offload=False, cpu_offload_params=False
     )
-    assert printed["offload_param=none, offload_optimizer=none, zero_init=1"] == pytest.approx(exact, abs=0.006 * GIB)
+    assert printed["offload_param=none, offload_optimizer=none, zero_init=1"] == pytest.approx(
+        exact, abs=0.006 * GIB
+    )
     assert p.states.total.value == pytest.approx(18 * psi / gpus, rel=1e-12)  # = DeepSpeed's
     assert p.transient is not None
     # one 16-bit layer, its 16-bit gradient and that gradient's fp32 copy

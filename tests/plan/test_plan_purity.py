@@ -13,7 +13,6 @@ def test_plan_imports_neither_torch_nor_ray() -> None:
         "bad = [m for m in ('torch', 'ray', 'deepspeed') if m in sys.modules]; "
         "sys.exit(f'imported {bad}' if bad else 0)"
     )
-    done = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, env=None, cwd=None, check=False, timeout=60
-    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env=None, cwd=None, check=False, timeout=60)
     assert done.returncode == 0, done.stderr

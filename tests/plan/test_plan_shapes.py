@@ -75,13 +75,15 @@ def test_preset_names_include_both_families() -> None:
 
 @pytest.mark.parametrize(
     ("kwargs", "field"),
-    [({"hidden": 100, "heads": 3}, "model.hidden"), ({"kv_heads": 3}, "model.heads"), ({"layers": 0}, "model.layers")],
+    [({"hidden": 100, "heads": 3}, "model.hidden"), ({"kv_heads": 3}, "model.heads"),
+     ({"layers": 0}, "model.layers")],
 )
 def test_bad_shapes_name_the_field(kwargs: dict[str, int], field: str) -> None:
     dims = {"layers": 2, "hidden": 64, "heads": 4, "kv_heads": 2, "ffn": 128, "vocab": 100}
     dims.update(kwargs)
     with pytest.raises(PlanError, match=field):
-        ModelShape(dims["layers"], dims["hidden"], dims["heads"], dims["kv_heads"], dims["ffn"], dims["vocab"])
+        ModelShape(dims["layers"], dims["hidden"], dims["heads"], dims["kv_heads"], dims["ffn"],
+                   dims["vocab"])
 
 
 def test_unknown_preset_lists_the_known_ones() -> None:

@@ -62,7 +62,8 @@ def test_model_states_total_and_json_keys_agree() -> None:
     # 18Ψ/64 = 19,843,229,952 bytes = 18.48 GiB
     assert js["model_states_bytes_per_gpu"] == pytest.approx(19_843_229_952, rel=REL)
     assert js["model_states_bytes_per_gpu"] == pytest.approx(
-        js["parameters_bytes_per_gpu"] + js["gradients_bytes_per_gpu"] + js["optimizer_bytes_per_gpu"]
+        js["parameters_bytes_per_gpu"] + js["gradients_bytes_per_gpu"]
+        + js["optimizer_bytes_per_gpu"]
     )
 
 

@@ -21,7 +21,7 @@ from switchyard.state import STATE_DIR_ENV, state_dir
 
 
 def register(subparsers: Any) -> None:
-    p = subparsers.add_parser("env", help='shell exports for Ray\'s CLI (`eval "$(switchyard env)"`)')
+    p = subparsers.add_parser("env", help="shell exports for Ray's CLI (`eval \"$(switchyard env)\"`)")
     p.add_argument("--state-dir", help="state directory (default: $SWITCHYARD_STATE_DIR or .switchyard)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(handler=run)
