@@ -26,6 +26,20 @@ def test_capacity_and_reservation() -> None:
     assert reasons["small"][0] == "reservation"
 
 
+def test_a_gang_larger_than_the_cluster_says_so() -> None:
+    """Found replaying a trace with a 64-GPU job on 16 GPUs (stop 44): its reason read "no
+    lendable capacity", as if other teams held the GPUs it needed. It waits, because an
+    autoscaler may add nodes (`waiting_for_capacity`), and says why."""
+    s = Scheduler(policy({"a": 64}), nodes(2))
+    s.submit(gang("huge", "a", (8,) * 8), 0)
+    s.schedule(0)
+    assert _reasons(s, 0)["huge"] == (
+        "capacity",
+        "larger than the cluster: needs 64 GPUs, it has 16 GPUs; waits for nodes to be added",
+    )
+    assert [need.request.workload_id for need in s.waiting_for_capacity()] == ["huge"]
+
+
 def test_gang_fit_and_queue_order() -> None:
     # Two 8-GPU nodes with 6 used on each: 4 GPUs are free, but no node holds a 4-GPU bundle.
     s = Scheduler(policy({"a": 32}), nodes(2))

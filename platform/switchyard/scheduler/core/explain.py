@@ -42,6 +42,15 @@ def explain_pending(core: Scheduler, pending: PendingWorkload, held_back: HeldBa
 def _explain_on(core: Scheduler, request: GangRequest, gpu_type: str) -> PendingExplanation:
     workload = request.workload_id
     admission = core._admission(request, gpu_type=gpu_type)
+    total = core._pool.type_gpus(gpu_type) if core._typed else core._pool.total_gpus
+    # After the quota (the order of `core.pending`): "no lendable capacity" would read as if
+    # other teams held the GPUs.
+    if request.gpus > total and (admission.allowed or admission.reason == NO_LENDABLE_CAPACITY):
+        where = f"{gpu_type} GPUs" if gpu_type else "GPUs"
+        return PendingExplanation(
+            PendingReason.CAPACITY,
+            f"larger than the cluster: needs {request.gpus} GPUs, it has {total} {where}; waits for nodes to be added",
+        )
     if admission.reason == NO_LENDABLE_CAPACITY:
         return PendingExplanation(PendingReason.CAPACITY, admission.reason)
     if not admission.allowed:
