@@ -47,3 +47,19 @@ def test_the_report_is_one_offline_page_for_operators(tmp_path: Path) -> None:
     refused = report(state, tmp_path / "no.html", member)
     assert refused.returncode == 3 and "may not operate the platform" in refused.stderr
     assert "Traceback" not in refused.stderr and not (tmp_path / "no.html").exists()
+
+
+def test_the_policy_state_reads_past_lines_that_are_no_change(tmp_path: Path) -> None:
+    """Found reading the operator view (stop 44): a line of the change journal that was JSON of
+    another shape, or not UTF-8, raised out of the page (AttributeError, UnicodeDecodeError)
+    instead of being skipped as a torn line is."""
+    from types import SimpleNamespace
+
+    from switchyard.console.views import _policy_state
+
+    applied = {"at": 1.0, "applied": True, "fingerprint": "abc", "commit": None, "error": None}
+    rejected = {"at": 2.0, "applied": False, "fingerprint": "", "commit": None, "error": "org.yaml: bad"}
+    lines = [json.dumps(applied).encode(), b"[1, 2]", b"\xff\xfe not text", json.dumps(rejected).encode(), b'{"at": 3']
+    (tmp_path / "policy_changes.jsonl").write_bytes(b"\n".join(lines))
+    state = _policy_state(SimpleNamespace(state=tmp_path))  # type: ignore[arg-type]
+    assert state["last_applied"]["fingerprint"] == "abc" and state["last_rejected"]["error"] == "org.yaml: bad"

@@ -190,11 +190,13 @@ def _policy_state(reader: PlatformReader) -> dict[str, Any]:
     applied: dict[str, Any] | None = None
     rejected: dict[str, Any] | None = None
     if journal.is_file():
-        for raw in journal.read_text(encoding="utf-8").splitlines():
+        for raw in journal.read_bytes().splitlines():
             try:
-                change = json.loads(raw)
+                change = json.loads(raw)  # bytes that are not UTF-8 raise a ValueError too
             except ValueError:
                 continue  # a torn last line of a crashed writer
+            if not isinstance(change, dict):
+                continue  # JSON of another shape: the page must still render (it raised, stop 44)
             slim = {k: change.get(k) for k in ("at", "error", "commit", "fingerprint")}
             if change.get("applied"):
                 applied = slim
