@@ -93,3 +93,41 @@ def test_check_steps_follow_rank_0s_clock_from_the_resumed_step() -> None:
     # 51: first step of the run; 56: 5 s later; 61 after 4 s (steps sped up mid-way, so the
     # prediction from 1 s steps came early, never late); then 0.8 s and 0.5 s per step.
     assert checked == [(51, 1.0), (56, 6.0), (61, 10.0), (67, 13.0), (77, 18.0)]
+
+
+class _SilentChannel(FilePreemptionChannel):
+    """A channel whose transport fails the first read (a GCS that did not answer)."""
+
+    def __init__(self, directory: Path) -> None:
+        super().__init__(directory)
+        self.failures = 1
+
+    def poll(self, job_id: str) -> PreemptionNotice | None:
+        if self.failures:
+            self.failures -= 1
+            raise ConnectionError("GCS did not answer")
+        return super().poll(job_id)
+
+
+@pytest.mark.parametrize(
+    "written", ['{"job_id": "j", "reason": "quota"', '{"job_id": "j", "reason": "quota"}', "[]", "\udcff"]
+)
+def test_a_notice_that_cannot_be_read_stops_the_job_and_raises_nowhere(tmp_path: Path, written: str) -> None:
+    """Found reading the watcher (stop 44): rank 0 read the channel outside any guard, so a notice
+    file edited by hand (cut short, a field missing, another shape) raised out of `check` on rank
+    0 alone, and every other rank then waited in the check's all-reduce until it timed out. Now
+    rank 0 stops the job as if noticed (it checkpoints; nothing is lost), on every rank alike."""
+    channel = FilePreemptionChannel(tmp_path)
+    (tmp_path / "j.json").write_text(written, errors="surrogateescape")
+    watcher = PreemptionWatcher(channel, "j", rank=0, device=torch.device("cpu"))
+    notice = watcher.check(1)
+    assert notice is not None and notice.reason.startswith("unreadable preemption notice"), notice
+
+
+def test_a_channel_that_does_not_answer_is_read_again_at_the_next_check(tmp_path: Path) -> None:
+    channel = _SilentChannel(tmp_path)
+    channel.send_notice("j", "quota")
+    watcher = PreemptionWatcher(channel, "j", rank=0, device=torch.device("cpu"), check_every_s=3600)
+    assert watcher.check(1) is None  # the read failed: no notice, no exception
+    notice = watcher.check(2)  # read again at once, although check_every_s has not passed
+    assert notice is not None and notice.reason == "quota"

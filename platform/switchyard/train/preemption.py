@@ -138,8 +138,24 @@ class PreemptionWatcher:
         due = force_read or now - self._last_read >= self.check_every_s
         if self._notice is None and self.channel is not None and self.rank == 0 and due:
             self._last_read = now
-            self._notice = self.channel.poll(self.job_id)
+            self._notice = self._read_channel(self.channel)
         return self._notice
+
+    def _read_channel(self, channel: PreemptionChannel) -> PreemptionNotice | None:
+        """The channel's notice. Rank 0 must not raise here: the other ranks are about to wait
+        for it in the check's all-reduce, and would hang there until the collective timed out
+        (stop 44: a notice file edited by hand, or a GCS that did not answer, did that)."""
+        try:
+            return channel.poll(self.job_id)
+        except (ValueError, KeyError, TypeError) as exc:
+            # Something was posted for this job but does not read as a notice: stopping is the
+            # reading that loses nothing (the job checkpoints and can be resumed).
+            log.error("the preemption notice for %s cannot be read (%s); stopping as if noticed", self.job_id, exc)
+            return PreemptionNotice(self.job_id, f"unreadable preemption notice ({type(exc).__name__})")
+        except Exception as exc:  # noqa: BLE001 - the channel's transport (Ray's GCS, a file system): next check
+            log.warning("cannot read the preemption channel for %s (%s); looking again next check", self.job_id, exc)
+            self._last_read = float("-inf")
+            return None
 
     def _next_step(self, step: int) -> int:
         """Rank 0: the step after which to check next, from its time per step since the last check."""
