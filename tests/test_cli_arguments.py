@@ -54,7 +54,7 @@ REFUSED_BY_FLAG = [
     (["up", "--timeout", "-5"], "argument --timeout: -5 is not a finite number of seconds above 0"),
     (["up", "--local-model-gpus", "x"], "argument --local-model-gpus: 'x' is not a whole number"),
     (["audit", "query", "--limit", "99999999999999999999"], "argument --limit: 99999999999999999999 is not"),
-    (["audit", "query", "--limit", "0"], "argument --limit: 0 is not between 1 and 10,000"),
+    (["audit", "query", "--limit", "0"], "argument --limit: 0 is not between 1 and 1,000,000,000"),
     (["audit", "export", "--bucket", "b", "--segment-size", "0"], "argument --segment-size: 0 is not between"),
     (["train", "run", "job.yaml", "--nproc", "0"], "argument --nproc: 0 is not between 1 and 1,024"),
     (["budgets", "--since", "2026-13-45"], "argument --since: '2026-13-45' is not a day (YYYY-MM-DD)"),

@@ -55,7 +55,8 @@ def register(subparsers: Any) -> None:
     query.add_argument("--flow")
     query.add_argument("--since", help="unix seconds, ISO 8601, or an age: 30m, 24h, 7d")
     query.add_argument("--bodies", action="store_true", help="include bodies (audited; per data class)")
-    query.add_argument("--limit", type=int_between(1, 10_000), default=1000)  # as the HTTP API
+    # Bounded for SQLite's 64-bit LIMIT (20 digits raised OverflowError); the demo counts with 10^6.
+    query.add_argument("--limit", type=int_between(1, 1_000_000_000), default=1000)
     query.set_defaults(handler=_guarded(run_query))
     erase = sub.add_parser(
         "erase",
