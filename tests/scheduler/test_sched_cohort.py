@@ -264,10 +264,13 @@ def test_switchyard_sim_reads_the_trace_gpu_type_column(tmp_path: Path) -> None:
     (tmp_path / "jobs.csv").write_text("\n".join(rows) + "\n")
     spec = SimSpec(tmp_path / "jobs.csv", 256, policy_file=tmp_path / "policy.yaml", inference=False, anomaly=False)
     assert run(spec).report["pending_by_reason"] == {}  # two node groups, one per type: all ran
-    # 32 GPUs are one node group, so all h100: the a100 rows wait, and say why.
+    # 32 GPUs are one node group, so all h100: the a100 rows wait, and say why (the cluster has
+    # no a100 at all: stop 44 names that, where "needs 8 GPUs, 0 free" read as if they were busy).
     small = run(replace(spec, gpus=32))
     assert small.report["pending_by_reason"] == {"capacity": 2}
-    assert {p.detail for p in small.trace.pending} == {"a100: capacity (needs 8 GPUs, 0 free)"}
+    assert {p.detail for p in small.trace.pending} == {
+        "a100: capacity (larger than the cluster: needs 8 GPUs, it has 0 a100 GPUs; waits for nodes to be added)"
+    }
     (tmp_path / "jobs.csv").write_text(rows[0] + "\n0,60,8,a,v100\n")
     with pytest.raises(ValueError, match="asks for GPU type 'v100'"):
         run(spec)
