@@ -5,16 +5,20 @@ A sealed document ends with `"crc32": N`, the CRC-32 of the compact JSON written
 field (the document without it). A byte changed after the write that still parses (a digit of
 an amount, a name) would otherwise be read back as another value; with the checksum the reader
 knows the line was changed. CRC-32, not a cryptographic hash: this finds damage, not forgery
-(the audit chain is what resists an editor).
+(the audit chain is what resists an editor). A reader keeps the lines that fail aside, as they
+were, in `<file>.unreadable` (`keep_aside`) before it deletes the file it has read.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import zlib
+from pathlib import Path
 from typing import Any
 
 CHECKSUM = "crc32"
+UNREADABLE = ".unreadable"  # `<file>.unreadable`: lines of `<file>` that were no whole entry, as they were
 
 Document = dict[str, Any]
 
@@ -66,3 +70,12 @@ def unsealed_bytes(line: bytes) -> tuple[bytes, bool]:
 def has_checksums(content: bytes) -> bool:
     """Whether a file of such lines was written with checksums: then a line without one was changed."""
     return _MARK in content
+
+
+def keep_aside(path: Path, unreadable: list[bytes]) -> None:
+    """Before `path` is deleted: its lines that were no whole entry, as they were, appended to
+    `<path>.unreadable` and fsynced, for an operator."""
+    if unreadable:
+        with open(path.with_name(path.name + UNREADABLE), "ab") as f:
+            f.write(b"".join(raw + b"\n" for raw in unreadable))
+            os.fsync(f.fileno())

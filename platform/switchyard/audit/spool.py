@@ -49,7 +49,7 @@ from switchyard.audit.subject_keys import b64, unb64
 from switchyard.budgets.ledger import Charge
 from switchyard.budgets.money import nanos_to_usd
 from switchyard.gateway.seams import AuditUnavailable, Bill, Usage
-from switchyard.sealed_json import has_checksums, sealed_bytes, unsealed_bytes
+from switchyard.sealed_json import UNREADABLE, has_checksums, keep_aside, sealed_bytes, unsealed_bytes
 
 log = logging.getLogger(__name__)
 
@@ -113,19 +113,16 @@ def drain_file(path: Path, store: AuditStore) -> DrainReport:
     new = 0
     for start in range(0, len(entries), BATCH):
         new += store.append(entries[start : start + BATCH])
-    _keep_aside(path, unreadable)
+    keep_aside(path, unreadable)
     path.unlink()
     return DrainReport(1, len(entries), new, torn, unreadable=len(unreadable))
-
-
-UNREADABLE = ".unreadable"  # `<file>.unreadable`: lines of `<file>` that were no record, as they were
 
 
 def _decode_lines(path: Path) -> tuple[list[PendingEntry], int, list[bytes]]:
     """The records of a spool or stand-ins file; how many lines were torn (a last line without
     its newline: a write a crash cut short, never acknowledged, dropped); and the other lines
     that are no record. Those cannot come from a crash (each line is one `write(2)`, newline
-    last), so something changed the file: the caller keeps them aside (`_keep_aside`), and
+    last), so something changed the file: the caller keeps them aside (`keep_aside`), and
     they are logged as an error. Logged by position only: a line may hold a body and must not
     reach the logs."""
     entries: list[PendingEntry] = []
@@ -154,14 +151,6 @@ def _decode_lines(path: Path) -> tuple[list[PendingEntry], int, list[bytes]]:
     return entries, torn, unreadable
 
 
-def _keep_aside(path: Path, unreadable: list[bytes]) -> None:
-    """Before `path` is deleted: its lines that were no record, as they were, in `<path>.unreadable`."""
-    if unreadable:
-        with open(path.with_name(path.name + UNREADABLE), "ab") as f:
-            f.write(b"".join(raw + b"\n" for raw in unreadable))
-            os.fsync(f.fileno())
-
-
 def recover_open_streams(
     directory: Path, writer: str, store: AuditStore, ledger: LedgerView | None = None
 ) -> DrainReport:
@@ -187,7 +176,7 @@ def recover_open_streams(
     new = store.append(list(latest.values())) if latest else 0
     if new:
         log.warning("%d streams of dead writer %s were cut off by its death; recorded as replica_lost", new, writer)
-    _keep_aside(path, unreadable)
+    keep_aside(path, unreadable)
     path.unlink()
     return DrainReport(1, len(entries), new, torn, unreadable=len(unreadable))
 

@@ -45,12 +45,11 @@ from pathlib import Path
 from typing import Any
 
 from switchyard.budgets.ledger import Charge
-from switchyard.sealed_json import CHECKSUM, sealed, unsealed
+from switchyard.sealed_json import UNREADABLE, has_checksums, keep_aside, sealed, unsealed
 
 log = logging.getLogger(__name__)
 
 SUFFIX = ".charges"
-UNREADABLE = ".unreadable"  # `<journal>.unreadable`: its lines that were no whole entry, as they were
 
 SendCharges = Callable[[str, Sequence[Charge]], Awaitable[object]]
 """`(hold_id, charges) -> ...`: record charges against a hold and close it."""
@@ -230,7 +229,7 @@ def read_journal(content: bytes, path: Path) -> JournalContent:
     closed: set[str] = set()  # requests settled or released
     torn, unreadable = 0, []
     lines = content.split(b"\n")
-    checked = f',"{CHECKSUM}":'.encode() in content  # written with checksums: every line must have one
+    checked = has_checksums(content)  # written with them: every line must have one
     for number, raw in enumerate(lines, start=1):
         if not raw:
             continue
@@ -284,14 +283,6 @@ def _entry(raw: bytes, checked: bool) -> dict[str, Any]:
     return entry
 
 
-def _keep_aside(path: Path, unreadable: list[bytes]) -> None:
-    """Before `path` is deleted: its lines that were no whole entry, as they were."""
-    if unreadable:
-        with open(path.with_name(path.name + UNREADABLE), "ab") as f:
-            f.write(b"".join(raw + b"\n" for raw in unreadable))
-            os.fsync(f.fileno())
-
-
 def _still_at(path: Path, fd: int) -> bool:
     """Whether `path` still names the file open at `fd`."""
     try:
@@ -336,7 +327,7 @@ async def recover_orphans(directory: Path, send: SendCharges) -> RecoveryReport:
                 log.exception("cannot send the charges journaled in %s; kept for the next recovery", path)
                 kept += 1
                 continue
-            _keep_aside(path, journal.unreadable)
+            keep_aside(path, journal.unreadable)
             path.unlink()
             journals += 1
             charges += sum(len(c) for c in journal.by_hold.values())
