@@ -93,5 +93,5 @@ def test_validation_loss_is_the_mean_over_the_held_back_tokens_on_the_trained_we
     assert rows[1]["val_loss"] < 5.5  # below the untrained loss (about ln 257 = 5.55)
     events = list((out / "ckpt" / "tensorboard").glob("events.out.tfevents.*"))
     assert "train/val_loss" in _event_tags(events[0])
-    figure = plot_metrics(read_metrics(out / "ckpt" / METRICS_FILE), out / "metrics.png", "val")  # draws val_loss
+    figure = plot_metrics(read_metrics(out / "ckpt" / METRICS_FILE).rows, out / "metrics.png", "val")  # draws val_loss
     assert figure.read_bytes().startswith(b"\x89PNG")

@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from typing import TYPE_CHECKING, Any
 
 from switchyard.cli._args import int_between
@@ -102,9 +103,13 @@ def plot_command(args: argparse.Namespace) -> int:
 
     metrics = find_metrics_file(args.run, state_dir(args.state_dir))
     try:
-        rows = read_metrics(metrics)
+        read = read_metrics(metrics)
     except MetricsFileError as exc:
         return fail(str(exc))
+    if read.skipped:
+        shown = "; ".join(read.skipped[:3]) + ("; ..." if len(read.skipped) > 3 else "")
+        print(f"switchyard: {metrics}: {len(read.skipped)} line(s) skipped: {shown}", file=sys.stderr)
+    rows = read.rows
     out = Path(args.out) if args.out else metrics.parent / "metrics.png"
     plot_metrics(rows, out, title=f"{metrics.parent.name}: steps {rows[0]['step']}-{rows[-1]['step']}")
     print(out)

@@ -143,7 +143,7 @@ class PlatformReader:
     def run_metrics(self, job_name: str) -> list[dict[str, Any]]:
         """A run's metrics lines ([] when it has written none yet)."""
         try:
-            return read_metrics(find_metrics_file(job_name, self.state))
+            return read_metrics(find_metrics_file(job_name, self.state)).rows
         except MetricsFileError:
             return []
 

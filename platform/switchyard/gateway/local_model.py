@@ -1,9 +1,10 @@
 """switchyard's own small model as a chat backend: the demo needs no API keys.
 
 Loads the newest complete checkpoint under a directory (a `step-*/` folder with a
-`manifest.json`, written by the trainer with torch.distributed.checkpoint), or, when there is
-none, a seeded initialisation the project makes itself. Never a hub download. torch is
-imported here only, so the rest of the gateway core stays light.
+`manifest.json`, written by the trainer with torch.distributed.checkpoint) whose files are
+the bytes its manifest lists, or, when there is none, a seeded initialisation the project
+makes itself. Never a hub download. torch is imported here only, so the rest of the gateway
+core stays light.
 
 It also embeds text (`embed`, `embeddings`): the L2-normalised mean of the final hidden state
 over a text's tokens. The model is trained to predict the next byte, not to embed, so a seeded
@@ -14,7 +15,6 @@ no API key, not a replacement for a trained embedding model.
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 import warnings
@@ -29,6 +29,7 @@ import torch.nn.functional as F
 from torch.distributed.checkpoint.api import CheckpointException
 
 from switchyard.models import GPT, ByteTokenizer, GPTConfig
+from switchyard.train.checkpoint import MANIFEST, CheckpointError, CheckpointStore
 
 log = logging.getLogger(__name__)
 
@@ -52,12 +53,21 @@ class LoadedFrom:
     model_version: str
 
 
-def newest_checkpoint(root: Path) -> Path | None:
-    """The newest `step-*` folder whose manifest exists (a folder without one is unfinished)."""
+def _age(folder: Path) -> tuple[str, str]:
+    return folder.name, str(folder)  # zero-padded steps sort by name; the path breaks ties
+
+
+def _finished(root: Path) -> list[Path]:
+    """Every `step-*` folder with a manifest (a folder without one is unfinished), newest first."""
     if not root.is_dir():
-        return None
-    done = [d for d in root.rglob("step-*") if d.is_dir() and (d / "manifest.json").exists()]
-    return max(done, key=lambda d: d.name, default=None)
+        return []
+    done = [d for d in root.rglob("step-*") if d.is_dir() and (d / MANIFEST).exists()]
+    return sorted(done, key=_age, reverse=True)
+
+
+def newest_checkpoint(root: Path) -> Path | None:
+    """The newest `step-*` folder whose manifest exists: a training job's save finished."""
+    return next(iter(_finished(root)), None)
 
 
 class LocalChatModel:
@@ -71,52 +81,68 @@ class LocalChatModel:
         self._preset = preset
         self._version = model_version
         self._lock = threading.Lock()  # generate() is not re-entrant on one module copy
-        self._unloadable: str | None = None
-        self.model, self.loaded = self._load(newest_checkpoint(self._root) if self._root else None)
+        self._passed_over: set[str] = set()
+        """Folders found unusable: logged once, never hashed or loaded again (a finished save
+        never changes)."""
+        torch.manual_seed(SEED)
+        self.model = GPT(GPTConfig.preset(preset)).eval()
+        self.loaded = LoadedFrom("seeded-init", None, f"{self._version}@seed{SEED}")
+        self.refresh()
         log.info("local model %s loaded from %s", self.loaded.model_version, self.loaded.source)
 
-    def _load(self, found: Path | None) -> tuple[GPT, LoadedFrom]:
-        config = GPTConfig.preset(self._preset)
-        if found is not None:
-            config = self._config_from(found, config)
-        torch.manual_seed(SEED)
-        model = GPT(config).eval()
-        seeded = LoadedFrom("seeded-init", None, f"{self._version}@seed{SEED}")
-        if found is None:
-            return model, seeded
+    def _verified(self, folder: Path) -> dict[str, Any] | None:
+        """The manifest of a folder whose every file is as saved (sha256), else None, logged."""
         try:
+            ref = CheckpointStore(str(folder.parent), folder.parent).verified(folder.name)
+        except (CheckpointError, OSError) as exc:
+            log.error("%s; passed over", exc)
+            return None
+        if ref.format != "dcp":
+            log.error("checkpoint %s passed over: a %s checkpoint, and this model loads DCP", folder, ref.format)
+            return None
+        return ref.manifest
+
+    def _load(self, folder: Path, manifest: dict[str, Any]) -> GPT | None:
+        try:
+            config = GPTConfig.preset(self._preset)
+            saved = manifest.get("model_config") or manifest.get("model")
+            if isinstance(saved, dict):
+                config = GPTConfig.from_dict(saved)
+            model = GPT(config)
+            model.eval()
             state = {"model": model.state_dict()}
             with warnings.catch_warnings():
                 # One process reads the whole checkpoint on purpose; DCP warns about exactly that.
                 warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-                dcp.load(state, checkpoint_id=str(found), no_dist=True)
+                dcp.load(state, checkpoint_id=str(folder), no_dist=True)
             model.load_state_dict(state["model"])
-            return model, LoadedFrom("checkpoint", str(found), f"{self._version}@{found.name}")
-        except (CheckpointException, RuntimeError, ValueError, KeyError, OSError) as exc:
-            log.error("checkpoint %s cannot be loaded, serving the seeded initialisation: %s", found, exc)
-            return model, seeded
+            return model
+        except (CheckpointException, RuntimeError, ValueError, TypeError, KeyError, OSError) as exc:
+            log.error("checkpoint %s cannot be loaded: %s", folder, exc)
+            return None
 
     def refresh(self) -> bool:
-        """Serve the newest complete checkpoint if a newer one appeared (a training job of the
-        same model checkpointed). Loads beside the current model and swaps; a checkpoint that
-        cannot be loaded leaves the current one serving. True when the model changed."""
-        found = newest_checkpoint(self._root) if self._root else None
-        if found is None or str(found) in (self.loaded.path, self._unloadable):
-            return False
-        model, loaded = self._load(found)
-        if loaded.source != "checkpoint":
-            self._unloadable = str(found)  # logged once by _load; not retried every refresh
-            return False
-        with self._lock:
-            self.model, self.loaded = model, loaded
-        log.info("local model now serves %s", loaded.model_version)
-        return True
-
-    @staticmethod
-    def _config_from(found: Path, default: GPTConfig) -> GPTConfig:
-        manifest = json.loads((found / "manifest.json").read_text())
-        model = manifest.get("model_config") or manifest.get("model")
-        return GPTConfig.from_dict(model) if isinstance(model, dict) else default
+        """Serve the newest checkpoint that is whole and loads, if it is newer than the one
+        serving (a training job of the same model checkpointed). Loads beside the current model
+        and swaps; one that is damaged or cannot be loaded is passed over, logged once, and the
+        current one (or the next older one) serves. True when the model changed."""
+        serving = _age(Path(self.loaded.path)) if self.loaded.path else None
+        for folder in _finished(self._root) if self._root else []:
+            if serving is not None and _age(folder) <= serving:
+                return False  # never older than what serves, even once that was pruned
+            if str(folder) in self._passed_over:
+                continue
+            manifest = self._verified(folder)
+            model = self._load(folder, manifest) if manifest is not None else None
+            if model is None:
+                self._passed_over.add(str(folder))
+                continue
+            with self._lock:
+                self.model = model
+                self.loaded = LoadedFrom("checkpoint", str(folder), f"{self._version}@{folder.name}")
+            log.info("local model now serves %s", self.loaded.model_version)
+            return True
+        return False
 
     def prompt_ids(self, messages: list[dict[str, str]], max_new_tokens: int) -> list[int]:
         text = "".join(f"<|{m['role']}|>{m['content']}\n" for m in messages) + "<|assistant|>"

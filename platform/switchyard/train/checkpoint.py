@@ -32,12 +32,12 @@ from typing import IO, Any, Protocol, TypeVar, cast, runtime_checkable
 
 import torch.distributed as dist
 
+from switchyard.train.manifest import MANIFEST, FileTable, ManifestError, build_manifest, read_manifest
 from switchyard.train.storage import Location
 
-log = logging.getLogger(__name__)
+__all__ = ["MANIFEST", "FileTable", "build_manifest"]  # also the trainer's, read here
 
-MANIFEST = "manifest.json"
-FileTable = dict[str, dict[str, Any]]
+log = logging.getLogger(__name__)
 ItemRanges = dict[str, list[tuple[int, int]]]
 """Per file, the (offset, length) of every item stored in it (DCP's storage layout)."""
 Rejection = tuple[str, str]
@@ -105,6 +105,12 @@ def step_folder(step: int) -> str:
     return f"{STEP_PREFIX}{step:08d}"
 
 
+def folder_step(name: str) -> int | None:
+    """The step a `step-N` folder's name says; None for any other name."""
+    digits = name.removeprefix(STEP_PREFIX)
+    return int(digits) if name.startswith(STEP_PREFIX) and digits.isdigit() else None
+
+
 @dataclass(frozen=True)
 class CheckpointRef:
     uri: str
@@ -115,6 +121,12 @@ class CheckpointRef:
     @property
     def format(self) -> str:
         return str(self.manifest["format"])
+
+    @property
+    def world_size(self) -> int | None:
+        """The ranks that saved it; None for a manifest written before it was recorded."""
+        saved = self.manifest.get("world_size")
+        return None if saved is None else int(saved)
 
 
 def gather_file_tables(own: FileTable, group: Any = None) -> FileTable:
@@ -130,10 +142,6 @@ def gather_file_tables(own: FileTable, group: Any = None) -> FileTable:
                 raise RuntimeError(f"checkpoint file {name!r} written by rank {rank} and another")
             merged[name] = entry
     return merged
-
-
-def build_manifest(files: FileTable, *, step: int, fmt: str, **extra: Any) -> dict[str, Any]:
-    return {"format": fmt, "step": step, "files": files, **extra}
 
 
 def none_valid(uri: str, rejected: list[Rejection]) -> CheckpointError:
@@ -200,11 +208,10 @@ class CheckpointStore:
         if raw is None:
             return None, "no manifest.json (the save did not finish)"
         try:
-            manifest: dict[str, Any] = json.loads(raw)
-            files: FileTable = manifest["files"]
-            int(manifest["step"])
-        except (ValueError, KeyError, TypeError) as exc:
-            return None, f"unreadable manifest.json ({exc!r})"
+            manifest = read_manifest(raw, folder_step(name))
+        except ManifestError as exc:
+            return None, str(exc)
+        files: FileTable = manifest["files"]
         sizes = self.location.file_sizes(name)
         for relpath, entry in files.items():
             if relpath not in sizes:
@@ -272,6 +279,16 @@ class CheckpointStore:
         if problem is None and manifest is not None:
             return CheckpointRef(self.location.child_uri(name), name, int(manifest["step"]), manifest)
         raise CheckpointError(f"checkpoint {self.location.child_uri(name)} is not usable: {problem}")
+
+    def verified(self, name: str) -> CheckpointRef:
+        """Folder `name` once every check passed and every file was hashed whole (for a
+        process that loads a whole checkpoint itself: the local model); raises
+        `CheckpointError` naming what is wrong."""
+        ref = self.open(name)
+        problem = self._hash_problem(ref)
+        if problem is not None:
+            raise CheckpointError(f"checkpoint {ref.uri} is not usable: {problem}")
+        return ref
 
     def prune(self, keep: int) -> list[str]:
         """Delete all but the newest `keep` complete checkpoints; returns the deleted names."""

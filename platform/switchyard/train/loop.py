@@ -469,7 +469,7 @@ class Trainer:
         ctx = self.ctx
         files = CheckpointFiles(ref, ctx.store.cache_dir)
         own = _rank_state_name(ctx.rank)
-        saved_world = int(ref.manifest.get("world_size", ctx.world_size))
+        saved_world = ref.world_size or ctx.world_size
         same_ranks = saved_world == ctx.world_size and own in ref.manifest["files"]
         raw = agreed(lambda: files.read(own if same_ranks else _rank_state_name(0)))
         if isinstance(engine, ShardedCheckpointing) and ref.format == "dcp":

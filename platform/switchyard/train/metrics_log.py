@@ -5,12 +5,14 @@ TensorBoard event files under `tensorboard/`.
 Under Ray Train the lines are reported to Ray as well, but Train V2 keeps only the metrics
 that travel with a checkpoint: these files are the record. A resumed run appends to them, so
 steps between the last checkpoint and a crash can appear twice; readers keep the last line
-per step.
+per step. A run killed while writing a line leaves part of it: the resumed run starts on a
+line of its own, and readers skip such a line and say so, keeping every whole one.
 """
 
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
@@ -38,6 +40,8 @@ class MetricsRecord:
         directory.mkdir(parents=True, exist_ok=True)
         self.path = directory / METRICS_FILE
         self._file: IO[str] = self.path.open("a", encoding="utf-8")
+        if _ends_mid_line(self.path):
+            self._file.write("\n")  # the last run was killed mid-line: that part stays a line of its own
         self._board = SummaryWriter(logdir=str(directory / TENSORBOARD_DIR))
 
     def write(self, line: MetricsLine) -> None:
@@ -58,25 +62,67 @@ class MetricsFileError(ValueError):
     """A metrics file that is missing, empty or unreadable; the message names the path."""
 
 
-def read_metrics(path: Path) -> list[dict[str, Any]]:
-    """The lines of a metrics file in step order, the last one written for each step."""
+@dataclass(frozen=True)
+class Metrics:
+    rows: list[dict[str, Any]]
+    """The metrics lines in step order, the last one written for each step."""
+    skipped: list[str]
+    """`line N: why` for each line that is not a metrics line (a run killed mid-write leaves one)."""
+
+
+def _ends_mid_line(path: Path) -> bool:
+    if path.stat().st_size == 0:
+        return False
+    with path.open("rb") as f:
+        f.seek(-1, 2)
+        return f.read(1) != b"\n"
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _problem(row: Any) -> str | None:
+    """Why a parsed line is not a metrics line, or None."""
+    if not isinstance(row, dict):
+        return f"a JSON {type(row).__name__}, not an object"
+    step = row.get("step")
+    if not isinstance(step, int) or isinstance(step, bool) or step < 0:
+        return f"step {step!r} is not a step number"
+    missing = [key for key in SCALARS if key not in row]
+    if missing:
+        return f"missing {', '.join(missing)}"
+    for key in (*SCALARS, *OPTIONAL_SCALARS):
+        value = row.get(key)
+        if value is not None and not _is_number(value):
+            return f"{key} {value!r} is not a number"
+    return None
+
+
+def read_metrics(path: Path) -> Metrics:
+    """The metrics lines of a file, and the lines that are not one; raises `MetricsFileError`
+    when there is no file or no metrics line in it."""
     if not path.is_file():
         raise MetricsFileError(f"{path}: no metrics file (a run writes one at its first log step)")
     by_step: dict[int, dict[str, Any]] = {}
-    for number, raw in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+    skipped: list[str] = []
+    for number, raw in enumerate(path.read_bytes().split(b"\n"), start=1):
         if not raw.strip():
             continue
         try:
-            row = json.loads(raw)
-            missing = [key for key in ("step", *SCALARS) if key not in row]
-            if missing:
-                raise ValueError(f"missing {', '.join(missing)}")
-            by_step[int(row["step"])] = row
-        except (ValueError, TypeError) as exc:
-            raise MetricsFileError(f"{path}: line {number} is not a metrics line ({exc})") from None
+            row = json.loads(raw.decode("utf-8"))
+        except ValueError as exc:  # not UTF-8, or not JSON
+            skipped.append(f"line {number}: not JSON ({exc})")
+            continue
+        problem = _problem(row)
+        if problem is not None:
+            skipped.append(f"line {number}: {problem}")
+            continue
+        by_step[row["step"]] = row
     if not by_step:
-        raise MetricsFileError(f"{path}: the metrics file is empty")
-    return [by_step[step] for step in sorted(by_step)]
+        why = f" ({len(skipped)} line(s) that are not metrics lines: {skipped[0]})" if skipped else ""
+        raise MetricsFileError(f"{path}: the metrics file is empty{why}")
+    return Metrics([by_step[step] for step in sorted(by_step)], skipped)
 
 
 def find_metrics_file(run: str, state: Path) -> Path:
