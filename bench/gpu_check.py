@@ -75,7 +75,13 @@ class Bench:
         self.engine: TrainEngine = build_engine(build_model(spec, device, None), spec, device, 1)
         data = spec.data
         cache = Path(tempfile.mkdtemp(prefix="gpu-check-"))
-        tokens = load_tokens(data.source, synthetic_bytes=data.synthetic_bytes, seed=spec.seed, cache_dir=cache)
+        tokens = load_tokens(
+            data.source,
+            synthetic_bytes=data.synthetic_bytes,
+            seed=spec.seed,
+            cache_dir=cache,
+            vocab_size=spec.model.gpt_config().vocab_size,
+        )
         self.batches = TokenBatches(tokens, data.seq_len, data.micro_batch_size, 0, 1, spec.seed)
 
     def sync(self) -> None:

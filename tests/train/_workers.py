@@ -283,7 +283,9 @@ def validation_run(rank: int, world_size: int, spec_json: str, out_dir: str) -> 
     plain.load_state_dict(full)
     plain.eval()
     data = spec.data
-    tokens = load_tokens(data.source, synthetic_bytes=data.synthetic_bytes, seed=spec.seed, cache_dir=out / "c")
+    tokens = load_tokens(
+        data.source, synthetic_bytes=data.synthetic_bytes, seed=spec.seed, cache_dir=out / "c", vocab_size=None
+    )
     held_back = split_windows(window_count(tokens, data.seq_len), spec.validation.sequences, spec.seed).held_back
     x, y = window_rows(tokens, held_back, data.seq_len)
     with torch.no_grad():

@@ -14,6 +14,7 @@ from typing import Any
 
 import _workers  # tests/train is on sys.path; spawned children import it by name
 import pytest
+import torch.distributed as dist
 from _workers import tiny_spec
 
 from switchyard.ports import listener_port
@@ -26,6 +27,16 @@ SpecFactory = Callable[..., JobSpec]
 @pytest.fixture
 def make_spec() -> SpecFactory:
     return tiny_spec
+
+
+@pytest.fixture
+def one_rank_group() -> Iterator[None]:
+    """A gloo group of this process alone: the trainer's collectives, in the test's process."""
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{listener_port()}", rank=0, world_size=1)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
 
 
 def run_jobs(jobs: list[dict[str, Any]], nproc: int) -> list[dict[str, Any]]:

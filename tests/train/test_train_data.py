@@ -5,6 +5,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from switchyard.train.checkpoint import CheckpointStore
 from switchyard.train.data import (
     TokenBatches,
     load_tokens,
@@ -12,6 +13,8 @@ from switchyard.train.data import (
     synthetic_corpus,
     write_token_shards,
 )
+from switchyard.train.loop import RunContext, Trainer
+from tests.train._workers import tiny_spec
 
 
 def test_synthetic_corpus_is_deterministic_and_sized() -> None:
@@ -25,16 +28,51 @@ def test_shards_round_trip_full_uint16_range(tmp_path: Path) -> None:
     paths = write_token_shards(tokens, tmp_path, shard_tokens=10)
     assert len(paths) == 5
     assert torch.equal(read_token_shards(paths), tokens)
-    assert torch.equal(load_tokens(str(tmp_path), synthetic_bytes=0, seed=0, cache_dir=tmp_path / "c"), tokens)
+    loaded = load_tokens(str(tmp_path), synthetic_bytes=0, seed=0, cache_dir=tmp_path / "c", vocab_size=None)
+    assert torch.equal(loaded, tokens)
 
 
 def test_bad_source_and_odd_shard_are_named(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match=r"data\.source 'nowhere'"):
-        load_tokens("nowhere", synthetic_bytes=0, seed=0, cache_dir=tmp_path)
+        load_tokens("nowhere", synthetic_bytes=0, seed=0, cache_dir=tmp_path, vocab_size=257)
     odd = tmp_path / "odd.bin"
     odd.write_bytes(b"abc")
     with pytest.raises(ValueError, match=r"odd\.bin"):
         read_token_shards([odd])
+
+
+def test_a_token_past_the_vocabulary_is_named_before_training(tmp_path: Path) -> None:
+    """Shards tokenized for a larger vocabulary trained until a batch sampled the stray id,
+    then failed in the embedding with `IndexError: index out of range in self` (on a GPU, a
+    device-side assert), naming neither the shard nor the vocabulary."""
+    tokens = torch.randint(0, 257, (3000,))
+    tokens[2345] = 4000
+    paths = write_token_shards(tokens, tmp_path / "data", shard_tokens=1000)
+    stray = r"shard-00002\.bin: token 345 is id 4000, outside the model's vocabulary of 257"
+    with pytest.raises(ValueError, match=stray):
+        load_tokens(str(tmp_path / "data"), synthetic_bytes=0, seed=0, cache_dir=tmp_path / "c", vocab_size=257)
+    assert torch.equal(read_token_shards(paths, vocab_size=4001), tokens)
+    with pytest.raises(ValueError, match=r"data.source synthetic \(byte tokens\): .* vocabulary of 100 ids"):
+        load_tokens("synthetic", synthetic_bytes=5000, seed=0, cache_dir=tmp_path / "c", vocab_size=100)
+
+
+def test_a_job_on_data_of_another_vocabulary_fails_before_its_first_step(tmp_path: Path, one_rank_group: None) -> None:
+    tokens = torch.randint(0, 257, (20000,))
+    tokens[::50] = 4000
+    write_token_shards(tokens, tmp_path / "data", shard_tokens=5000)
+    spec = tiny_spec("vocab", steps=3, num_workers=1, **{"data.source": str(tmp_path / "data")})
+    context = RunContext(
+        rank=0,
+        world_size=1,
+        device=torch.device("cpu"),
+        job_id="vocab",
+        store=CheckpointStore(str(tmp_path / "ckpt"), tmp_path / "cache"),
+        work_dir=tmp_path / "work",
+        handle_sigterm=False,
+    )
+    with pytest.raises(ValueError, match=r"shard-00000\.bin: token 0 is id 4000, outside the model's vocabulary"):
+        Trainer(spec, context).run()
+    assert not (tmp_path / "ckpt").exists() or not list((tmp_path / "ckpt").iterdir())
 
 
 def _batches(rank: int, world: int = 2) -> TokenBatches:

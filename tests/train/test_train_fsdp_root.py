@@ -4,26 +4,13 @@ resharded under FULL_SHARD (except the last), and nothing is under SHARD_GRAD_OP
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 import torch
-import torch.distributed as dist
 
 from switchyard.models import GPT
-from switchyard.ports import listener_port
 from switchyard.train.parallelize import apply_fsdp
 from switchyard.train.strategy import Strategy
 from tests.train._workers import tiny_spec
-
-
-@pytest.fixture
-def one_rank_group() -> Iterator[None]:
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{listener_port()}", rank=0, world_size=1)
-    try:
-        yield
-    finally:
-        dist.destroy_process_group()
 
 
 def _resharded(module: object) -> bool:

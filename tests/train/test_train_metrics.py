@@ -9,16 +9,14 @@ from __future__ import annotations
 
 import json
 import math
-import socket
 import struct
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import _workers
 import pytest
 import torch
-import torch.distributed as dist
 from _workers import tiny_spec
 
 from switchyard.cli import main
@@ -168,18 +166,6 @@ def test_a_checkpoint_step_is_always_checked(two_ranks: tuple[Path, list[dict[st
 
 
 # --- 1 rank in this process: host syncs, NaN ------------------------------------------------
-
-
-@pytest.fixture
-def one_rank_group() -> Iterator[None]:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
-    try:
-        yield
-    finally:
-        dist.destroy_process_group()
 
 
 def _context(tmp_path: Path, on_engine: Callable[[TrainEngine], None], clock: Callable[[], float]) -> RunContext:

@@ -97,7 +97,24 @@ def write_token_shards(tokens: Tensor, out_dir: Path, shard_tokens: int) -> list
     return paths
 
 
-def read_token_shards(paths: list[Path]) -> Tensor:
+def _check_vocabulary(tokens: Tensor, vocab_size: int | None, where: str) -> Tensor:
+    """`tokens`, once every id is one the model embeds. An id past the vocabulary fails deep
+    in the first forward that samples it (`IndexError: index out of range in self` on CPU, a
+    device-side assert on a GPU), possibly hours into the run: named here, before training."""
+    if vocab_size is None or tokens.numel() == 0:
+        return tokens
+    largest = int(tokens.max())
+    if largest >= vocab_size:
+        at = int((tokens >= vocab_size).nonzero()[0])
+        raise ValueError(
+            f"{where}: token {at} is id {int(tokens[at])}, outside the model's vocabulary of {vocab_size} "
+            f"ids (model.vocab_size; the largest id here is {largest}): tokenized for another model?"
+        )
+    return tokens
+
+
+def read_token_shards(paths: list[Path], vocab_size: int | None = None) -> Tensor:
+    """Every shard's uint16 tokens, in name order; with `vocab_size`, each id checked against it."""
     if not paths:
         raise ValueError("no token shards (*.bin) found")
     parts = []
@@ -106,23 +123,25 @@ def read_token_shards(paths: list[Path]) -> Tensor:
         if len(raw) % 2:
             raise ValueError(f"{path}: size {len(raw)} is not a whole number of uint16 tokens")
         # int16 view then mask: torch has no general uint16 arithmetic on CPU.
-        parts.append(torch.frombuffer(raw, dtype=torch.int16).to(torch.int64) & 0xFFFF)
+        shard = torch.frombuffer(raw, dtype=torch.int16).to(torch.int64) & 0xFFFF
+        parts.append(_check_vocabulary(shard, vocab_size, str(path)))
     return torch.cat(parts)
 
 
-def load_tokens(source: str, *, synthetic_bytes: int, seed: int, cache_dir: Path) -> Tensor:
-    """All training tokens as one int64 tensor."""
+def load_tokens(source: str, *, synthetic_bytes: int, seed: int, cache_dir: Path, vocab_size: int | None) -> Tensor:
+    """All training tokens as one int64 tensor, every id below `vocab_size` (None: unchecked)."""
     if source == "synthetic":
         text = synthetic_corpus(synthetic_bytes, seed)
-        return torch.tensor(ByteTokenizer().encode(text), dtype=torch.int64)
+        ids = torch.tensor(ByteTokenizer().encode(text), dtype=torch.int64)
+        return _check_vocabulary(ids, vocab_size, "data.source synthetic (byte tokens)")
     if is_s3_uri(source):
         local = download_prefix(source, cache_dir / "data")
-        return read_token_shards(sorted(local.rglob("*.bin")))
+        return read_token_shards(sorted(local.rglob("*.bin")), vocab_size)
     path = Path(source)
     if path.is_file():
-        return read_token_shards([path])
+        return read_token_shards([path], vocab_size)
     if path.is_dir():
-        return read_token_shards(sorted(path.rglob("*.bin")))
+        return read_token_shards(sorted(path.rglob("*.bin")), vocab_size)
     raise ValueError(f"data.source {source!r}: not 'synthetic', an s3:// URI or an existing path")
 
 

@@ -530,6 +530,7 @@ class Trainer:
             synthetic_bytes=spec.data.synthetic_bytes,
             seed=spec.seed,
             cache_dir=ctx.work_dir / "cache",
+            vocab_size=spec.model.gpt_config().vocab_size,
         )
         batches, validation = training_and_held_back(tokens, spec, ctx.rank, ctx.world_size, ctx.device)
         step = 0
