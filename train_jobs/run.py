@@ -8,8 +8,8 @@ The last line on stdout is one JSON object: job, status (`completed` | `preempte
 step, loss, checkpoint, resumable, resumed_from, reason, and the last logged metrics
 (tokens_per_s, step_time_s, mfu, grad_norm, memory_bytes, memory_kind, metrics_file).
 Exit code 0 when completed, 75 (EX_TEMPFAIL) when preempted and resumable, 2 for a bad
-config, 1 when the loss became non-finite (the error names the step and the last good
-checkpoint).
+config or data, or checkpoints none of which can be resumed (one line naming the file), 1 when
+the loss became non-finite (the error names the step and the last good checkpoint).
 """
 
 from __future__ import annotations
@@ -59,6 +59,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     if args.storage:
         spec = spec.with_changes(**{"checkpoint.uri": args.storage})
+    from switchyard.train.job_errors import JobInputError
     from switchyard.train.step_sync import NonFiniteLossError
 
     if args.local is not None:
@@ -69,6 +70,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         except NonFiniteLossError as exc:
             print(f"train_jobs.run: {exc}", file=sys.stderr)
             return 1
+        except JobInputError as exc:
+            print(f"train_jobs.run: {exc}", file=sys.stderr)
+            return 2
     else:
         import ray
 
@@ -83,7 +87,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         except NonFiniteLossError as exc:  # the lease was released (finished) on the way out
             print(f"train_jobs.run: {exc}", file=sys.stderr)
             return 1
-        except (ValueError, TimeoutError) as exc:
+        except (JobInputError, ValueError, TimeoutError) as exc:  # a job input error released its lease too
             print(f"train_jobs.run: {exc}", file=sys.stderr)
             return 2
     print(result.to_json(), flush=True)

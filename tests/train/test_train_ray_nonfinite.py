@@ -1,4 +1,5 @@
-"""A non-finite loss under Ray ends as one line and exit 1, as a local run does.
+"""A non-finite loss under Ray ends as one line and exit 1, as a local run does; an error in
+the job's inputs (data, checkpoints) as one line and exit 2.
 
 No Ray is started: `TorchTrainer` is replaced by one that runs `train_fn` for each rank in
 this process (with a fake Train context), and the `Trainer` by one that stops on a NaN.
@@ -22,6 +23,7 @@ from _workers import tiny_spec
 import switchyard.cluster.admission as admission
 import switchyard.train.ray_trainer as ray_trainer
 from switchyard.cli import main as switchyard_main
+from switchyard.train.data import DataSourceError
 from switchyard.train.step_sync import NonFiniteLossError
 from train_jobs.run import main as train_jobs_main
 
@@ -117,3 +119,31 @@ def test_train_jobs_run_on_ray_prints_one_line_and_exits_1(
     out, err = capsys.readouterr()
     assert out == ""
     _one_error_line(err, "train_jobs.run: ", tmp_path)
+
+
+class BadDataTrainer:
+    """Every rank finds the same shard unusable, as `load_tokens` does."""
+
+    def __init__(self, spec: Any, ctx: Any) -> None:
+        pass
+
+    def run(self) -> Any:
+        raise DataSourceError("/data/shard-00001.bin: size 3 is not a whole number of uint16 tokens")
+
+
+def test_a_job_input_error_under_ray_is_one_line_and_exit_2(
+    nan_on_ray: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Bad data or no resumable checkpoint reached the driver as every rank's traceback."""
+    monkeypatch.setattr(ray_trainer, "Trainer", BadDataTrainer)
+
+    def no_scheduler(*args: Any, **kwargs: Any) -> Any:
+        raise admission.NoScheduler("no switchyard scheduler")
+
+    monkeypatch.setattr(admission, "admit", no_scheduler)
+    expected = "/data/shard-00001.bin: size 3 is not a whole number of uint16 tokens"
+    assert switchyard_main(["train", "run", str(nan_on_ray), "--ray"]) == 2
+    assert capsys.readouterr() == ("", f"switchyard: error: {expected}\n")
+    assert train_jobs_main([str(nan_on_ray), "--team", "research"]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.strip().splitlines()[-1] == f"train_jobs.run: {expected}" and "Traceback" not in err

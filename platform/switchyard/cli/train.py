@@ -55,6 +55,7 @@ def register(subparsers: Any) -> None:
 
 
 def run_command(args: argparse.Namespace) -> int:
+    from switchyard.train.job_errors import JobInputError
     from switchyard.train.spec import JobSpecError, load_job_spec
     from switchyard.train.step_sync import NonFiniteLossError
 
@@ -72,6 +73,8 @@ def run_command(args: argparse.Namespace) -> int:
         result = _run_on_ray(spec, args) if args.ray else _run_local(spec, args)
     except NonFiniteLossError as exc:
         return fail(str(exc), 1)
+    except JobInputError as exc:
+        return fail(str(exc))
     print(result.to_json(), flush=True)
     return EXIT_PREEMPTED if result.resumable else 0
 

@@ -32,6 +32,7 @@ from typing import IO, Any, Protocol, TypeVar, cast, runtime_checkable
 
 import torch.distributed as dist
 
+from switchyard.train.job_errors import JobInputError
 from switchyard.train.manifest import MANIFEST, FileTable, ManifestError, build_manifest, read_manifest
 from switchyard.train.storage import Location
 
@@ -48,7 +49,7 @@ _BLOCK = 1 << 20
 T = TypeVar("T")
 
 
-class CheckpointError(RuntimeError):
+class CheckpointError(JobInputError, RuntimeError):
     """No usable checkpoint where one was expected."""
 
 

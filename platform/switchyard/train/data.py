@@ -18,6 +18,7 @@ from torch import Tensor
 
 from switchyard.models import ByteTokenizer
 from switchyard.train.engine import Batch
+from switchyard.train.job_errors import JobInputError
 from switchyard.train.storage import download_prefix, is_s3_uri
 
 _WORDS = [
@@ -97,6 +98,10 @@ def write_token_shards(tokens: Tensor, out_dir: Path, shard_tokens: int) -> list
     return paths
 
 
+class DataSourceError(JobInputError, ValueError):
+    """`data.source` names nothing, or data that cannot be trained on; the message says which."""
+
+
 def _check_vocabulary(tokens: Tensor, vocab_size: int | None, where: str) -> Tensor:
     """`tokens`, once every id is one the model embeds. An id past the vocabulary fails deep
     in the first forward that samples it (`IndexError: index out of range in self` on CPU, a
@@ -106,7 +111,7 @@ def _check_vocabulary(tokens: Tensor, vocab_size: int | None, where: str) -> Ten
     largest = int(tokens.max())
     if largest >= vocab_size:
         at = int((tokens >= vocab_size).nonzero()[0])
-        raise ValueError(
+        raise DataSourceError(
             f"{where}: token {at} is id {int(tokens[at])}, outside the model's vocabulary of {vocab_size} "
             f"ids (model.vocab_size; the largest id here is {largest}): tokenized for another model?"
         )
@@ -116,12 +121,12 @@ def _check_vocabulary(tokens: Tensor, vocab_size: int | None, where: str) -> Ten
 def read_token_shards(paths: list[Path], vocab_size: int | None = None) -> Tensor:
     """Every shard's uint16 tokens, in name order; with `vocab_size`, each id checked against it."""
     if not paths:
-        raise ValueError("no token shards (*.bin) found")
+        raise DataSourceError("no token shards (*.bin) found")
     parts = []
     for path in sorted(paths):
         raw = bytearray(path.read_bytes())
         if len(raw) % 2:
-            raise ValueError(f"{path}: size {len(raw)} is not a whole number of uint16 tokens")
+            raise DataSourceError(f"{path}: size {len(raw)} is not a whole number of uint16 tokens")
         # int16 view then mask: torch has no general uint16 arithmetic on CPU.
         shard = torch.frombuffer(raw, dtype=torch.int16).to(torch.int64) & 0xFFFF
         parts.append(_check_vocabulary(shard, vocab_size, str(path)))
@@ -134,15 +139,20 @@ def load_tokens(source: str, *, synthetic_bytes: int, seed: int, cache_dir: Path
         text = synthetic_corpus(synthetic_bytes, seed)
         ids = torch.tensor(ByteTokenizer().encode(text), dtype=torch.int64)
         return _check_vocabulary(ids, vocab_size, "data.source synthetic (byte tokens)")
-    if is_s3_uri(source):
-        local = download_prefix(source, cache_dir / "data")
-        return read_token_shards(sorted(local.rglob("*.bin")), vocab_size)
     path = Path(source)
-    if path.is_file():
+    if is_s3_uri(source):
+        try:
+            path = download_prefix(source, cache_dir / "data")
+        except FileNotFoundError as exc:
+            raise DataSourceError(f"data.source: {exc}") from None
+    elif path.is_file():
         return read_token_shards([path], vocab_size)
-    if path.is_dir():
-        return read_token_shards(sorted(path.rglob("*.bin")), vocab_size)
-    raise ValueError(f"data.source {source!r}: not 'synthetic', an s3:// URI or an existing path")
+    elif not path.is_dir():
+        raise DataSourceError(f"data.source {source!r}: not 'synthetic', an s3:// URI or an existing path")
+    shards = sorted(path.rglob("*.bin"))
+    if not shards:
+        raise DataSourceError(f"data.source {source!r}: no token shards (*.bin) in it")
+    return read_token_shards(shards, vocab_size)
 
 
 def window_count(tokens: Tensor, seq_len: int) -> int:
@@ -183,7 +193,7 @@ class TokenBatches:
         self.n_windows = window_count(self.tokens, self.seq_len) if self.windows is None else self.windows.numel()
         per_step = self.micro_batch_size * self.world_size
         if self.n_windows < per_step:
-            raise ValueError(
+            raise DataSourceError(
                 f"corpus of {self.tokens.numel()} tokens has {self.n_windows} windows of "
                 f"{self.seq_len}; one batch over {self.world_size} ranks needs {per_step}"
             )

@@ -20,6 +20,7 @@ import torch.multiprocessing as mp
 from switchyard.ports import listener_port
 from switchyard.state import state_dir
 from switchyard.train.checkpoint import CheckpointStore
+from switchyard.train.job_errors import INPUT_ERROR_KEY, JobInputError, raise_input_error
 from switchyard.train.loop import RunContext, Trainer, TrainResult
 from switchyard.train.preemption import FilePreemptionChannel
 from switchyard.train.spec import JobSpec
@@ -108,6 +109,10 @@ def run_on_rank(
         if rank == 0:
             Path(result_path).write_text(json.dumps({"non_finite_loss": exc.to_dict()}))
         return
+    except JobInputError as exc:  # every rank finds the same (switchyard.train.job_errors)
+        if rank == 0:
+            Path(result_path).write_text(json.dumps({INPUT_ERROR_KEY: str(exc)}))
+        return
     if rank == 0:
         payload = {**json.loads(result.to_json()), "losses": result.losses}
         Path(result_path).write_text(json.dumps(payload))
@@ -143,6 +148,7 @@ def run_local(
         data = json.loads(result_path.read_text())
     if "non_finite_loss" in data:
         raise NonFiniteLossError(**data["non_finite_loss"])
+    raise_input_error(data)
     return TrainResult(**data)
 
 

@@ -25,6 +25,7 @@ from ray.train.torch import TorchConfig, TorchTrainer, get_device
 from switchyard.cluster.preemption_channel import GcsPreemptionChannel
 from switchyard.state import state_dir
 from switchyard.train.checkpoint import CheckpointStore, FileTable
+from switchyard.train.job_errors import INPUT_ERROR_KEY, JobInputError, raise_input_error
 from switchyard.train.launch import process_group_backend
 from switchyard.train.loop import LINE_FIELDS, RunContext, Trainer, TrainResult
 from switchyard.train.run_gauges import RunGauges
@@ -70,7 +71,8 @@ class RayReportPublisher:
 
 def train_fn(config: dict[str, Any]) -> dict[str, Any] | None:
     """The per-worker function `TorchTrainer` runs; returns `{"non_finite_loss": ...}` when
-    the loss became non-finite (rank 0's return value is `fit()`'s `return_value`)."""
+    the loss became non-finite, `{"job_input_error": ...}` when its data or checkpoints cannot
+    be used (rank 0's return value is `fit()`'s `return_value`)."""
     spec = JobSpec.model_validate(config["spec"])
     context = ray.train.get_context()
     rank, world_size = context.get_world_rank(), context.get_world_size()
@@ -100,6 +102,8 @@ def train_fn(config: dict[str, Any]) -> dict[str, Any] | None:
         # Every rank stops at the same step (the loss is all-reduced before the check). Return
         # it rather than raise: a raised error reaches the driver as every rank's traceback.
         return {"non_finite_loss": exc.to_dict()}
+    except JobInputError as exc:  # every rank finds the same, as above (switchyard.train.job_errors)
+        return {INPUT_ERROR_KEY: str(exc)}
     log.info("rank %d finished: %s", rank, result.to_json())
     return None
 
@@ -212,6 +216,7 @@ def run_on_ray(
     with _DriverSigterm(job_id):
         result = trainer.fit()
     raise_non_finite_loss(result.return_value)
+    raise_input_error(result.return_value)
     metrics = dict(result.metrics or {})
     fields = ("job", "status", "step", "loss", "checkpoint", "resumable", "resumed_from", "reason")
     missing = [f for f in fields if f not in metrics]

@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from switchyard.train.data import TokenBatches, window_count, window_rows
+from switchyard.train.data import DataSourceError, TokenBatches, window_count, window_rows
 from switchyard.train.engine import Batch, TrainEngine
 from switchyard.train.spec import JobSpec
 
@@ -34,7 +34,7 @@ def split_windows(n_windows: int, held_back: int, seed: int) -> WindowSplit:
     """Hold back `held_back` of `n_windows` windows, chosen by `seed` alone: every rank, and
     every resume, draws the same split."""
     if not 0 < held_back < n_windows:
-        raise ValueError(
+        raise DataSourceError(
             f"validation.sequences ({held_back}) must be fewer than the corpus's {n_windows} windows of data.seq_len"
         )
     g = torch.Generator().manual_seed(seed * 1_000_003 + SPLIT_STREAM)
