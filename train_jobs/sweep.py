@@ -17,6 +17,7 @@ import sys
 import tempfile
 from collections.abc import Sequence
 
+from switchyard.cli._args import int_between
 from switchyard.train.spec import JobSpecError, load_job_spec
 
 
@@ -25,13 +26,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("config")
     parser.add_argument("--lr", type=float, nargs="+", default=[1e-3, 3e-3])
     parser.add_argument("--batch-size", type=int, nargs="+", default=[2, 4])
-    parser.add_argument("--steps", type=int, default=None, help="override the spec's steps")
+    parser.add_argument("--steps", type=int_between(1, 10**9), default=None, help="override the spec's steps")
     parser.add_argument(
         "--gpus-per-trial", type=int, default=0, help="GPUs each trial leases from the scheduler (default: CPU trials)"
     )
-    parser.add_argument(
-        "--team", default=os.environ.get("SWITCHYARD_TEAM"), help="the team whose GPU quota trials use"
-    )
+    parser.add_argument("--team", default=os.environ.get("SWITCHYARD_TEAM"), help="the team whose GPU quota trials use")
     parser.add_argument("--priority", default="training", help="priority class in policies/scheduler.yaml")
     parser.add_argument(
         "--storage", default=None, help="Tune and checkpoint storage (shared or s3:// on a multi-node cluster)"
@@ -43,16 +42,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.gpus_per_trial and not args.team:
         print("train_jobs.sweep: --team (or $SWITCHYARD_TEAM) is required with --gpus-per-trial", file=sys.stderr)
         return 2
+    from switchyard.train.sweep import check_grid, run_sweep
+
     try:
         spec = load_job_spec(args.config)
-    except JobSpecError as exc:
+        if args.steps is not None:
+            spec = spec.with_changes(steps=args.steps)
+        check_grid(spec, args.lr, args.batch_size, args.gpus_per_trial)
+    except (JobSpecError, ValueError) as exc:
         print(f"train_jobs.sweep: {exc}", file=sys.stderr)
         return 2
-    if args.steps:
-        spec = spec.with_changes(steps=args.steps)
     import ray
-
-    from switchyard.train.sweep import run_sweep
 
     ray.init(address=os.environ.get("RAY_ADDRESS") or "local", include_dashboard=False)
     rows = run_sweep(

@@ -86,6 +86,42 @@ def test_sweep_with_gpus_needs_a_team(capsys: pytest.CaptureFixture[str], monkey
     assert "--gpus-per-trial must be 0 or more, got -1" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(
+    ("flags", "expected"),
+    [
+        (["--lr", "inf"], "the trial of --lr inf --batch-size 2: optim.lr: Input should be a finite number"),
+        (["--lr", "0"], "the trial of --lr 0.0 --batch-size 2: optim.lr: Input should be greater than 0"),
+        (["--batch-size", "4", "0"], "the trial of --lr 0.001 --batch-size 0: data.micro_batch_size: Input should be"),
+    ],
+)
+def test_sweep_refuses_a_trial_no_spec_allows_before_starting_ray(
+    flags: list[str], expected: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each trial failed in Tune (`--lr 0`, `--batch-size 0`), or trained to a NaN loss
+    (`--lr inf`), then the sweep raised with every trial's traceback, after starting Ray."""
+    import ray
+
+    from train_jobs.sweep import main as sweep_main
+
+    def no_ray(*args: object, **kwargs: object) -> None:
+        raise AssertionError("Ray started for a sweep no trial of which can run")
+
+    monkeypatch.setattr(ray, "init", no_ray)
+    config = str(REPO / "train_jobs" / "configs" / "ddp.yaml")
+    assert sweep_main([config, *flags]) == 2
+    assert capsys.readouterr().err.startswith(f"train_jobs.sweep: {expected}")
+
+
+def test_a_spec_with_an_infinite_number_is_refused_at_its_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = tmp_path / "job.yaml"
+    text = (REPO / "train_jobs" / "configs" / "ddp.yaml").read_text()
+    config.write_text(text.replace("lr: 3.0e-3", "lr: .inf"))
+    assert main(["train", "run", str(config)]) == 2
+    assert "job.yaml" in (err := capsys.readouterr().err) and "optim.lr" in err and "finite" in err
+
+
 def _damaged_only_checkpoint(root: Path) -> None:
     folder = root / "input" / "step-00000003"
     folder.mkdir(parents=True)

@@ -25,7 +25,8 @@ class JobSpecError(ConfigFileError):
 
 
 class _Spec(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # No inf or NaN: `lr: .inf` trained to a NaN loss at step 1 (YAML reads `.inf` as a float).
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class ModelSpec(_Spec):

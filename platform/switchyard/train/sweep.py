@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from pydantic import ValidationError
 from ray import tune
 
 from switchyard.train.checkpoint import CheckpointStore
@@ -25,16 +26,34 @@ from switchyard.train.loop import RunContext, Trainer
 from switchyard.train.spec import JobSpec
 
 
+def trial_spec(spec: JobSpec, lr: float, batch_size: int, **changes: Any) -> JobSpec:
+    """The job as the trial of (`lr`, `batch_size`) runs it; a `ValueError` names the trial's
+    values and the field they break."""
+    try:
+        return spec.with_changes(**changes, **{"optim.lr": lr, "data.micro_batch_size": batch_size})
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(part) for part in first["loc"]) or "the spec"
+        raise ValueError(f"the trial of --lr {lr} --batch-size {batch_size}: {where}: {first['msg']}") from None
+
+
+def check_grid(spec: JobSpec, lrs: list[float], batch_sizes: list[int], gpus_per_trial: int) -> None:
+    """Every trial's spec, before any trial starts: a value no trial can run (an lr of 0 or
+    inf, a batch size of 0, one the validation split cannot divide) failed each trial in Tune
+    and then the whole sweep with every trial's traceback."""
+    for lr in lrs:
+        for batch_size in batch_sizes:
+            trial_spec(spec, lr, batch_size, num_workers=max(1, gpus_per_trial))
+
+
 def trial_fn(config: dict[str, Any]) -> None:
     """One Tune trial: the job with this trial's `lr` and `batch_size` on one rank."""
-    spec = JobSpec.model_validate(config["spec"]).with_changes(
+    spec = trial_spec(
+        JobSpec.model_validate(config["spec"]),
+        config["lr"],
+        config["batch_size"],
         num_workers=1,
-        **{
-            "optim.lr": config["lr"],
-            "data.micro_batch_size": config["batch_size"],
-            "checkpoint.save_final": False,
-            "checkpoint.resume": False,
-        },
+        **{"checkpoint.save_final": False, "checkpoint.resume": False},
     )
     work = Path(tempfile.mkdtemp(prefix="switchyard-sweep-"))
     # A process group of one, so DDP/FSDP wrap exactly as in a real job.
@@ -63,12 +82,13 @@ def leased_trial_fn(config: dict[str, Any]) -> None:
     trial = tune.get_context().get_trial_id().lower().replace("_", "-")
     gpus = int(config["gpus_per_trial"])
     spec = JobSpec.model_validate(config["spec"])
-    spec = spec.with_changes(
+    spec = trial_spec(
+        spec,
+        config["lr"],
+        config["batch_size"],
         name=f"{spec.name[:40]}-{trial}"[:63],
         num_workers=gpus,
         **{
-            "optim.lr": config["lr"],
-            "data.micro_batch_size": config["batch_size"],
             "checkpoint.save_final": True,  # run_on_ray reads the outcome from the last report
             "checkpoint.resume": True,  # a preempted trial resumes where it stopped
         },
@@ -107,6 +127,7 @@ def run_sweep(
     `gpus_per_trial`, each trial's GPUs are leased from the scheduler against `team`'s quota."""
     if gpus_per_trial < 0:
         raise ValueError(f"gpus_per_trial must be 0 (CPU trials) or more, got {gpus_per_trial}")
+    check_grid(spec, lrs, batch_sizes, gpus_per_trial)
     space: dict[str, Any] = {
         "spec": spec.model_dump(mode="json"),
         "lr": tune.grid_search(lrs),
