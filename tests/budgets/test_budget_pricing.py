@@ -2,16 +2,26 @@
 
 from __future__ import annotations
 
+import shutil
+import tempfile
 from datetime import date
+from pathlib import Path
 
 import pytest
+import yaml
 from _budget_helpers import context, shipped
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from switchyard.budgets.admission import Admissions
 from switchyard.budgets.pricing import UnknownPrice, actual_cost_usd, price_on
 from switchyard.budgets.tokens import count_input_tokens
 from switchyard.gateway.seams import Usage
+from switchyard.paths import repo_root
+from switchyard.policy.errors import PolicyError
+from switchyard.policy.loader import load_policy_set
 from switchyard.policy.models import Price
+from tests.examples import examples
 
 PS = shipped()
 
@@ -27,6 +37,48 @@ def test_price_is_the_latest_effective_on_the_day() -> None:
         price_on(PS.providers, "local-gpt", date(2025, 1, 1))
     with pytest.raises(UnknownPrice, match=r"models.nope: no such model"):
         price_on(PS.providers, "nope", date(2026, 1, 1))
+
+
+@pytest.mark.parametrize(
+    ("per_mtok", "nanos"),
+    [(0.075, 75), (2.5, 2500), (1.375, 1375), (0.0625, 63), (0.01875, 19), (0.0004, 1), (0.0, 0), (0.3, 300)],
+)
+def test_a_price_per_token_is_never_below_the_price(per_mtok: float, nanos: int) -> None:
+    """Rounded to nearest, 0.0625 $/Mtok was charged 62 n$/token (0.8% under what the
+    provider bills) and 0.0004 was 0: its calls were free."""
+    entry = PS.providers.models["gpt-4o-mini"]
+    priced = Price(effective=date(2020, 1, 1), input_per_mtok=per_mtok, output_per_mtok=per_mtok)
+    models = {**PS.providers.models, "gpt-4o-mini": entry.model_copy(update={"prices": (priced,)})}
+    catalog = PS.providers.model_copy(update={"models": models})
+    price = price_on(catalog, "gpt-4o-mini", date(2026, 1, 1))
+    assert price.input == price.output == nanos
+    assert nanos >= per_mtok * 1000 - 1e-9
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "problem"),
+    [
+        ("input_per_mtok", ".inf", "Input should be a finite number"),
+        ("output_per_mtok", ".nan", "Input should be a finite number"),
+        ("input_per_mtok", "1.0e+12", "Input should be less than or equal to 1000000"),
+    ],
+)
+def test_policy_check_refuses_a_price_no_call_can_be_charged_at(
+    tmp_path: Path, field: str, value: str, problem: str
+) -> None:
+    """A price of `.inf` passed `policy check`; then every request routed to the model failed
+    converting it to nano-dollars (`OverflowError: cannot convert float infinity to integer`)."""
+    root = tmp_path / "policies"
+    shutil.copytree(repo_root() / "policies", root)
+    catalog = root / "providers.yaml"
+    text = catalog.read_text()
+    shipped_value = {"input_per_mtok": "input_per_mtok: 2.50,", "output_per_mtok": "output_per_mtok: 10.00,"}[field]
+    assert shipped_value in text
+    catalog.write_text(text.replace(shipped_value, f"{field}: {value},", 1))
+    with pytest.raises(PolicyError) as refused:
+        load_policy_set(root)
+    text = str(refused.value)
+    assert "providers.yaml" in text and f"models.gpt-4o.prices.0.{field}" in text and problem in text, text
 
 
 def test_actual_cost_bills_cached_input_at_the_cached_price() -> None:
@@ -61,3 +113,43 @@ async def test_estimate_uses_max_tokens_or_the_flows_cap() -> None:
     assert est.usd == pytest.approx((12 * 0.15 + 100 * 0.60) / 1e6)
     assert admissions.estimate(ctx, "gpt-4o-mini", msgs, 0).max_output_tokens == 512  # not given
     assert admissions.estimate(ctx, "gpt-4o-mini", msgs, 10_000).max_output_tokens == 512  # capped
+
+
+def _numbers(doc: object, path: tuple[object, ...] = ()) -> list[tuple[object, ...]]:
+    """The path of every number in a parsed YAML document."""
+    if isinstance(doc, dict):
+        return [p for key, value in doc.items() for p in _numbers(value, (*path, key))]
+    if isinstance(doc, list):
+        return [p for i, value in enumerate(doc) for p in _numbers(value, (*path, i))]
+    return [path] if isinstance(doc, int | float) and not isinstance(doc, bool) else []
+
+
+@settings(max_examples=examples(60), deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data())
+def test_any_number_in_the_catalog_is_refused_or_priced_within_the_ledger(data: st.DataObject) -> None:
+    """One number of `providers.yaml` (a price, a context window, a timeout...) replaced by
+    any float or integer: the set is refused by the field, or every model is priced on every
+    day it has a price, never below the catalog's price and never past the ledger's 64-bit
+    columns for its largest call."""
+    doc = yaml.safe_load((repo_root() / "policies" / "providers.yaml").read_text())
+    path = data.draw(st.sampled_from(_numbers(doc)), label="number")
+    value = data.draw(st.one_of(st.floats(), st.integers(-(10**20), 10**20)), label="value")
+    parent = doc
+    for key in path[:-1]:
+        parent = parent[key]
+    parent[path[-1]] = value
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp) / "policies"
+        shutil.copytree(repo_root() / "policies", root)
+        (root / "providers.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
+        try:
+            ps = load_policy_set(root)
+        except PolicyError as exc:
+            assert "providers.yaml" in str(exc) or "teams/" in str(exc), str(exc)
+            return
+    for model, entry in ps.providers.models.items():
+        for listed in entry.prices:
+            price = price_on(ps.providers, model, listed.effective)
+            assert price.input >= listed.input_per_mtok * 1000 - 1e-6, (model, listed)
+            assert price.output >= listed.output_per_mtok * 1000 - 1e-6, (model, listed)
+            assert price.estimate_nanos(entry.context_window, entry.context_window) < 2**63, (model, listed)

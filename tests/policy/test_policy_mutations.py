@@ -21,6 +21,7 @@ import yaml
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
+from switchyard.budgets.pricing import price_on
 from switchyard.budgets.resolve import flow_limits
 from switchyard.gateway.capabilities import Needs
 from switchyard.gateway.evals import EvalVerdict, load_suite, suite_path
@@ -45,6 +46,12 @@ def _use(root: Path) -> None:
     """Load the set and, when it loads, build what the platform builds from it."""
     ps = load_policy_set(root)
     published(ps)
+    for model, entry in ps.providers.models.items():  # every price a request may be charged at
+        for price in entry.prices:
+            largest = price_on(ps.providers, model, price.effective).estimate_nanos(
+                entry.context_window, entry.context_window
+            )
+            assert largest < 2**63, f"{model}: a call may cost {largest} n$, past the ledger's 64-bit columns"
     longest_deadline_s(ps)
     Scheduler(SchedulerFile.model_validate(ps.scheduler).to_policy())
     flows, prompts = FlowCache(), CompiledPrompts()

@@ -15,7 +15,9 @@ from pydantic import BaseModel, ConfigDict, Field, PositiveInt, field_validator,
 
 
 class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # No inf or NaN (YAML reads `.inf` as a number): a price of `.inf` passed `policy check`,
+    # then every request to the model failed converting it to nano-dollars.
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class RiskTier(StrEnum):
@@ -90,13 +92,19 @@ class Provider(Strict):
     timeout_s: float = Field(default=60.0, gt=0)
 
 
+MAX_PRICE_PER_MTOK = 1_000_000.0
+MAX_CONTEXT_TOKENS = 100_000_000
+"""Far above any model's price and context window, and low enough that the largest call's
+cost in nano-dollars fits the ledger's 64-bit columns: 10^8 tokens at 10^9 n$/token is 10^17."""
+
+
 class Price(Strict):
     """USD per million tokens, effective from a UTC date until the next entry's date."""
 
     effective: date
-    input_per_mtok: float = Field(ge=0)
-    output_per_mtok: float = Field(ge=0)
-    cached_input_per_mtok: float | None = Field(default=None, ge=0)
+    input_per_mtok: float = Field(ge=0, le=MAX_PRICE_PER_MTOK)
+    output_per_mtok: float = Field(ge=0, le=MAX_PRICE_PER_MTOK)
+    cached_input_per_mtok: float | None = Field(default=None, ge=0, le=MAX_PRICE_PER_MTOK)
 
 
 class Capabilities(Strict):
@@ -120,7 +128,7 @@ class ModelEntry(Strict):
     provider: str
     model_version: str  # the id the provider knows, e.g. "gpt-4o-2024-08-06"
     family: str = "generic"  # tokenizer family for cost estimates
-    context_window: int = Field(default=8192, gt=0)
+    context_window: int = Field(default=8192, gt=0, le=MAX_CONTEXT_TOKENS)
     task: Literal["chat", "embedding"] = "chat"
     capabilities: Capabilities = Capabilities()
     embedding_dimensions: int | None = Field(default=None, gt=0)  # task embedding: the vector size

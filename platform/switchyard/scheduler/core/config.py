@@ -36,7 +36,8 @@ class PolicyFileError(ConfigFileError):
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # No inf or NaN: a knob that is off says `null`, not `.inf` (YAML reads `.inf` as a number).
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class KnobsSpec(_Strict):
