@@ -12,7 +12,23 @@ from typing import Any
 
 from hypothesis import strategies as st
 
-OTHER_VALUES: tuple[Any, ...] = (None, 0, -1, 10**15, 1.5, math.nan, math.inf, -math.inf, "", "ghost", True, [], {}, ["ghost"], {"ghost": 1})
+OTHER_VALUES: tuple[Any, ...] = (
+    None,
+    0,
+    -1,
+    10**15,
+    1.5,
+    math.nan,
+    math.inf,
+    -math.inf,
+    "",
+    "ghost",
+    True,
+    [],
+    {},
+    ["ghost"],
+    {"ghost": 1},
+)
 
 
 def mutate(doc: Any, draw: Any) -> tuple[Any, str]:

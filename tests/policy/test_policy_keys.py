@@ -155,6 +155,27 @@ def test_cli_keys_are_role_checked(
     assert team_admin.split("_", 2)[2] not in listing and "team-admin" in listing
 
 
+@pytest.mark.parametrize("expires", ["999999999999d", "1000000w", "9999-12-31T23:59:59-01:00"])
+def test_an_expiry_past_the_last_printable_date_creates_no_key(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, expires: str
+) -> None:
+    """`--expires 999999999999d` stored the key, then failed printing its expiry
+    (`OSError: Value too large`), so its secret was never shown; and from then on `keys list`
+    failed for every caller."""
+    state = str(tmp_path / "state")
+    monkeypatch.delenv("SWITCHYARD_API_KEY", raising=False)
+    monkeypatch.delenv(DATABASE_URL_ENV, raising=False)
+    with KeyStore.in_state_dir(Path(state)) as keys:
+        admin, _ = keys.create("platform", Role.PLATFORM_ADMIN)
+    create = ["keys", "create", "--team", "ads", "--expires", expires, "--state-dir", state, "--api-key", admin]
+    assert main(create) == 2
+    assert f"--expires: {expires!r} is past 9999-12-31" in capsys.readouterr().err
+    assert main(["keys", "list", "--state-dir", state, "--api-key", admin]) == 0
+    assert "ads" not in capsys.readouterr().out
+    with KeyStore.in_state_dir(Path(state)) as keys, pytest.raises(ValueError, match="up to 9999-12-31"):
+        keys.create("ads", Role.MEMBER, expires_at=1e12)
+
+
 # ---------------------------------------------------------------- one database, several processes
 
 

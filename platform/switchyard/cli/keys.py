@@ -17,14 +17,14 @@ from switchyard.cli._output import fail, print_json, print_table
 from switchyard.cluster.record import read_record
 from switchyard.paths import policies_dir
 from switchyard.policy.errors import PolicyError
-from switchyard.policy.keys import PLATFORM_TEAM, KeyRecord, KeyStore, UnknownKeyError
+from switchyard.policy.keys import LATEST_EXPIRY, PLATFORM_TEAM, KeyRecord, KeyStore, UnknownKeyError
 from switchyard.policy.loader import load_policy_set
 from switchyard.policy.models import Role
 from switchyard.policy.roles import Action, Forbidden, authorize, authorize_key_change, may_create_role
 from switchyard.state import state_dir
 
 EXPIRES_HELP = "when the key stops working: an age (90m, 12h, 30d, 8w), a date (2027-01-31, 00:00 UTC) or an ISO time"
-_AGE = re.compile(r"(\d+)([mhdw])")
+_AGE = re.compile(r"(\d{1,12})([mhdw])")
 _AGE_UNITS = {"m": 60, "h": 3600, "d": 86_400, "w": 7 * 86_400}
 
 
@@ -73,11 +73,18 @@ def parse_expiry(text: str, now: float) -> float:
         when = (parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)).timestamp()
     if when <= now:
         raise ValueError(f"--expires: {text!r} is not in the future")
+    if when > LATEST_EXPIRY:
+        raise ValueError(f"--expires: {text!r} is past 9999-12-31 (leave --expires out for a key that never expires)")
     return when
 
 
 def _when(ts: float | None) -> str:
-    return "never" if ts is None else datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+    if ts is None:
+        return "never"
+    try:
+        return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+    except (OverflowError, OSError, ValueError):  # stored before expiries were bounded
+        return f"{ts:.0f} (unix seconds)"
 
 
 def _guarded(fn: Any) -> Any:

@@ -21,6 +21,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+import math
 import secrets
 import time
 from collections.abc import Callable, Iterator
@@ -94,6 +95,17 @@ class KeyEvent:
 
 def _hash(secret: str) -> str:
     return hashlib.sha256(secret.encode()).hexdigest()
+
+
+LATEST_EXPIRY = 253_402_300_799.0
+"""9999-12-31 23:59:59 UTC, the last instant a date can show: a key created to expire later
+(`--expires 999999999999d`) was stored, then every listing of the keys failed to print it."""
+
+
+def _storable_expiry(expires_at: float | None) -> float | None:
+    if expires_at is not None and not (math.isfinite(expires_at) and expires_at <= LATEST_EXPIRY):
+        raise ValueError(f"a key's expiry must be a time up to 9999-12-31 23:59:59 UTC, got {expires_at!r}")
+    return expires_at
 
 
 def _expired(expires_at: float | None, now: float) -> bool:
@@ -265,6 +277,7 @@ class KeyStore:
     def _insert(
         self, tx: Transaction, team: str, role: Role, note: str, expires_at: float | None
     ) -> tuple[str, KeyRecord]:
+        _storable_expiry(expires_at)  # before anything is written
         key_id = secrets.token_hex(6)
         secret = secrets.token_urlsafe(32)
         now = self.clock()
