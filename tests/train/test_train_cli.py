@@ -130,20 +130,23 @@ def _damaged_only_checkpoint(root: Path) -> None:
 
 @pytest.mark.parametrize("command", ["switchyard train run", "python -m train_jobs.run"])
 def test_a_job_whose_data_or_checkpoints_cannot_be_used_fails_in_one_line(tmp_path: Path, command: str) -> None:
-    """Bad data (a shard of an odd size, ids past the vocabulary) or checkpoints none of which
-    can be resumed: the launcher exits 2 with one line naming the file and the problem. Both
-    printed two nested tracebacks (torch's spawn error around the rank's), exit 1."""
+    """Bad data (a shard of an odd size, ids past the vocabulary), checkpoints none of which
+    can be resumed, or a checkpoint store that cannot be read (S3 without credentials): the
+    launcher exits 2 with one line naming the file or store and the problem. Each printed two
+    nested tracebacks (torch's spawn error around the rank's), exit 1."""
     odd = tmp_path / "odd"
     odd.mkdir()
     (odd / "shard.bin").write_bytes(b"abc")
     data = tiny_spec("input", steps=2, num_workers=2, **{"data.source": str(odd)})
     resume = tiny_spec("input", steps=2, num_workers=2, **{"checkpoint.resume": True})
+    local = str(tmp_path / "ckpt")
     cases = [
-        (data, f"{odd / 'shard.bin'}: size 3 is not a whole number of uint16 tokens"),
-        (resume, "1 checkpoint(s) under"),
+        (data, local, f"{odd / 'shard.bin'}: size 3 is not a whole number of uint16 tokens"),
+        (resume, local, "1 checkpoint(s) under"),
+        (resume, "s3://nobucket/jobs", "the checkpoint store s3://nobucket/jobs/input cannot be read: NoCredentials"),
     ]
     _damaged_only_checkpoint(tmp_path / "ckpt")
-    for spec, expected in cases:
+    for spec, storage, expected in cases:
         config = tmp_path / "job.yaml"
         config.write_text(yaml.safe_dump(spec.model_dump(mode="json")))
         argv = (
@@ -152,16 +155,21 @@ def test_a_job_whose_data_or_checkpoints_cannot_be_used_fails_in_one_line(tmp_pa
             else [sys.executable, "-m", "train_jobs.run", str(config), "--local", "2"]
         )
         proc = subprocess.run(
-            [*argv, "--storage", str(tmp_path / "ckpt")],
+            [*argv, "--storage", storage],
             cwd=REPO,
             capture_output=True,
             text=True,
             timeout=300,
-            env={"PYTHONPATH": f"{REPO / 'platform'}:{REPO}", "PATH": "/usr/bin:/bin", "HOME": str(tmp_path)},
+            env={
+                "PYTHONPATH": f"{REPO / 'platform'}:{REPO}",
+                "PATH": "/usr/bin:/bin",
+                "HOME": str(tmp_path),
+                "AWS_EC2_METADATA_DISABLED": "true",  # no credentials anywhere, found at once
+            },
         )
         assert proc.returncode == 2, proc.stderr[-3000:]
         assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
         last = proc.stderr.strip().splitlines()[-1]
         assert expected in last and (last.startswith("switchyard: error: ") or last.startswith("train_jobs.run: "))
-        if spec is resume:
+        if spec is resume and storage == local:
             assert "step-00000003: manifest.json: files/x/size: Input should be greater than or equal to 0" in last

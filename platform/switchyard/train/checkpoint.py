@@ -26,6 +26,7 @@ import logging
 import shutil
 from collections.abc import Callable, Collection, Iterator
 from concurrent.futures import Future
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, Protocol, TypeVar, cast, runtime_checkable
@@ -145,6 +146,25 @@ def gather_file_tables(own: FileTable, group: Any = None) -> FileTable:
     return merged
 
 
+def _is_storage_error(exc: Exception) -> bool:
+    # botocore's by module: only S3 users pay for importing it.
+    return isinstance(exc, OSError) or type(exc).__module__.split(".")[0] in ("botocore", "boto3", "s3transfer")
+
+
+@contextmanager
+def _store_read(uri: str) -> Iterator[None]:
+    """A store that cannot be listed or read (no credentials, no such bucket, no network, no
+    permission) is a `CheckpointError` naming it: raised on rank 0 while it chooses, it reaches
+    every rank as one, and the launcher prints one line (it was a botocore traceback in torch's
+    spawn error, or Ray's)."""
+    try:
+        yield
+    except Exception as exc:
+        if not _is_storage_error(exc):
+            raise
+        raise CheckpointError(f"the checkpoint store {uri} cannot be read: {type(exc).__name__}: {exc}") from None
+
+
 def none_valid(uri: str, rejected: list[Rejection]) -> CheckpointError:
     return CheckpointError(
         f"{len(rejected)} checkpoint(s) under {uri} and none is valid: "
@@ -235,10 +255,13 @@ class CheckpointStore:
         read; nothing is hashed: each rank verifies what it reads). Also the folders passed
         over on the way, each logged."""
         rejected: list[Rejection] = []
-        for name in sorted(self.candidates(), reverse=True):  # zero-padded steps sort by name
+        with _store_read(self.uri):
+            names = sorted(self.candidates(), reverse=True)  # zero-padded steps sort by name
+        for name in names:
             if name in exclude:
                 continue
-            manifest, problem = self._problem(name)
+            with _store_read(self.uri):
+                manifest, problem = self._problem(name)
             if problem is None and manifest is not None:
                 ref = CheckpointRef(self.location.child_uri(name), name, int(manifest["step"]), manifest)
                 return ref, rejected
@@ -276,7 +299,8 @@ class CheckpointStore:
     def open(self, name: str) -> CheckpointRef:
         """One named checkpoint whose manifest and file sizes check out (for `init_from`);
         its contents are verified as they are read (`CheckpointFiles`)."""
-        manifest, problem = self._problem(name)
+        with _store_read(self.uri):
+            manifest, problem = self._problem(name)
         if problem is None and manifest is not None:
             return CheckpointRef(self.location.child_uri(name), name, int(manifest["step"]), manifest)
         raise CheckpointError(f"checkpoint {self.location.child_uri(name)} is not usable: {problem}")
