@@ -154,3 +154,16 @@ def test_s3_that_refuses_is_named(tmp_path: Path, credentials: bool) -> None:
         assert answer.returncode == 2 and "Traceback" not in said, f"{command}: {said}"
         why = "Could not connect to the endpoint URL" if credentials else "Unable to locate credentials"
         assert f"S3 (http://127.0.0.1:1, bucket 'audit'): {why}" in said, said
+
+
+@pytest.mark.parametrize("command", [["budgets"], ["audit", "query"]])
+def test_a_team_no_policy_names_and_no_record_holds_is_named(tmp_path: Path, command: list[str]) -> None:
+    """`budgets --team ghots` printed an empty table and `total: $0.0000`, and `audit query`
+    an empty one: a typo read as a team that had done nothing. A team the platform serves
+    answers as before, even with nothing recorded."""
+    state, admin = _operator_state(tmp_path)
+    typo = _switchyard(*command, "--team", "ghots", "--state-dir", str(state), "--api-key", admin)
+    assert typo.returncode == 2, typo.stderr
+    assert typo.stderr.startswith("switchyard: error: unknown team 'ghots' (teams: ads, "), typo.stderr
+    quiet = _switchyard(*command, "--team", "legal", "--state-dir", str(state), "--api-key", admin)
+    assert quiet.returncode == 0 and quiet.stderr == "", quiet.stderr

@@ -25,6 +25,7 @@ from switchyard.budgets.service import InProcessLedgerClient, LedgerService
 from switchyard.cli._args import int_between
 from switchyard.cli._auth import NotAuthenticated, add_auth_args, require
 from switchyard.cli._output import fail, print_json, print_table
+from switchyard.cli._teams import unknown_team
 from switchyard.db.engine import open_database
 from switchyard.db.location import ledger_url
 from switchyard.db.migrations import SchemaError
@@ -196,6 +197,8 @@ def run_query(args: argparse.Namespace) -> int:
         found = AuditReader(store, keyring, policies).query(
             who, AuditQuery(args.team, args.flow, since, args.bodies, args.limit)
         )
+    if args.team is not None and not found and (problem := unknown_team(args.team, _state(args))) is not None:
+        return fail(f"{problem}; the audit log has nothing for it either")  # a typo read as a quiet team
     if args.json:
         print_json(found)
         return 0

@@ -12,6 +12,7 @@ from switchyard.budgets.report import spend_report
 from switchyard.cli._args import utc_day
 from switchyard.cli._auth import NotAuthenticated, add_auth_args, principal, require
 from switchyard.cli._output import fail, print_json, print_table
+from switchyard.cli._teams import unknown_team
 from switchyard.db.engine import open_database
 from switchyard.db.location import LEDGER_URL_ENV, ledger_url
 from switchyard.policy.models import Role
@@ -46,6 +47,11 @@ def run_budgets(args: argparse.Namespace) -> int:
         report = spend_report(BudgetLedger(db), team, args.since)
     finally:
         db.close()
+    if args.team is not None and not report["budgets"] and not report["spend"]:
+        # Nothing for it: a typo (it read as a team that spent $0), unless the platform serves it.
+        problem = unknown_team(args.team, state_dir(args.state_dir))
+        if problem is not None:
+            return fail(f"{problem}; the ledger has nothing for it either")
     if args.json:
         print_json(report)
         return 0

@@ -9,13 +9,11 @@ import argparse
 import re
 import time
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
 
 from switchyard.cli._auth import NotAuthenticated, add_auth_args, principal
 from switchyard.cli._output import fail, print_json, print_table
-from switchyard.cluster.record import read_record
-from switchyard.paths import policies_dir
+from switchyard.cli._teams import platform_policies
 from switchyard.policy.errors import PolicyError
 from switchyard.policy.keys import LATEST_EXPIRY, PLATFORM_TEAM, KeyRecord, KeyStore, UnknownKeyError
 from switchyard.policy.loader import load_policy_set
@@ -113,7 +111,7 @@ def run_create(args: argparse.Namespace) -> int:
         if args.team == PLATFORM_TEAM:
             return fail(f"team {PLATFORM_TEAM!r} is reserved for auditor and platform-admin keys")
         try:
-            teams = load_policy_set(_platform_policies(state_dir(args.state_dir))).team_names
+            teams = load_policy_set(platform_policies(state_dir(args.state_dir))).team_names
         except PolicyError as exc:
             return fail(f"cannot check the team against the policies: {exc}")
         if args.team not in teams:
@@ -142,13 +140,6 @@ def run_create(args: argparse.Namespace) -> int:
         print("It is shown only now; store it in your secret manager:")
         print(key)
     return 0
-
-
-def _platform_policies(state: Path) -> Path:
-    """The policy directory the platform on this state dir was started with (`up --policies`),
-    else the default one: a team exists if the running platform serves it."""
-    record = read_record(state)
-    return Path(record.policies_dir) if record is not None else policies_dir()
 
 
 def _status(record: KeyRecord, now: float) -> str:
