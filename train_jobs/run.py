@@ -113,7 +113,7 @@ def run_admitted(spec: JobSpec, args: argparse.Namespace) -> TrainResult:
         admission = admit(submission)
     except NoScheduler as exc:
         log.warning("%s: running without admission (plain Ray cluster)", exc)
-        return run_on_ray(spec, job_id=args.job_id)
+        return run_on_ray(spec, job_id=args.job_id, team=args.team)
     while True:
         finished = True  # a crash releases for good: requeueing a failing job would loop
         try:
@@ -122,6 +122,7 @@ def run_admitted(spec: JobSpec, args: argparse.Namespace) -> TrainResult:
                 job_id=admission.workload_id,
                 worker_label_selectors=admission.worker_label_selectors(spec.gpus_per_worker),
                 workload_id=admission.workload_id,
+                team=admission.grant.team,  # the team whose GPUs run it owns the run directory
             )
             finished = not result.resumable
         finally:

@@ -158,14 +158,15 @@ def checkpointed_since_resume(state: Path, workload_id: str, job: str) -> bool:
             (workload_id,),
         ).fetchone()
     resumed_at = int(json.loads(row[0])["step"]) if row else -1
-    steps = [int(p.name.removeprefix("step-")) for p in (state / "train" / "checkpoints" / job).glob("step-*")]
+    run_dir = state / "train" / "checkpoints" / TRAIN_TEAM / job  # a platform job's run is under its team's
+    steps = [int(p.name.removeprefix("step-")) for p in run_dir.glob("step-*")]
     return any(step > resumed_at for step in steps)
 
 
 def metrics_losses(state: Path, job: str) -> dict[float, float]:
     """The run's loss per step from its metrics file (the last line written for a step wins)."""
     out: dict[float, float] = {}
-    path = state / "train" / "checkpoints" / job / "metrics.jsonl"
+    path = state / "train" / "checkpoints" / TRAIN_TEAM / job / "metrics.jsonl"
     for raw in path.read_text().splitlines():
         if raw.strip():
             line = json.loads(raw)

@@ -46,7 +46,8 @@ def test_rogue_torchtrainer_is_detected_and_stopped(ray_cluster: dict[str, Any],
         str(tmp_path / "policies"), str(tmp_path / "state"), ray_cluster["dashboard_url"], True
     )
     script = tmp_path / "rogue.py"
-    script.write_text(textwrap.dedent("""
+    script.write_text(
+        textwrap.dedent("""
         import time, ray
         from ray.train import ScalingConfig
         from ray.train.torch import TorchConfig, TorchTrainer
@@ -57,13 +58,15 @@ def test_rogue_torchtrainer_is_detected_and_stopped(ray_cluster: dict[str, Any],
         ray.init()
         TorchTrainer(loop, torch_config=TorchConfig(backend="gloo"),
                      scaling_config=ScalingConfig(num_workers=2, use_gpu=True)).fit()
-    """))
+    """)
+    )
     jobs = JobSubmissionClient(ray_cluster["dashboard_url"])
     job = jobs.submit_job(entrypoint=f"{sys.executable} {script}")
     try:
         ray_job = wait_for(lambda: jobs.get_job_info(job).job_id, timeout=60)
-        report = wait_for(lambda: (o := ray.get(actor.status.remote())["outside_leases"]) and o["unleased"] and o,
-                          timeout=120)
+        report = wait_for(
+            lambda: (o := ray.get(actor.status.remote())["outside_leases"]) and o["unleased"] and o, timeout=120
+        )
         offender = next(u for u in report["unleased"] if u["job_id"] == ray_job)
         assert offender["gpus"] == 2 and offender["placement_groups"]
         # Enforcement is on: its placement group is removed at once (the GPUs are free again) and,
@@ -82,7 +85,7 @@ def test_direct_job_preempted_waits_in_the_queue_and_resumes(
     waits in the queue itself, holding no GPUs, and resumes from its checkpoint."""
     jobs = JobSubmissionClient(ray_cluster["dashboard_url"])
     job = jobs.submit_job(entrypoint=f"{sys.executable} -m train_jobs.run {job_spec(tmp_path)} --team research")
-    wait_for(lambda: any((tmp_path / "ckpt" / "sched-e2e").glob("step-*/manifest.json")), timeout=180)
+    wait_for(lambda: any((tmp_path / "ckpt" / "research" / "sched-e2e").glob("step-*/manifest.json")), timeout=180)
     [workload] = [w for w in ray.get(platform_scheduler.list_workloads.remote()) if w["description"] == "sched-e2e"]
     wid = workload["workload_id"]
     prod = whole_node_inference(2)

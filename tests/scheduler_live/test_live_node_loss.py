@@ -71,10 +71,11 @@ def s3_env() -> Iterator[dict[str, str]]:
 
 
 def checkpoints_in_s3() -> list[str]:
-    """`s3://ckpt/<job>/step-N` of every complete checkpoint (its manifest is written last)."""
+    """`s3://ckpt/research/<job>/step-N` of every complete checkpoint (its manifest is written
+    last): an admitted job's run is under its team's."""
     import boto3
 
-    pages = boto3.client("s3").get_paginator("list_objects_v2").paginate(Bucket=BUCKET, Prefix=f"{JOB}/")
+    pages = boto3.client("s3").get_paginator("list_objects_v2").paginate(Bucket=BUCKET, Prefix=f"research/{JOB}/")
     keys = [obj["Key"] for page in pages for obj in page.get("Contents", [])]
     return sorted(f"s3://{BUCKET}/{k.rsplit('/', 1)[0]}" for k in keys if k.endswith("/manifest.json"))
 

@@ -97,7 +97,7 @@ def test_train_job_is_placed_preempted_requeued_and_resumed(
     granted_node = grant.placements[0].node_id
     first_job = f"{train.workload_id}-1"
     try:
-        wait_for(lambda: any((tmp_path / "ckpt" / "sched-e2e").glob("step-*/manifest.json")), timeout=180)
+        wait_for(lambda: any((tmp_path / "ckpt" / "research" / "sched-e2e").glob("step-*/manifest.json")), timeout=180)
     except AssertionError:
         # The job may never have been submitted (CI: a 404 here hid why): the scheduler's
         # events and Ray's job list say how far the launch got.

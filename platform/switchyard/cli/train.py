@@ -47,6 +47,7 @@ def register(subparsers: Any) -> None:
         "(looked up under the state dir's train/checkpoints and train/runs)",
     )
     plot.add_argument("--out", default=None, metavar="PATH", help="PNG to write (default: <run dir>/metrics.png)")
+    plot.add_argument("--team", default=None, help="the team a platform job ran for (its runs are under the team's)")
     plot.add_argument("--state-dir", help="platform state directory (default: $SWITCHYARD_STATE_DIR or .switchyard)")
     plot.set_defaults(handler=plot_command)
     from switchyard.cli._train_queue import add_commands
@@ -104,7 +105,7 @@ def plot_command(args: argparse.Namespace) -> int:
     from switchyard.train.metrics_log import MetricsFileError, find_metrics_file, read_metrics
     from switchyard.train.metrics_plot import plot_metrics
 
-    metrics = find_metrics_file(args.run, state_dir(args.state_dir))
+    metrics = find_metrics_file(args.run, state_dir(args.state_dir), args.team)
     try:
         read = read_metrics(metrics)
     except MetricsFileError as exc:

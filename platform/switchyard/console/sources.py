@@ -31,7 +31,7 @@ from switchyard.policy.loader import load_policy_set
 from switchyard.policy.models import DataPolicies
 from switchyard.policy.policy_set import PolicySet
 from switchyard.scheduler.core.config import load_policy_file
-from switchyard.train.metrics_log import MetricsFileError, find_metrics_file, read_metrics
+from switchyard.train.metrics_log import MetricsFileError, read_metrics, team_metrics_file
 
 log = logging.getLogger(__name__)
 
@@ -140,10 +140,13 @@ class PlatformReader:
             log.warning("the console could not read the scheduler: %s", exc)
             return None
 
-    def run_metrics(self, job_name: str) -> list[dict[str, Any]]:
-        """A run's metrics lines ([] when it has written none yet)."""
+    def run_metrics(self, team: str, job_name: str) -> list[dict[str, Any]]:
+        """The metrics lines of `team`'s run `job_name` ([] when it has written none yet). Only
+        the team's own run directory: the name is the workload's description (free text), and
+        another team may run a job of the same name."""
+        path = team_metrics_file(job_name, team, self.state)
         try:
-            return read_metrics(find_metrics_file(job_name, self.state)).rows
+            return [] if path is None else read_metrics(path).rows
         except MetricsFileError:
             return []
 

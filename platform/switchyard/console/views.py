@@ -97,7 +97,7 @@ def job_detail(reader: PlatformReader, team: str, workload_id: str) -> View | No
     if job is None:
         return None
     events = [e for e in scheduler["events"] if e["workload_id"] == workload_id]
-    lines = reader.run_metrics(str(job["description"]))
+    lines = reader.run_metrics(team, str(job["description"]))
     curves = figures.run_curves(lines)
     losses = [s for s in (curves["loss"], curves["val_loss"]) if s.points]
     return View(

@@ -73,6 +73,13 @@ def spawn_group(fn: GroupFn, nproc: int, *args: Any, finished: Callable[[], bool
         log.warning("rank %d exited by signal after its results were written: %s", exc.error_index, exc)
 
 
+def team_storage(storage: str, team: str | None) -> str:
+    """Where a team's run directories go under a checkpoint root: `<root>/<team>` (the root
+    itself for a run with no team, such as a local `train run`)."""
+    storage = storage.rstrip("/")
+    return f"{storage}/{team}" if team else storage
+
+
 def checkpoint_root(spec: JobSpec) -> str:
     """Where a job's checkpoint folders go, local and on Ray alike: `<uri>/<job name>/`."""
     root = (spec.checkpoint.uri or str(state_dir() / "train" / "checkpoints")).rstrip("/")

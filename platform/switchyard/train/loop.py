@@ -157,6 +157,8 @@ class RunContext:
     prune: bool = True
     stop_after_steps: int | None = None
     """Stop (as preempted) after this many steps of *this* run: for tests and sweeps."""
+    team: str | None = None
+    """The team the job runs for (a platform job): its local metrics directory is the team's."""
     on_step: Callable[[int, TrainEngine], None] | None = None
     profile_dir: Path | None = None
     """Write a torch.profiler trace per rank here and print collective vs compute time."""
@@ -295,7 +297,7 @@ class Trainer:
         self.spec = spec
         self.ctx = ctx
         self.losses: list[float] = []
-        self.metrics_dir = run_output_dir(ctx.store.uri, spec.name)
+        self.metrics_dir = run_output_dir(ctx.store.uri, spec.name, ctx.team)
         """Where rank 0 writes `metrics.jsonl` and `tensorboard/`."""
         self.last_line: MetricsLine | None = None
         self._latest: SyncedStep | None = None

@@ -24,10 +24,14 @@ METRICS_FILE = "metrics.jsonl"
 TENSORBOARD_DIR = "tensorboard"
 
 
-def run_output_dir(run_uri: str, job: str) -> Path:
-    """The run's local directory: its checkpoint folder (`<checkpoint.uri>/<job name>`) when
-    that is local; for an `s3://` store, `<state dir>/train/runs/<job name>` on rank 0's host."""
-    return state_dir() / "train" / "runs" / job if is_s3_uri(run_uri) else Path(run_uri)
+def run_output_dir(run_uri: str, job: str, team: str | None = None) -> Path:
+    """The run's local directory: its checkpoint folder (`<checkpoint.uri>/[<team>/]<job name>`)
+    when that is local; for an `s3://` store, `<state dir>/train/runs/[<team>/]<job name>` on
+    rank 0's host."""
+    if not is_s3_uri(run_uri):
+        return Path(run_uri)
+    runs = state_dir() / "train" / "runs"
+    return (runs / team if team else runs) / job
 
 
 class MetricsRecord:
@@ -125,15 +129,33 @@ def read_metrics(path: Path) -> Metrics:
     return Metrics([by_step[step] for step in sorted(by_step)], skipped)
 
 
-def find_metrics_file(run: str, state: Path) -> Path:
+def _named(state: Path, run: str, team: str | None) -> list[Path]:
+    roots = [state / "train" / "checkpoints", state / "train" / "runs"]
+    return [(root / team if team else root) / run / METRICS_FILE for root in roots]
+
+
+def find_metrics_file(run: str, state: Path, team: str | None = None) -> Path:
     """`run` as `switchyard train plot` takes it: a metrics file, a run directory, or a job
     name (the `name` of `switchyard train list`), looked up where jobs with the default
-    checkpoint root keep their run directory (`<state>/train/checkpoints/<name>`), then
-    where `s3://` jobs keep their metrics (`<state>/train/runs/<name>`)."""
+    checkpoint root keep their run directory (`<state>/train/checkpoints/[<team>/]<name>`),
+    then where `s3://` jobs keep their metrics (`<state>/train/runs/[<team>/]<name>`)."""
     path = Path(run)
     if path.is_file():
         return path
     if path.is_dir() or "/" in run:
         return path / METRICS_FILE
-    named = [state / "train" / "checkpoints" / run / METRICS_FILE, state / "train" / "runs" / run / METRICS_FILE]
+    named = _named(state, run, team)
     return next((p for p in named if p.is_file()), named[0])
+
+
+def _one_component(name: str) -> bool:
+    return bool(name) and name not in (".", "..") and not any(c in name for c in "/\\\0")
+
+
+def team_metrics_file(job: str, team: str, state: Path) -> Path | None:
+    """The metrics file of `team`'s platform job `job`, or None: only under the team's own run
+    directories, and only for a job name (never a path: a workload's description is free text,
+    and another team's job may have the same name)."""
+    if not (_one_component(job) and _one_component(team)):
+        return None
+    return next((p for p in _named(state, job, team) if p.is_file()), None)

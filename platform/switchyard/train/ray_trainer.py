@@ -26,7 +26,7 @@ from switchyard.cluster.preemption_channel import GcsPreemptionChannel
 from switchyard.state import state_dir
 from switchyard.train.checkpoint import CheckpointStore, FileTable
 from switchyard.train.job_errors import INPUT_ERROR_KEY, JobInputError, raise_input_error
-from switchyard.train.launch import process_group_backend
+from switchyard.train.launch import process_group_backend, team_storage
 from switchyard.train.loop import LINE_FIELDS, RunContext, Trainer, TrainResult
 from switchyard.train.run_gauges import RunGauges
 from switchyard.train.spec import JobSpec
@@ -93,6 +93,7 @@ def train_fn(config: dict[str, Any]) -> dict[str, Any] | None:
         report_metrics=_reporter(spec.name, workload_id, rank),
         prune=False,  # CheckpointConfig(num_to_keep) prunes under Ray
         stop_after_steps=config.get("stop_after_steps"),
+        team=config.get("team"),
         ranks_per_node=context.get_local_world_size(),
         on_resume=_resume_reporter(workload_id) if workload_id and rank == 0 else None,
     )
@@ -177,15 +178,18 @@ def run_on_ray(
     stop_after_steps: int | None = None,
     worker_label_selectors: list[dict[str, str]] | None = None,
     workload_id: str | None = None,
+    team: str | None = None,
 ) -> TrainResult:
     """Run `spec` with `TorchTrainer` on the connected Ray cluster; blocks until it ends.
 
     With `worker_label_selectors` (from the scheduler's lease: one per worker, naming its
     node) every worker holds one granted GPU on the node the scheduler chose; `workload_id`
-    names the scheduler workload whose checkpoints are reported.
+    names the scheduler workload whose checkpoints are reported. A job run for a `team` keeps
+    its run directory under the team's (`<storage>/<team>/<name>`): two teams' jobs of one
+    name shared `<storage>/<name>`, and the second resumed from the first's checkpoint.
     Raises `NonFiniteLossError` when the loss became non-finite."""
     storage = storage_path or spec.checkpoint.uri or str(state_dir() / "train" / "checkpoints")
-    storage = storage.rstrip("/")
+    storage = team_storage(storage, team)
     job_id = job_id or spec.name
     use_gpu = spec.use_gpu or worker_label_selectors is not None  # a lease is GPUs: workers hold them
     trainer = TorchTrainer(
@@ -196,6 +200,7 @@ def run_on_ray(
             "run_uri": f"{storage}/{spec.name}",
             "stop_after_steps": stop_after_steps,
             "workload_id": workload_id,
+            "team": team,
         },
         # gloo must be named when there are no GPUs: Ray may hand out logical GPUs. On GPUs, CPU
         # tensors still need gloo (offloaded DTensors' grad-norm, the async saves' group), as

@@ -100,6 +100,7 @@ def leased_trial_fn(config: dict[str, Any]) -> None:
         try:
             result = run_on_ray(
                 spec,
+                team=config["team"],
                 storage_path=config["storage_path"],
                 job_id=workload,
                 worker_label_selectors=admission.worker_label_selectors(),
