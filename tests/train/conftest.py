@@ -14,11 +14,14 @@ from typing import Any
 
 import _workers  # tests/train is on sys.path; spawned children import it by name
 import pytest
+import torch
 import torch.distributed as dist
 from _workers import tiny_spec
 
 from switchyard.ports import listener_port
+from switchyard.train.checkpoint import CheckpointStore
 from switchyard.train.launch import spawn_group
+from switchyard.train.loop import RunContext
 from switchyard.train.spec import JobSpec
 
 SpecFactory = Callable[..., JobSpec]
@@ -27,6 +30,20 @@ SpecFactory = Callable[..., JobSpec]
 @pytest.fixture
 def make_spec() -> SpecFactory:
     return tiny_spec
+
+
+def one_rank_context(tmp_path: Path, job_id: str = "one", **overrides: Any) -> RunContext:
+    """A `RunContext` for rank 0 of 1 on the CPU, in this process (inside `one_rank_group`)."""
+    return RunContext(
+        rank=0,
+        world_size=1,
+        device=torch.device("cpu"),
+        job_id=job_id,
+        store=CheckpointStore(str(tmp_path / "ckpt"), tmp_path / "cache"),
+        work_dir=tmp_path / "work",
+        handle_sigterm=False,
+        **overrides,
+    )
 
 
 @pytest.fixture

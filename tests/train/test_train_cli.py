@@ -15,6 +15,16 @@ from switchyard.train.preemption import FilePreemptionChannel
 REPO = Path(__file__).resolve().parents[2]
 
 
+def _in_a_fresh_shell(argv: list[str], home: Path, state: Path | None = None) -> subprocess.CompletedProcess[str]:
+    """`argv` from the repo root with only what a fresh shell has (no AWS credentials: none are
+    looked for on the network either)."""
+    env = {"PYTHONPATH": f"{REPO / 'platform'}:{REPO}", "PATH": "/usr/bin:/bin", "HOME": str(home)}
+    env["AWS_EC2_METADATA_DISABLED"] = "true"
+    if state is not None:
+        env["SWITCHYARD_STATE_DIR"] = str(state)
+    return subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=300, env=env)
+
+
 def test_cli_rejects_a_bad_config_naming_the_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     bad = tmp_path / "bad.yaml"
     bad.write_text("name: x\nsteps: 0\n")
@@ -34,29 +44,8 @@ def test_run_entry_point_preempts_with_exit_75_then_resumes_and_profiles(tmp_pat
     channel.send_notice("cli", "make room")
 
     def run(*extra: str) -> tuple[int, list[str], str]:
-        proc = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "train_jobs.run",
-                str(config),
-                "--local",
-                "2",
-                "--storage",
-                str(tmp_path / "ckpt"),
-                *extra,
-            ],
-            cwd=REPO,
-            capture_output=True,
-            text=True,
-            timeout=300,
-            env={
-                "PYTHONPATH": f"{REPO / 'platform'}:{REPO}",
-                "PATH": "/usr/bin:/bin",
-                "HOME": str(tmp_path),
-                "SWITCHYARD_STATE_DIR": str(state),
-            },
-        )
+        argv = [sys.executable, "-m", "train_jobs.run", str(config), "--local", "2"]
+        proc = _in_a_fresh_shell([*argv, "--storage", str(tmp_path / "ckpt"), *extra], tmp_path, state=state)
         return proc.returncode, proc.stdout.strip().splitlines(), proc.stderr[-3000:]
 
     code, lines, err = run()
@@ -154,19 +143,7 @@ def test_a_job_whose_data_or_checkpoints_cannot_be_used_fails_in_one_line(tmp_pa
             if command.startswith("switchyard")
             else [sys.executable, "-m", "train_jobs.run", str(config), "--local", "2"]
         )
-        proc = subprocess.run(
-            [*argv, "--storage", storage],
-            cwd=REPO,
-            capture_output=True,
-            text=True,
-            timeout=300,
-            env={
-                "PYTHONPATH": f"{REPO / 'platform'}:{REPO}",
-                "PATH": "/usr/bin:/bin",
-                "HOME": str(tmp_path),
-                "AWS_EC2_METADATA_DISABLED": "true",  # no credentials anywhere, found at once
-            },
-        )
+        proc = _in_a_fresh_shell([*argv, "--storage", storage], tmp_path)
         assert proc.returncode == 2, proc.stderr[-3000:]
         assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
         last = proc.stderr.strip().splitlines()[-1]

@@ -4,8 +4,8 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import one_rank_context
 
-from switchyard.train.checkpoint import CheckpointStore
 from switchyard.train.data import (
     TokenBatches,
     load_tokens,
@@ -13,7 +13,7 @@ from switchyard.train.data import (
     synthetic_corpus,
     write_token_shards,
 )
-from switchyard.train.loop import RunContext, Trainer
+from switchyard.train.loop import Trainer
 from tests.train._workers import tiny_spec
 
 
@@ -61,15 +61,7 @@ def test_a_job_on_data_of_another_vocabulary_fails_before_its_first_step(tmp_pat
     tokens[::50] = 4000
     write_token_shards(tokens, tmp_path / "data", shard_tokens=5000)
     spec = tiny_spec("vocab", steps=3, num_workers=1, **{"data.source": str(tmp_path / "data")})
-    context = RunContext(
-        rank=0,
-        world_size=1,
-        device=torch.device("cpu"),
-        job_id="vocab",
-        store=CheckpointStore(str(tmp_path / "ckpt"), tmp_path / "cache"),
-        work_dir=tmp_path / "work",
-        handle_sigterm=False,
-    )
+    context = one_rank_context(tmp_path, "vocab")
     with pytest.raises(ValueError, match=r"shard-00000\.bin: token 0 is id 4000, outside the model's vocabulary"):
         Trainer(spec, context).run()
     assert not (tmp_path / "ckpt").exists() or not list((tmp_path / "ckpt").iterdir())

@@ -18,6 +18,7 @@ import _workers
 import pytest
 import torch
 from _workers import tiny_spec
+from conftest import one_rank_context
 
 from switchyard.cli import main
 from switchyard.train.checkpoint import CheckpointStore
@@ -169,17 +170,7 @@ def test_a_checkpoint_step_is_always_checked(two_ranks: tuple[Path, list[dict[st
 
 
 def _context(tmp_path: Path, on_engine: Callable[[TrainEngine], None], clock: Callable[[], float]) -> RunContext:
-    return RunContext(
-        rank=0,
-        world_size=1,
-        device=torch.device("cpu"),
-        job_id="one",
-        store=CheckpointStore(str(tmp_path / "ckpt"), tmp_path / "cache"),
-        work_dir=tmp_path / "work",
-        handle_sigterm=False,
-        on_engine=on_engine,
-        clock=clock,
-    )
+    return one_rank_context(tmp_path, on_engine=on_engine, clock=clock)
 
 
 # The trainer's own reads of tensors on the host. Not switchyard.train.data: its sampler

@@ -91,10 +91,10 @@ def test_run_on_ray_raises_the_ranks_non_finite_loss(nan_on_ray: Path, tmp_path:
     ray_trainer.raise_non_finite_loss(None)  # a finished run's rank 0 returns nothing
 
 
-def _one_error_line(err: str, prefix: str, tmp_path: Path) -> None:
+def _one_error_line(err: str, prefix: str, run_dir: Path) -> None:
     assert "Traceback" not in err
     lines = [line for line in err.splitlines() if line.startswith(prefix)]
-    checkpoint = f"{tmp_path}/ckpt/nan/step-00000002"
+    checkpoint = f"{run_dir}/step-00000002"
     expected = f"loss is nan at step 3; training stopped without saving (last good checkpoint: {checkpoint})"
     assert lines == [f"{prefix}{expected}"]
 
@@ -105,7 +105,7 @@ def test_switchyard_train_run_ray_prints_one_line_and_exits_1(
     assert switchyard_main(["train", "run", str(nan_on_ray), "--ray"]) == 1
     out, err = capsys.readouterr()
     assert out == ""
-    _one_error_line(err, "switchyard: error: ", tmp_path)
+    _one_error_line(err, "switchyard: error: ", tmp_path / "ckpt" / "nan")
 
 
 def test_train_jobs_run_on_ray_prints_one_line_and_exits_1(
@@ -118,7 +118,7 @@ def test_train_jobs_run_on_ray_prints_one_line_and_exits_1(
     assert train_jobs_main([str(nan_on_ray), "--team", "research"]) == 1
     out, err = capsys.readouterr()
     assert out == ""
-    _one_error_line(err, "train_jobs.run: ", tmp_path)
+    _one_error_line(err, "train_jobs.run: ", tmp_path / "ckpt" / "research" / "nan")  # run for its team
 
 
 class BadDataTrainer:
