@@ -21,9 +21,26 @@ file instead of lingering in a WAL frame or a free page: erasure there is deleti
 from __future__ import annotations
 
 import sqlite3
+import time
 from pathlib import Path
 
 BUSY_TIMEOUT_S = 10.0
+
+
+def _set_journal_mode(db: sqlite3.Connection, mode: str) -> None:
+    """`PRAGMA journal_mode`, waiting out another process setting it: on a file several
+    processes open at once (two `switchyard up`s on a fresh state dir), the change needs a lock
+    SQLite does not wait for under `busy_timeout`, and 8 of 60 such races failed at once with
+    "database is locked" (four openers of one new file)."""
+    deadline = time.monotonic() + BUSY_TIMEOUT_S
+    while True:
+        try:
+            db.execute(f"PRAGMA journal_mode={mode}")
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() >= deadline:
+                raise
+            time.sleep(0.01)
 
 
 def connect(
@@ -51,7 +68,7 @@ def connect(
     )
     try:
         if not readonly:
-            db.execute("PRAGMA journal_mode=DELETE" if secure_delete else "PRAGMA journal_mode=WAL")
+            _set_journal_mode(db, "DELETE" if secure_delete else "WAL")
         db.execute("PRAGMA synchronous=FULL")
         db.execute("PRAGMA foreign_keys=ON")
         if secure_delete:
