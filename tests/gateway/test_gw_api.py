@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
+from collections.abc import AsyncIterator
 
 import openai
 import pytest
 from gw_fakes import FakeUpstreams, Fault
 from gw_harness import Harness
 
+from switchyard.gateway.providers.base import Delta
 from switchyard.gateway.seams import OverBudget, RateLimited
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
@@ -211,4 +214,61 @@ async def test_a_provider_bug_is_a_500_in_openai_shape_and_holds_no_money(
         )
     assert resp.status_code == 500 and resp.json()["error"]["code"] == "internal_error"
     assert SECRET not in resp.text and not h.budget.held
+    await h.aclose()
+
+
+class _BuggyStream:
+    """A provider whose stream raises what no adapter should: at once, or after its first piece."""
+
+    def __init__(self, after_first: bool) -> None:
+        self.name = "openai"
+        self.after_first = after_first
+
+    async def complete(self, call: object) -> object:
+        raise RuntimeError("a bug in an adapter")
+
+    async def stream(self, call: object) -> AsyncIterator[Delta]:
+        if self.after_first:
+            yield Delta(text="partial ")
+        raise RuntimeError("a bug in an adapter")
+
+    async def aclose(self) -> None:
+        return None
+
+
+@pytest.mark.parametrize("how", ["complete", "stream before its first piece", "stream after its first piece"])
+async def test_a_provider_bug_is_recorded_as_the_gateways_500_not_as_a_client_that_left(
+    gw_dirs: tuple[object, object, dict[str, str]], upstreams: FakeUpstreams, how: str
+) -> None:
+    """The record said `client_disconnected` (499) for a bug, and mid-stream the client's
+    connection was dropped without a word. Now the record is the 500 the client gets, and a
+    stream that breaks after its first byte ends with an `internal_error` event."""
+    import httpx
+    from gw_harness import build_harness
+
+    from switchyard.gateway.http import create_app
+
+    policies, state, keys = gw_dirs
+    provider = _BuggyStream(after_first=how.endswith("after its first piece"))
+    h = build_harness(policies, state, keys, overrides={"openai": provider})  # type: ignore[dict-item]
+    transport = httpx.ASGITransport(app=create_app(lambda: h.pipeline), raise_app_exceptions=False)
+    async with httpx.AsyncClient(transport=transport, base_url="http://gateway") as http:
+        resp = await http.post(
+            "/v1/chat/completions",
+            json={"model": "auto", "stream": how != "complete", "messages": [{"role": "user", "content": "hi"}]},
+            headers={"authorization": f"Bearer {keys['qa']}", "x-switchyard-flow": "plain"},
+        )
+    for _ in range(200):  # a stream is audited as its body ends; this harness audits nothing else
+        records = list(h.audit.exchanges)
+        if records:
+            break
+        await asyncio.sleep(0.01)
+    assert [(r.status_code, r.error_code) for r in records] == [(500, "internal_error")]
+    if how.endswith("after its first piece"):
+        assert resp.status_code == 200
+        last = [line for line in resp.text.splitlines() if line.startswith("data:")][-1]
+        assert json.loads(last[5:])["error"]["code"] == "internal_error"
+    else:
+        assert resp.status_code == 500 and resp.json()["error"]["code"] == "internal_error"
+    assert not h.budget.held
     await h.aclose()

@@ -55,7 +55,7 @@ from switchyard.gateway.errors import (
     Unavailable,
 )
 from switchyard.gateway.evals import EvalVerdict
-from switchyard.gateway.outcome import Outcome
+from switchyard.gateway.outcome import Outcome, cut_short
 from switchyard.gateway.owned_tasks import OwnedTasks
 from switchyard.gateway.pipeline import GatewayParts
 from switchyard.gateway.planning import IDEMPOTENCY_HEADER, FlowCache, deadline_ms
@@ -298,10 +298,10 @@ class EmbeddingsPipeline:
             err = self.caller.failure(plan.ctx, plan.policy_set, plan.candidate, exc, run.log)
             outcome = Outcome(status=err.status, budget_decision="reserved", error_code=err.code)
             return await self._fail(run, outcome, err, hdr, reservation)
-        except BaseException:
+        except BaseException as exc:
             # Cancelled (the client hung up) or a bug: the call under way is charged at the bound,
             # the request audited, in a task the request's cancellation cannot reach.
-            gone = Outcome(status=499, budget_decision="reserved", error_code="client_disconnected")
+            gone = cut_short(exc)
             await asyncio.shield(self._own(self._charge_and_record(run, reservation, gone)))
             raise
         return await self._answer(run, reservation, answer, hdr)

@@ -24,3 +24,12 @@ class Outcome:
     cost: float = 0.0
     bills: tuple[Bill, ...] = ()  # what the providers billed, one per billed attempt
     error_code: str | None = None
+
+
+def cut_short(exc: BaseException) -> Outcome:
+    """The record of a request that `exc` ended before its answer: the client hanging up
+    (the request cancelled: 499), or a bug in the gateway (an `Exception`: the 500 its client
+    is answered), never the one taken for the other."""
+    if isinstance(exc, Exception):
+        return Outcome(status=500, budget_decision="reserved", error_code="internal_error")
+    return Outcome(status=499, budget_decision="reserved", error_code="client_disconnected")

@@ -58,7 +58,7 @@ from switchyard.gateway.idempotency import (
 from switchyard.gateway.image_fetch import ImageFetcher
 from switchyard.gateway.messages import Message
 from switchyard.gateway.metrics import GatewayMetrics
-from switchyard.gateway.outcome import Outcome
+from switchyard.gateway.outcome import Outcome, cut_short
 from switchyard.gateway.owned_tasks import OwnedTasks
 from switchyard.gateway.planning import Plan, Planner
 from switchyard.gateway.pool import ProviderPool
@@ -473,10 +473,10 @@ class ChatPipeline:
             )
             # Answers that broke the contract were billed: charged, though the chain failed.
             return await self._fail(plan, redacted, outcome, err, hdr, chain, reservation)
-        except BaseException:
+        except BaseException as exc:
             # Cancelled (the client left) or a bug: what was billed is charged, the rest freed,
             # and the request audited, in a task the cancellation cannot reach.
-            gone = Outcome(status=499, budget_decision="reserved", error_code="client_disconnected")
+            gone = cut_short(exc)
             await asyncio.shield(self.own(self._charge_and_audit(plan, redacted, reservation, gone, chain)))
             raise
         done, cand = answer.value, answer.candidate
@@ -559,11 +559,11 @@ class ChatPipeline:
             err = self._chain_error(plan, failed, chain)
             outcome = Outcome(status=err.status, budget_decision="reserved", error_code=err.code)
             return await self._fail(plan, redacted, outcome, err, hdr, chain, reservation)
-        except BaseException:
-            # Cancelled (the client hung up) before the first token: what the provider may
-            # have billed is settled and the request audited, in a task the request's
-            # cancellation cannot reach.
-            gone = Outcome(status=499, budget_decision="reserved", error_code="client_disconnected")
+        except BaseException as exc:
+            # Cancelled (the client hung up) before the first token, or a bug: what the
+            # provider may have billed is settled and the request audited, in a task the
+            # request's cancellation cannot reach.
+            gone = cut_short(exc)
             await asyncio.shield(
                 StreamSettlement(self, plan, redacted, reservation, chain, chain.current, gone).finish()
             )

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import logging
 from collections.abc import AsyncIterator, Coroutine
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -17,7 +18,7 @@ from switchyard.budgets.pricing import estimate_call
 from switchyard.budgets.tokens import output_tokens_upper_bound
 from switchyard.gateway.attempts import ChainLog, close_stream_soon
 from switchyard.gateway.billing import bill, total_usd
-from switchyard.gateway.errors import DeadlineExceeded, ProviderFailure
+from switchyard.gateway.errors import DeadlineExceeded, GatewayError, ProviderFailure
 from switchyard.gateway.outcome import Outcome
 from switchyard.gateway.planning import Plan
 from switchyard.gateway.providers.base import Delta, ProviderError
@@ -27,6 +28,8 @@ from switchyard.gateway.seams import Bill, BillBasis, Headroom, Redacted, Reserv
 from switchyard.gateway.stream_tools import StreamedToolCalls
 from switchyard.gateway.wire import chunk_body, sse
 from switchyard.policy.models import ErrorClass
+
+log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:  # the pipeline builds settlements; this module does not import it at run time
     from switchyard.gateway.pipeline import GatewayParts
@@ -113,6 +116,12 @@ async def stream_body(
         err = _stream_error(exc)
         outcome.status, outcome.error_code = err.status, err.code
         yield sse(err.body())
+    except Exception:
+        # A bug: logged, recorded as the gateway's 500, and the client told so in the stream.
+        log.exception("request %s failed mid-stream", ctx.request_id)
+        bug = GatewayError("internal_error", "internal error")
+        outcome.status, outcome.error_code = bug.status, bug.code
+        yield sse(bug.body())
     except BaseException:
         if outcome.status == 200:  # cancelled or closed mid-stream: the client hung up
             outcome.status, outcome.error_code = 499, "client_disconnected"
