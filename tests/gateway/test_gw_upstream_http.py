@@ -110,12 +110,14 @@ async def test_waiting_for_a_free_connection_past_the_timeout_is_an_unbilled_tim
     assert (await busy).text == upstreams.openai.reply
 
 
-async def test_a_close_mid_body_is_a_connection_error_not_billed(
+async def test_a_close_mid_body_after_200_is_a_billed_connection_error(
     openai: OpenAICompatProvider, upstreams: FakeUpstreams
 ) -> None:
+    """The 200 says the provider made the answer, so it may bill it: billed at the bound
+    (it was not, and a retry made the provider bill a second answer the ledger never saw)."""
     upstreams.openai.faults.append(Fault("reset"))  # 200, Content-Length 500, then the connection drops
     err = await failure(openai.complete(CALL))
-    assert err.error_class is ErrorClass.CONNECTION and not err.billed
+    assert err.error_class is ErrorClass.CONNECTION and err.billed
     assert (await openai.complete(CALL)).text == upstreams.openai.reply
 
 

@@ -31,10 +31,10 @@ from switchyard.gateway.providers.base import (
     ProviderError,
     ProviderOverloaded,
 )
+from switchyard.gateway.providers.openai_compat import read_chat_completion
 from switchyard.gateway.providers.openai_embeddings import parse_embeddings, request_body
 from switchyard.gateway.providers.openai_format import cannot_honour
 from switchyard.gateway.providers.registry import InClusterFactory
-from switchyard.gateway.seams import Usage
 from switchyard.policy.models import ErrorClass, Provider
 
 
@@ -89,17 +89,8 @@ class ServeHandleProvider:
             raise ProviderError(
                 ErrorClass.CONNECTION, f"{self.name} failed in-cluster ({type(exc).__name__})"
             ) from None
-        try:
-            choice = data["choices"][0]
-            u = data["usage"]
-            return Completion(
-                choice["message"]["content"] or "",
-                Usage(int(u["prompt_tokens"]), int(u["completion_tokens"])),
-                choice.get("finish_reason") or "stop",
-                str(data.get("model") or call.model_version),
-            )
-        except (KeyError, IndexError, TypeError):
-            raise ProviderError(ErrorClass.SERVER_ERROR, f"{self.name} returned a malformed response") from None
+        # A team's own deployment answers here: read as strictly as an HTTP upstream's answer.
+        return read_chat_completion(self.name, data, call.model_version)
 
     async def stream(self, call: ProviderCall) -> AsyncIterator[Delta]:
         done = await self.complete(call)

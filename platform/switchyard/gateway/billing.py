@@ -7,7 +7,8 @@ each at the price of the model that billed it (`Bill`); the ledger keeps one row
 so spend names the model that was paid.
 
 Which attempts are billed: an answer (valid or not: a provider bills the tokens it produced),
-a stream however far it got, a 200 whose body does not parse, and a call we gave up on (a
+a stream however far it got, a 200 whose body does not parse, is not the wire format or is cut
+off (`providers/answers.py`), and a call we gave up on (a
 timeout: the provider may still finish it, and bill it, after we stopped listening). Errors
 the provider answered (5xx, 429) and refused connections are not. An attempt billed without
 a usage we could read is charged the documented upper bound: its input as estimated and all

@@ -32,6 +32,7 @@ from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 from switchyard.gateway.messages import Message
+from switchyard.gateway.providers import answers
 from switchyard.gateway.providers.base import (
     Completion,
     Delta,
@@ -208,43 +209,55 @@ class AnthropicProvider:
         if resp.status != 200:
             raise self._status_error(resp.status, resp.text, resp.headers)
         try:
-            data = resp.json()
-            blocks = data["content"]
-            text = "".join(b["text"] for b in blocks if b.get("type") == "text")
+            data = answers.obj(resp.json(), "the answer")
+            blocks = [answers.obj(b, "content[]") for b in answers.array(data["content"], "content")]
+            text = "".join(answers.text(b["text"], "content[].text") for b in blocks if b.get("type") == "text")
             calls = tuple(_tool_call(b) for b in blocks if b.get("type") == "tool_use")
-            u = data["usage"]
-            usage = Usage(int(u["input_tokens"]), int(u["output_tokens"]), int(u.get("cache_read_input_tokens") or 0))
-            finish = _FINISH.get(data.get("stop_reason") or "end_turn", "stop")
-        except (ValueError, KeyError, TypeError, AttributeError):
-            # A 200 is an answer the provider may bill, however broken: charged at the bound.
-            raise ProviderError(
-                ErrorClass.SERVER_ERROR, f"{self.name} returned a malformed response", billed=True
-            ) from None
+            finish = _finish(data.get("stop_reason"))
+        except answers.MALFORMED:
+            raise answers.malformed(self.name) from None
         if finish == "content_filter":
             raise ProviderError(ErrorClass.CONTENT_FILTER, f"{self.name} refused the request")
-        return Completion(text, usage, finish, data.get("model") or call.model_version, tool_calls=calls)
+        u = data.get("usage")
+        usage = _usage(u, u.get("output_tokens")) if isinstance(u, dict) else None
+        return Completion(
+            text,
+            usage or Usage(0, 0),
+            finish,
+            answers.model_id(data.get("model"), call.model_version),
+            usage_reported=usage is not None,
+            tool_calls=calls,
+        )
 
     async def stream(self, call: ProviderCall) -> AsyncIterator[Delta]:
         body = to_messages_api(self.name, call, True)
+        answered = False
         try:
             async with self._http.stream("v1/messages", body, call.timeout_s) as resp:
                 if resp.status != 200:
                     error = await resp.read()
                     raise self._status_error(error.status, error.text, error.headers)
+                answered = True
                 reader = _StreamReader()
                 async for line in resp.lines():
                     if not line.startswith("data:"):
                         continue
-                    event = _event(self.name, line[5:].strip())
-                    if event.get("type") == "error":
-                        raise ProviderError(ErrorClass.SERVER_ERROR, f"{self.name} reported an error mid-stream")
-                    for delta in reader.read(event):
+                    try:
+                        event = answers.obj(json.loads(line[5:].strip()), "a stream event")
+                        if event.get("type") == "error":
+                            raise answers.ErrorEvent(self.name)
+                        deltas = reader.read(event)
+                    except answers.MALFORMED:
+                        raise answers.malformed(self.name, "stream event") from None
+                    for delta in deltas:
                         yield delta
                     if reader.finished:
                         return
                 raise ProviderError(ErrorClass.CONNECTION, f"{self.name} stream ended without message_stop")
-        except (KeyError, TypeError, ValueError):
-            raise ProviderError(ErrorClass.SERVER_ERROR, f"{self.name} sent a malformed stream event") from None
+        except ProviderError as exc:
+            if answered and not isinstance(exc, answers.ErrorEvent):
+                exc.billed = True  # a 200 is an answer the provider may bill, however it ends
+            raise
 
     def _status_error(self, status: int, text: str, headers: Mapping[str, str]) -> ProviderError:
         err_type, too_long = _error_facts(text)
@@ -264,16 +277,38 @@ class AnthropicProvider:
 def _tool_call(block: dict[str, Any]) -> ToolCall:
     call_id, name, arguments = block["id"], block["name"], block["input"]
     if not isinstance(call_id, str) or not isinstance(name, str) or not isinstance(arguments, dict):
-        raise TypeError("tool_use block")
+        raise answers.Malformed("a tool_use block's id, name or input is not what the API sends")
     return ToolCall(call_id, name, json.dumps(arguments))
 
 
+def _finish(stop_reason: Any) -> str:
+    """OpenAI's finish reason for a stop reason; one added to the API later reads as `stop`."""
+    if stop_reason is None:
+        return "stop"
+    if not isinstance(stop_reason, str):
+        raise answers.Malformed("stop_reason is not a string")
+    return _FINISH.get(stop_reason, "stop")
+
+
+def _usage(inputs: dict[str, Any], output_tokens: Any) -> Usage | None:
+    """The usage of `inputs` (a usage object's input counts) and `output_tokens`. The API's
+    `input_tokens` leaves out the tokens read from and written to the prompt cache, so the
+    prompt is all three; cache writes are counted at the input price."""
+    fresh = answers.token_count(inputs.get("input_tokens"))
+    read = answers.optional_count(inputs.get("cache_read_input_tokens"))
+    written = answers.optional_count(inputs.get("cache_creation_input_tokens"))
+    if fresh is None or read is None or written is None:
+        return None
+    return answers.usage(fresh + read + written, output_tokens, read)
+
+
 class _StreamReader:
-    """Turns Messages API stream events into deltas; `finished` after `message_stop`."""
+    """Turns Messages API stream events into deltas; `finished` after `message_stop`.
+    A field that is not what the API sends raises one of `answers.MALFORMED`."""
 
     def __init__(self) -> None:
-        self.input_tokens = 0
-        self.output_tokens = 0
+        self.usage_start: dict[str, Any] | None = None  # message_start's usage
+        self.output_tokens: Any = None  # the last message_delta's count
         self.finish = "stop"
         self.finished = False
         self._tool_of_block: dict[int, int] = {}  # content block index -> tool call index
@@ -282,46 +317,68 @@ class _StreamReader:
     def read(self, event: dict[str, Any]) -> list[Delta]:
         kind = event.get("type")
         if kind == "message_start":
-            self.input_tokens = int(event["message"]["usage"]["input_tokens"])
-        elif kind == "content_block_start" and event["content_block"].get("type") == "tool_use":
-            return [self._tool_start(int(event["index"]), event["content_block"])]
+            start = answers.obj(event["message"], "message").get("usage")
+            self.usage_start = start if isinstance(start, dict) else None
+        elif kind == "content_block_start":
+            block = answers.obj(event["content_block"], "content_block")
+            if block.get("type") == "tool_use":
+                return [self._tool_start(_block_index(event), block)]
         elif kind == "content_block_delta":
-            return self._block_delta(int(event["index"]), event["delta"])
-        elif kind == "content_block_stop" and int(event["index"]) in self._tool_of_block:
-            tool = self._tool_of_block[int(event["index"])]
+            return self._block_delta(_block_index(event), answers.obj(event["delta"], "delta"))
+        elif kind == "content_block_stop" and _block_index(event) in self._tool_of_block:
+            tool = self._tool_of_block[_block_index(event)]
             if tool not in self._argued:
                 # A call without arguments streams no fragment; its arguments are still JSON.
                 return [Delta(tool_calls=(ToolCallDelta(tool, arguments="{}"),))]
         elif kind == "message_delta":
-            self.output_tokens = int(event.get("usage", {}).get("output_tokens", self.output_tokens))
-            self.finish = _FINISH.get(event["delta"].get("stop_reason") or "end_turn", "stop")
+            counts = event.get("usage")
+            if isinstance(counts, dict) and "output_tokens" in counts:
+                self.output_tokens = counts["output_tokens"]
+            self.finish = _finish(answers.obj(event["delta"], "delta").get("stop_reason"))
         elif kind == "message_stop":
             self.finished = True
-            return [Delta(finish_reason=self.finish, usage=Usage(self.input_tokens, self.output_tokens))]
+            return [Delta(finish_reason=self.finish, usage=self.usage())]
         return []
 
+    def usage(self) -> Usage | None:
+        """The stream's usage: input as message_start stated it, output as the last
+        message_delta did; None (billed at the bound) when either is missing or not a count."""
+        if self.usage_start is None or self.output_tokens is None:
+            return None
+        return _usage(self.usage_start, self.output_tokens)
+
     def _tool_start(self, block: int, content: dict[str, Any]) -> Delta:
+        call_id, name = content.get("id"), content.get("name")
+        if not isinstance(call_id, str) or not isinstance(name, str):
+            raise answers.Malformed("a tool_use block's id or name is not a string")
         tool = len(self._tool_of_block)
         self._tool_of_block[block] = tool
         start_input = content.get("input") or {}
+        if not isinstance(start_input, dict):
+            raise answers.Malformed("a tool_use block's input is not an object")
         if start_input:
             self._argued.add(tool)
         arguments = json.dumps(start_input) if start_input else ""
-        return Delta(
-            tool_calls=(ToolCallDelta(tool, id=str(content["id"]), name=str(content["name"]), arguments=arguments),)
-        )
+        return Delta(tool_calls=(ToolCallDelta(tool, id=call_id, name=name, arguments=arguments),))
 
     def _block_delta(self, block: int, delta: dict[str, Any]) -> list[Delta]:
         if delta.get("type") == "text_delta":
-            return [Delta(text=delta["text"])]
+            return [Delta(text=answers.text(delta["text"], "delta.text"))]
         if delta.get("type") == "input_json_delta" and block in self._tool_of_block:
-            fragment = str(delta["partial_json"])
+            fragment = answers.text(delta["partial_json"], "delta.partial_json")
             if not fragment:
                 return []
             tool = self._tool_of_block[block]
             self._argued.add(tool)
             return [Delta(tool_calls=(ToolCallDelta(tool, arguments=fragment),))]
         return []
+
+
+def _block_index(event: dict[str, Any]) -> int:
+    index = answers.token_count(event["index"])  # a small whole number, as a count is
+    if index is None:
+        raise answers.Malformed("a content block's index is not a whole number")
+    return index
 
 
 def _error_facts(text: str) -> tuple[str, bool]:
@@ -334,13 +391,3 @@ def _error_facts(text: str) -> tuple[str, bool]:
         return "", False
     message = str(err.get("message", "")).lower()
     return str(err.get("type", ""))[:60], "too long" in message or ("context" in message and "exceed" in message)
-
-
-def _event(name: str, payload: str) -> dict[str, Any]:
-    try:
-        event = json.loads(payload)
-    except ValueError:
-        raise ProviderError(ErrorClass.SERVER_ERROR, f"{name} sent a malformed stream event") from None
-    if not isinstance(event, dict):
-        raise ProviderError(ErrorClass.SERVER_ERROR, f"{name} sent a malformed stream event")
-    return event

@@ -44,8 +44,10 @@ from botocore.exceptions import (
     EndpointConnectionError,
     ReadTimeoutError,
 )
+from botocore.parsers import ResponseParserError
 
 from switchyard.gateway.messages import Message, uses_tools
+from switchyard.gateway.providers import answers
 from switchyard.gateway.providers.base import (
     Completion,
     Delta,
@@ -245,18 +247,23 @@ class BedrockProvider:
             raise ProviderError(ErrorClass.CONNECTION, f"{self.name} connection failed") from None
         except BotoCoreError as exc:
             raise ProviderError(ErrorClass.CONNECTION, f"{self.name} failed ({type(exc).__name__})") from None
+        except (ResponseParserError, *answers.MALFORMED):
+            # botocore could not parse a 200 into Converse's shape: an answer AWS may bill.
+            raise answers.malformed(self.name) from None
         try:
-            blocks = resp["output"]["message"]["content"]
-            text = "".join(b.get("text", "") for b in blocks)
-            calls = tuple(_tool_call(b["toolUse"]) for b in blocks if "toolUse" in b)
-            u = resp["usage"]
-            usage = Usage(int(u["inputTokens"]), int(u["outputTokens"]), int(u.get("cacheReadInputTokens") or 0))
-            finish = _FINISH.get(resp.get("stopReason", "end_turn"), "stop")
-        except (KeyError, TypeError, AttributeError, ValueError):
-            raise ProviderError(ErrorClass.SERVER_ERROR, f"{self.name} returned a malformed response") from None
+            message = answers.obj(answers.obj(resp["output"], "output")["message"], "output.message")
+            blocks = [answers.obj(b, "content[]") for b in answers.array(message["content"], "content")]
+            text = "".join(answers.text(b.get("text"), "content[].text") for b in blocks)
+            calls = tuple(_tool_call(answers.obj(b["toolUse"], "toolUse")) for b in blocks if "toolUse" in b)
+            finish = _finish(resp.get("stopReason"))
+        except answers.MALFORMED:
+            raise answers.malformed(self.name) from None
         if finish == "content_filter":
             raise ProviderError(ErrorClass.CONTENT_FILTER, f"{self.name} filtered the answer")
-        return Completion(text, usage, finish, call.model_version, tool_calls=calls)
+        usage = _usage(resp.get("usage"))
+        return Completion(
+            text, usage or Usage(0, 0), finish, call.model_version, usage_reported=usage is not None, tool_calls=calls
+        )
 
     async def stream(self, call: ProviderCall) -> AsyncIterator[Delta]:
         done = await self.complete(call)
@@ -273,8 +280,29 @@ class BedrockProvider:
 def _tool_call(block: dict[str, Any]) -> ToolCall:
     call_id, name, arguments = block["toolUseId"], block["name"], block["input"]
     if not isinstance(call_id, str) or not isinstance(name, str):
-        raise TypeError("toolUse block")
+        raise answers.Malformed("a toolUse block's id or name is not a string")
     return ToolCall(call_id, name, json.dumps(arguments))
+
+
+def _finish(stop_reason: Any) -> str:
+    """OpenAI's finish reason for a stop reason; one added to the API later reads as `stop`."""
+    if stop_reason is None:
+        return "stop"
+    if not isinstance(stop_reason, str):
+        raise answers.Malformed("stopReason is not a string")
+    return _FINISH.get(stop_reason, "stop")
+
+
+def _usage(u: Any) -> Usage | None:
+    """`inputTokens` leaves out the tokens read from and written to the prompt cache, so the
+    prompt is all three; cache writes are counted at the input price."""
+    if not isinstance(u, dict):
+        return None
+    fresh, read = answers.token_count(u.get("inputTokens")), answers.optional_count(u.get("cacheReadInputTokens"))
+    written = answers.optional_count(u.get("cacheWriteInputTokens"))
+    if fresh is None or read is None or written is None:
+        return None
+    return answers.usage(fresh + read + written, u.get("outputTokens"), read)
 
 
 def _client_error(name: str, exc: ClientError) -> ProviderError:

@@ -24,6 +24,7 @@ from botocore.exceptions import (
     ReadTimeoutError,
 )
 
+from switchyard.gateway.providers import answers
 from switchyard.gateway.providers.base import EmbeddingCall, Embeddings, ProviderError
 from switchyard.gateway.providers.bedrock_converse import _client_error, bedrock_runtime_client
 from switchyard.policy.models import ErrorClass
@@ -109,17 +110,14 @@ class BedrockEmbeddingsProvider:
             raise ProviderError(ErrorClass.CONNECTION, f"{self.name} failed ({type(exc).__name__})") from None
         try:
             data: Any = json.loads(resp["body"].read())
-            vector = tuple(float(x) for x in data["embedding"])
+            vector = tuple(answers.vector_component(x) for x in data["embedding"])
         except BotoCoreError as exc:  # the answer was cut off while it was read: billed all the same
             raise ProviderError(
                 ErrorClass.SERVER_ERROR, f"{self.name} answer was cut off ({type(exc).__name__})", billed=True
             ) from None
-        except (KeyError, TypeError, ValueError, AttributeError):
-            raise ProviderError(
-                ErrorClass.SERVER_ERROR, f"{self.name} returned a malformed response", billed=True
-            ) from None
-        tokens = data.get("inputTextTokenCount")
-        return vector, tokens if isinstance(tokens, int) and not isinstance(tokens, bool) and tokens >= 0 else None
+        except answers.MALFORMED:
+            raise answers.malformed(self.name) from None
+        return vector, answers.token_count(data.get("inputTextTokenCount"))
 
     async def aclose(self) -> None:
         self._client.close()

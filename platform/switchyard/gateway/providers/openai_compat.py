@@ -19,6 +19,7 @@ import json
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
+from switchyard.gateway.providers import answers
 from switchyard.gateway.providers.base import (
     Completion,
     Delta,
@@ -73,45 +74,47 @@ class OpenAICompatProvider:
             raise self._status_error(resp.status, resp.text, resp.headers)
         try:
             data = resp.json()
-            choice = data["choices"][0]
-            text = choice["message"].get("content") or ""
-            calls = tuple(_tool_call(c) for c in choice["message"].get("tool_calls") or ())
-            usage = _usage(data.get("usage") or {})
-            finish = choice.get("finish_reason") or "stop"
-        except (ValueError, KeyError, IndexError, TypeError, AttributeError):
-            # A 200 is an answer the provider may bill, however broken: charged at the bound.
-            raise ProviderError(
-                ErrorClass.SERVER_ERROR, f"{self.name} returned a malformed response", billed=True
-            ) from None
-        if finish == "content_filter":
-            raise ProviderError(ErrorClass.CONTENT_FILTER, f"{self.name} filtered the answer")
-        reported = isinstance(data.get("usage"), dict)
-        model_version = data.get("model") or call.model_version
-        return Completion(text, usage, finish, model_version, usage_reported=reported, tool_calls=calls)
+        except ValueError:
+            raise answers.malformed(self.name) from None
+        return read_chat_completion(self.name, data, call.model_version)
 
     async def stream(self, call: ProviderCall) -> AsyncIterator[Delta]:
-        async with self._http.stream("chat/completions", self._body(call, True), call.timeout_s) as resp:
-            if resp.status != 200:
-                error = await resp.read()
-                raise self._status_error(error.status, error.text, error.headers)
-            usage: Usage | None = None
-            finish: str | None = None
-            async for line in resp.lines():
-                if not line.startswith("data:"):
-                    continue
-                payload = line[5:].strip()
-                if payload == "[DONE]":
-                    yield Delta(finish_reason=finish or "stop", usage=usage)
-                    return
-                chunk = _json_chunk(self.name, payload)
-                if chunk.get("usage"):
-                    usage = _usage(chunk["usage"])
-                for choice in chunk.get("choices") or []:
-                    finish = choice.get("finish_reason") or finish
-                    delta = _delta(self.name, choice.get("delta") or {})
-                    if delta.text or delta.tool_calls:
-                        yield delta
-            raise ProviderError(ErrorClass.CONNECTION, f"{self.name} stream ended without [DONE]")
+        answered = False
+        try:
+            async with self._http.stream("chat/completions", self._body(call, True), call.timeout_s) as resp:
+                if resp.status != 200:
+                    error = await resp.read()
+                    raise self._status_error(error.status, error.text, error.headers)
+                answered = True
+                usage: Usage | None = None
+                finish: str | None = None
+                async for line in resp.lines():
+                    if not line.startswith("data:"):
+                        continue
+                    payload = line[5:].strip()
+                    if payload == "[DONE]":
+                        yield Delta(finish_reason=finish or "stop", usage=usage)
+                        return
+                    chunk = _json_chunk(self.name, payload)
+                    try:
+                        if chunk.get("usage"):  # unreadable counts: billed at the bound, as none
+                            usage = _usage(chunk["usage"])
+                        deltas = []
+                        for choice in answers.array(chunk.get("choices") or [], "choices"):
+                            choice = answers.obj(choice, "choice")
+                            if choice.get("finish_reason") is not None:
+                                finish = answers.finish_reason(choice["finish_reason"])
+                            deltas.append(_delta(answers.obj(choice.get("delta") or {}, "delta")))
+                    except answers.MALFORMED:
+                        raise answers.malformed(self.name, "stream event") from None
+                    for delta in deltas:
+                        if delta.text or delta.tool_calls:
+                            yield delta
+                raise ProviderError(ErrorClass.CONNECTION, f"{self.name} stream ended without [DONE]")
+        except ProviderError as exc:
+            if answered and not isinstance(exc, answers.ErrorEvent):
+                exc.billed = True  # a 200 is an answer the provider may bill, however it ends
+            raise
 
     def _status_error(self, status: int, text: str, headers: Mapping[str, str]) -> ProviderError:
         detail = upstream_detail(text)
@@ -126,11 +129,38 @@ class OpenAICompatProvider:
         await self._http.aclose()
 
 
-def _usage(u: dict[str, Any]) -> Usage:
-    details = u.get("prompt_tokens_details") or {}
-    return Usage(
-        int(u.get("prompt_tokens", 0)), int(u.get("completion_tokens", 0)), int(details.get("cached_tokens") or 0)
+def read_chat_completion(provider: str, data: Any, asked: str) -> Completion:
+    """An OpenAI chat completion (parsed JSON, or the dict an in-cluster deployment returns),
+    read field by field (`answers`); `asked` is the model id the call named."""
+    try:
+        answer = answers.obj(data, "the answer")
+        choice = answers.obj(answers.array(answer["choices"], "choices")[0], "choices[0]")
+        message = answers.obj(choice["message"], "message")
+        text = answers.text(message.get("content"), "message.content")
+        calls = tuple(_tool_call(c) for c in answers.array(message.get("tool_calls") or [], "tool_calls"))
+        finish = answers.finish_reason(choice.get("finish_reason"))
+    except answers.MALFORMED:
+        raise answers.malformed(provider) from None
+    if finish == "content_filter":
+        raise ProviderError(ErrorClass.CONTENT_FILTER, f"{provider} filtered the answer")
+    usage = _usage(answer.get("usage"))
+    return Completion(
+        text,
+        usage or Usage(0, 0),
+        finish,
+        answers.model_id(answer.get("model"), asked),
+        usage_reported=usage is not None,
+        tool_calls=calls,
     )
+
+
+def _usage(u: Any) -> Usage | None:
+    """The usage an answer or a stream's last chunk states; None when it states none whole."""
+    if not isinstance(u, dict):
+        return None
+    details = u.get("prompt_tokens_details")
+    cached = details.get("cached_tokens") if isinstance(details, dict) else None
+    return answers.usage(u.get("prompt_tokens"), u.get("completion_tokens"), cached)
 
 
 def _response_format(output: OutputFormat) -> dict[str, Any]:
@@ -140,38 +170,37 @@ def _response_format(output: OutputFormat) -> dict[str, Any]:
     return {"type": "json_object"}
 
 
-def _tool_call(call: dict[str, Any]) -> ToolCall:
-    fn = call["function"]
+def _tool_call(call: Any) -> ToolCall:
+    fn = answers.obj(answers.obj(call, "tool_calls[]")["function"], "tool_calls[].function")
     call_id, name, arguments = call["id"], fn["name"], fn.get("arguments") or ""
     if not isinstance(call_id, str) or not isinstance(name, str) or not isinstance(arguments, str):
-        raise TypeError("tool call")
+        raise answers.Malformed("a tool call's id, name or arguments is not a string")
     return ToolCall(call_id, name, arguments)
 
 
-def _delta(name: str, delta: dict[str, Any]) -> Delta:
-    try:
-        calls = tuple(_tool_call_delta(c) for c in delta.get("tool_calls") or ())
-        return Delta(text=delta.get("content") or "", tool_calls=calls)
-    except (KeyError, TypeError, ValueError, AttributeError):
-        raise ProviderError(ErrorClass.SERVER_ERROR, f"{name} sent a malformed stream event") from None
+def _delta(delta: dict[str, Any]) -> Delta:
+    calls = tuple(_tool_call_delta(c) for c in answers.array(delta.get("tool_calls") or [], "delta.tool_calls"))
+    return Delta(text=answers.text(delta.get("content"), "delta.content"), tool_calls=calls)
 
 
 def _tool_call_delta(piece: dict[str, Any]) -> ToolCallDelta:
     """One `delta.tool_calls` entry: the first piece of a call has its id and name."""
-    fn = piece.get("function") or {}
+    piece = answers.obj(piece, "delta.tool_calls[]")
+    fn = answers.obj(piece.get("function") or {}, "delta.tool_calls[].function")
     call_id, name, arguments = piece.get("id"), fn.get("name"), fn.get("arguments") or ""
     if not isinstance(arguments, str) or not all(v is None or isinstance(v, str) for v in (call_id, name)):
-        raise TypeError("tool call delta")
-    return ToolCallDelta(int(piece["index"]), id=call_id, name=name, arguments=arguments)
+        raise answers.Malformed("a tool call delta's id, name or arguments is not a string")
+    index = answers.token_count(piece.get("index"))  # a small whole number, as a count is
+    if index is None:
+        raise answers.Malformed("a tool call delta's index is not a whole number")
+    return ToolCallDelta(index, id=call_id, name=name, arguments=arguments)
 
 
 def _json_chunk(name: str, payload: str) -> dict[str, Any]:
     try:
-        chunk = json.loads(payload)
-    except ValueError:
-        raise ProviderError(ErrorClass.SERVER_ERROR, f"{name} sent a malformed stream event") from None
-    if not isinstance(chunk, dict):
-        raise ProviderError(ErrorClass.SERVER_ERROR, f"{name} sent a malformed stream event")
+        chunk = answers.obj(json.loads(payload), "a stream event")
+    except answers.MALFORMED:
+        raise answers.malformed(name, "stream event") from None
     if "error" in chunk:
-        raise ProviderError(ErrorClass.SERVER_ERROR, f"{name} reported an error mid-stream")
+        raise answers.ErrorEvent(name)
     return chunk

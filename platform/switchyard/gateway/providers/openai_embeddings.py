@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from switchyard.gateway.providers import answers
 from switchyard.gateway.providers.base import (
     EmbeddingCall,
     Embeddings,
@@ -73,24 +74,24 @@ def parse_embeddings(name: str, data: Any, call: EmbeddingCall) -> Embeddings:
             classify_status(400, detail), f"{name} refused the input" + (f" ({detail})" if detail else "")
         )
     try:
-        rows = sorted(data["data"], key=lambda row: int(row["index"]))
-        indices = [int(row["index"]) for row in rows]
-        vectors = tuple(tuple(_component(x) for x in row["embedding"]) for row in rows)
-    except (KeyError, TypeError, ValueError, AttributeError):
+        rows = sorted(data["data"], key=_index)
+        indices = [_index(row) for row in rows]
+        vectors = tuple(tuple(answers.vector_component(x) for x in row["embedding"]) for row in rows)
+    except answers.MALFORMED:
         raise _malformed(name, "a response that is not OpenAI's embeddings shape") from None
     if indices != list(range(len(call.inputs))):
         raise _malformed(name, f"{len(indices)} vectors for {len(call.inputs)} inputs")
     usage = data.get("usage")
-    count = usage.get("prompt_tokens") if isinstance(usage, dict) else None
-    tokens = count if isinstance(count, int) and not isinstance(count, bool) and count >= 0 else None
-    model_version = str(data.get("model") or call.model_version)
+    tokens = answers.token_count(usage.get("prompt_tokens")) if isinstance(usage, dict) else None
+    model_version = answers.model_id(data.get("model"), call.model_version)
     return Embeddings(vectors, tokens or 0, model_version, usage_reported=tokens is not None)
 
 
-def _component(x: Any) -> float:
-    if isinstance(x, bool) or not isinstance(x, int | float):
-        raise TypeError("a vector component is not a number")
-    return float(x)
+def _index(row: Any) -> int:
+    index = answers.token_count(answers.obj(row, "data[]")["index"])  # a small whole number, as a count is
+    if index is None:
+        raise answers.Malformed("data[].index is not a whole number")
+    return index
 
 
 def _malformed(name: str, what: str) -> ProviderError:

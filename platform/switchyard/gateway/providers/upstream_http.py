@@ -13,7 +13,9 @@ How each failure is classified (the same as the httpx adapters did, see docs/gat
 - no byte within the timeout after the request was sent (an upstream that accepts and hangs,
   or stalls mid-body or mid-stream): `timeout`, billed at the bound (the provider may finish,
   and bill, an answer nobody reads);
-- the upstream closes the connection mid-answer, or answers what is not HTTP: `connection`.
+- the upstream closes the connection mid-answer, or answers what is not HTTP: `connection`;
+  billed at the bound when the answer's status was 200 (the provider made the answer; the
+  streaming adapters apply the same rule to a stream that began with 200).
 The timeout is per operation (connect, then each read), as httpx's was: a stream that keeps
 sending is never cut off by its length.
 """
@@ -106,8 +108,15 @@ class UpstreamHTTP:
         return url
 
     async def post(self, path: str, body: dict[str, Any], timeout_s: float) -> UpstreamAnswer:
-        async with self.stream(path, body, timeout_s) as answer:
-            return await answer.read()
+        answered = False
+        try:
+            async with self.stream(path, body, timeout_s) as answer:
+                answered = answer.status == 200
+                return await answer.read()
+        except ProviderError as exc:
+            if answered:  # a 200 whose body was cut off: the provider made, and may bill, the answer
+                exc.billed = True
+            raise
 
     @asynccontextmanager
     async def stream(self, path: str, body: dict[str, Any], timeout_s: float) -> AsyncIterator[UpstreamStream]:

@@ -1,0 +1,110 @@
+"""Reading a provider's answer field by field, so an answer that is JSON but not the wire
+format fails as the provider's malformed answer and is never taken for something it is not.
+
+An upstream (a provider, a proxy in front of one, a self-hosted server) can send a 200 whose
+fields are missing or of another type. What each reader promises:
+- the text and finish reason the client gets are strings, the finish reason in OpenAI's
+  vocabulary; anything else makes the answer malformed (`Malformed`);
+- a usage is read only when its counts are whole, non-negative and at most
+  `MAX_CONTEXT_TOKENS` (so any call's cost fits the ledger's 64-bit columns); otherwise it is
+  not read (`None`), and the answer is billed at the documented bound, as one without usage;
+- the model id a provider reports is kept only when it can go in a header as it is.
+
+The adapters catch `MALFORMED` around their readers and raise `malformed(...)`: a 200 is an
+answer the provider may bill, however broken, so it is billed (at the bound) and falls back.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from switchyard.gateway.providers.base import ProviderError
+from switchyard.gateway.seams import Usage
+from switchyard.policy.models import MAX_CONTEXT_TOKENS, ErrorClass
+
+FINISH_REASONS = frozenset({"stop", "length", "tool_calls", "content_filter"})
+MAX_MODEL_ID = 200  # longer than any provider's model ids; a header value, so bounded
+
+
+class Malformed(ValueError):
+    """A field of the answer is missing or not what the wire format says."""
+
+
+# What reading a damaged answer can raise: the readers' own, and a subscript of the wrong type.
+MALFORMED = (Malformed, KeyError, IndexError, TypeError, ValueError, AttributeError, ArithmeticError)
+
+
+class ErrorEvent(ProviderError):
+    """The provider's stream reported an error (an `error` event): a failure it answered,
+    not an answer it bills. Any other way a stream that began with 200 ends early is billed."""
+
+    def __init__(self, provider: str) -> None:
+        super().__init__(ErrorClass.SERVER_ERROR, f"{provider} reported an error mid-stream")
+
+
+def malformed(provider: str, what: str = "response") -> ProviderError:
+    return ProviderError(ErrorClass.SERVER_ERROR, f"{provider} returned a malformed {what}", billed=True)
+
+
+def obj(value: Any, field: str) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise Malformed(f"{field} is not an object")
+    return value
+
+
+def array(value: Any, field: str) -> list[Any]:
+    if not isinstance(value, list):
+        raise Malformed(f"{field} is not an array")
+    return value
+
+
+def text(value: Any, field: str) -> str:
+    """A text field; absent (None) is empty."""
+    if value is None:
+        return ""
+    if not isinstance(value, str):
+        raise Malformed(f"{field} is not a string")
+    return value
+
+
+def finish_reason(value: Any) -> str:
+    """OpenAI's finish reason; absent is `stop`, as the adapters always read it."""
+    if value is None:
+        return "stop"
+    if value not in FINISH_REASONS:
+        raise Malformed("finish_reason is not one of OpenAI's")
+    return str(value)
+
+
+def token_count(value: Any) -> int | None:
+    if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_CONTEXT_TOKENS:
+        return value
+    return None
+
+
+def optional_count(value: Any) -> int | None:
+    """A count the API may leave out (absent or null: 0)."""
+    return 0 if value is None else token_count(value)
+
+
+def usage(prompt: Any, completion: Any, cached: Any = None) -> Usage | None:
+    """The usage these counts state, or None when any is not a count (`cached` may be absent)."""
+    p, c, k = token_count(prompt), token_count(completion), optional_count(cached)
+    if p is None or c is None or k is None:
+        return None
+    return Usage(p, c, min(k, p))
+
+
+def vector_component(value: Any) -> float:
+    """A finite number: JSON readers take `NaN` and `Infinity`, which no answer can carry on."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise Malformed("a vector component is not a finite number")
+    return float(value)
+
+
+def model_id(value: Any, asked: str) -> str:
+    """The model id the provider says answered, when it is one; else the one asked for."""
+    if isinstance(value, str) and 0 < len(value) <= MAX_MODEL_ID and value.isprintable() and value.isascii():
+        return value
+    return asked
