@@ -6,12 +6,15 @@ back (a pool of one would otherwise be stuck) and never hands a half-read one to
 from __future__ import annotations
 
 import asyncio
+import json
 import socket
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import replace
+from typing import Any
 
 import pytest
 from gw_fakes import ANTHROPIC_KEY, OPENAI_KEY, FakeUpstreams, Fault
+from gw_server import ThreadedServer
 
 from switchyard.gateway.providers.anthropic_messages import AnthropicProvider
 from switchyard.gateway.providers.base import EmbeddingCall, ProviderCall, ProviderError
@@ -260,3 +263,24 @@ async def test_requests_go_through_the_proxy_the_environment_names(
     p = OpenAICompatProvider("openai", "http://upstream.invalid/v1", OPENAI_KEY)  # resolvable only by the proxy
     assert (await p.complete(CALL)).text == upstreams.openai.reply
     await p.aclose()
+
+
+async def _one_long_event(scope: dict[str, Any], receive: Any, send: Any) -> None:
+    """An OpenAI stream whose whole 1 MB answer is one event (one SSE line)."""
+    while (await receive()).get("more_body"):
+        pass
+    event = {"choices": [{"index": 0, "delta": {"content": "x" * 1_000_000}, "finish_reason": "stop"}]}
+    body = b"data: " + json.dumps(event).encode() + b"\n\ndata: [DONE]\n\n"
+    await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/event-stream")]})
+    await send({"type": "http.response.body", "body": body})
+
+
+async def test_a_stream_line_longer_than_the_reader_takes_is_a_billed_server_error() -> None:
+    """aiohttp's `LineTooLong` escaped the adapter, so the request ended as the gateway's 500."""
+    with ThreadedServer(_one_long_event) as server:
+        p = OpenAICompatProvider("openai", f"{server.url}/v1", OPENAI_KEY)
+        try:
+            _, err = await stream_failure(p, CALL)
+        finally:
+            await p.aclose()
+    assert (err.error_class, err.billed) == (ErrorClass.SERVER_ERROR, True), err.message

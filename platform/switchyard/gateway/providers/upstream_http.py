@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
+import aiohttp.http_exceptions
 import certifi
 from yarl import URL
 
@@ -62,7 +63,8 @@ class UpstreamAnswer:
 class UpstreamStream:
     """A streamed answer: status and headers first, then its body read line by line."""
 
-    def __init__(self, response: aiohttp.ClientResponse) -> None:
+    def __init__(self, name: str, response: aiohttp.ClientResponse) -> None:
+        self.name = name
         self._response = response
         self.status = response.status
         self.headers: Mapping[str, str] = response.headers
@@ -71,9 +73,16 @@ class UpstreamStream:
         return UpstreamAnswer(self.status, self.headers, await self._response.read())
 
     async def lines(self) -> AsyncIterator[str]:
-        """The body's lines without their line ending (`\\n` or `\\r\\n`), as SSE frames them."""
-        async for raw in self._response.content:
-            yield raw.decode("utf-8", errors="replace").rstrip("\r\n")
+        """The body's lines without their line ending (`\\n` or `\\r\\n`), as SSE frames them.
+        A line longer than aiohttp's reader takes (512 KiB: an upstream that sends a whole long
+        answer as one event) is a malformed answer, billed like any 200 that cannot be read."""
+        try:
+            async for raw in self._response.content:
+                yield raw.decode("utf-8", errors="replace").rstrip("\r\n")
+        except aiohttp.http_exceptions.LineTooLong:
+            raise ProviderError(
+                ErrorClass.SERVER_ERROR, f"{self.name} sent a stream line longer than 512 KiB", billed=True
+            ) from None
 
 
 class UpstreamHTTP:
@@ -128,7 +137,7 @@ class UpstreamHTTP:
         data = json.dumps(body, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()
         try:
             async with self._open().post(self._url(path), data=data, timeout=timeout, proxy=self._proxy) as response:
-                yield UpstreamStream(response)
+                yield UpstreamStream(self.name, response)
         except (aiohttp.ClientError, TimeoutError) as exc:
             raise transport_error(self.name, exc) from None
 
