@@ -99,6 +99,20 @@ async def test_rule_without_the_error_class_does_not_fall_back(gw: Harness, upst
     assert not upstreams.anthropic.received
 
 
+@pytest.mark.parametrize("sent", ["inf", "Infinity", "1e999", "1e300", "-5", "nan", "86401"])
+async def test_an_upstream_retry_after_that_is_no_delay_is_not_passed_on(
+    gw: Harness, upstreams: FakeUpstreams, sent: str
+) -> None:
+    """`Retry-After: inf` made the 503 a 500 (`math.ceil(inf)`), and `1e300` was passed on as
+    a 301-digit delay. A delay the gateway passes on is whole seconds, 1 to 86,400 (a day)."""
+    upstreams.openai.sticky = Fault("status", status=429, retry_after=sent)
+    with pytest.raises(openai.InternalServerError) as err:
+        await ask(gw, flow="only-5xx")
+    assert err.value.status_code == 503, err.value.response.text
+    retry = err.value.response.headers.get("retry-after")
+    assert retry is None or 1 <= int(retry) <= 86_400, retry
+
+
 @pytest.mark.parametrize(
     ("error_type", "code"),
     [("invalid_request_error", "upstream_rejected_request"), ("context_length_exceeded", "context_length_exceeded")],

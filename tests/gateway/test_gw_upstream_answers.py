@@ -226,8 +226,11 @@ def _stated_usages(wire: str, answer: Any) -> list[Usage]:
             read, written = u.get("cache_read_input_tokens"), u.get("cache_creation_input_tokens")
             found.append(_stated(u.get("input_tokens"), u.get("output_tokens"), read, written, cache_in_prompt=False))
         elif wire == "bedrock":
-            read, written = u.get("cacheReadInputTokens"), u.get("cacheWriteInputTokens")
-            found.append(_stated(u.get("inputTokens"), u.get("outputTokens"), read, written, cache_in_prompt=False))
+            fresh, out, read, written = (
+                _as_botocore_reads(u.get(k))
+                for k in ("inputTokens", "outputTokens", "cacheReadInputTokens", "cacheWriteInputTokens")
+            )
+            found.append(_stated(fresh, out, read, written, cache_in_prompt=False))
     if wire == "anthropic-stream":  # input in message_start, output in message_delta
         starts = [
             e["message"].get("usage")
@@ -243,6 +246,18 @@ def _stated_usages(wire: str, answer: Any) -> list[Usage]:
             read, written = start.get("cache_read_input_tokens"), start.get("cache_creation_input_tokens")
             found += [_stated(start.get("input_tokens"), o, read, written, cache_in_prompt=False) for o in outputs]
     return [u for u in found if u is not None]
+
+
+def _as_botocore_reads(value: Any) -> Any:
+    """A Bedrock count as botocore hands it over: it reads an integer field with `int()`, so
+    `"12"` arrives as 12 and 1.5 as 1 (the gateway never sees what was sent). A value `int()`
+    refuses fails botocore's parse: the answer is malformed, with no usage read."""
+    if value is None:
+        return None
+    try:
+        return int(value)
+    except (TypeError, ValueError, OverflowError):
+        return value
 
 
 def _is_event(event: Any, kind: str) -> bool:

@@ -185,10 +185,17 @@ def classify_status(status: int, detail: str) -> ErrorClass:
     return ErrorClass.BAD_REQUEST
 
 
+MAX_RETRY_AFTER_S = 86_400.0  # a day: a provider asking for longer is not stating a delay
+
+
 def retry_after_seconds(value: str | None) -> float | None:
+    """An upstream's `Retry-After` as seconds, when it states a delay (0 to a day); None for
+    anything else (`inf`, `nan`, a negative or a larger number, an HTTP-date: providers we speak
+    to send seconds), which falls back to the gateway's own backoff and is not passed on."""
     if value is None:
         return None
     try:
-        return max(0.0, float(value))
+        seconds = float(value)
     except ValueError:
-        return None  # an HTTP-date; providers we speak to send seconds, so fall back to backoff
+        return None
+    return seconds if 0.0 <= seconds <= MAX_RETRY_AFTER_S else None  # False for nan
