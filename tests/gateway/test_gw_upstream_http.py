@@ -284,3 +284,41 @@ async def test_a_stream_line_longer_than_the_reader_takes_is_a_billed_server_err
         finally:
             await p.aclose()
     assert (err.error_class, err.billed) == (ErrorClass.SERVER_ERROR, True), err.message
+
+
+async def _endless(scope: dict[str, Any], receive: Any, send: Any) -> None:
+    """An upstream that answers 200 and sends 64 KiB pieces until the client goes: a JSON body
+    that never closes, or stream events without end."""
+    request = b""
+    while True:
+        msg = await receive()
+        request += msg.get("body", b"")
+        if not msg.get("more_body"):
+            break
+    streamed = json.loads(request).get("stream")
+    piece = b'data: {"choices": [{"index": 0, "delta": {"content": "' + b"x" * 65_000 + b'"}}]}\n\n'
+    start = {"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/event-stream")]}
+    await send(start)
+    if not streamed:
+        await send({"type": "http.response.body", "body": b'{"choices": [{"message": {"content": "', "more_body": True})
+        piece = b"x" * 65_536
+    for _ in range(10_000):  # 640 MB at most, should the client never stop reading
+        await send({"type": "http.response.body", "body": piece, "more_body": True})
+    await send({"type": "http.response.body", "body": b""})
+
+
+@pytest.mark.parametrize("streamed", [False, True])
+async def test_an_upstream_that_does_not_stop_is_cut_off_billed_not_read_into_memory(streamed: bool) -> None:
+    """Both answers were read whole, without a bound: an upstream that did not stop filled the
+    replica's memory. Now an answer is at most 1 KiB a token of `max_tokens` and 1 MiB besides."""
+    with ThreadedServer(_endless) as server:
+        p = OpenAICompatProvider("openai", f"{server.url}/v1", OPENAI_KEY)
+        try:
+            if streamed:
+                _, err = await stream_failure(p, CALL)
+            else:
+                err = await failure(p.complete(CALL))
+        finally:
+            await p.aclose()
+    assert (err.error_class, err.billed) == (ErrorClass.SERVER_ERROR, True), err.message
+    assert f"longer than {2**20 + 2**10 * CALL.max_tokens:,} bytes" in err.message

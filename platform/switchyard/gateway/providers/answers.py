@@ -27,6 +27,18 @@ FINISH_REASONS = frozenset({"stop", "length", "tool_calls", "content_filter"})
 MAX_MODEL_ID = 200  # longer than any provider's model ids; a header value, so bounded
 
 
+def chat_answer_bytes(max_tokens: int) -> int:
+    """The most an answer of `max_tokens` may take on the wire: 1 KiB a token (a stream sends
+    about one token per event of ~200 bytes) and 1 MiB besides. More is an upstream that does
+    not stop, and it must not fill the replica's memory."""
+    return 2**20 + 2**10 * max_tokens
+
+
+def embeddings_answer_bytes(inputs: int) -> int:
+    """256 KiB a vector (a 3,072-dimension vector is about 70 KB of JSON) and 1 MiB besides."""
+    return 2**20 + 2**18 * inputs
+
+
 class Malformed(ValueError):
     """A field of the answer is missing or not what the wire format says."""
 

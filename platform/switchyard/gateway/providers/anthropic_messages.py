@@ -205,7 +205,7 @@ class AnthropicProvider:
 
     async def complete(self, call: ProviderCall) -> Completion:
         body = to_messages_api(self.name, call, False)
-        resp = await self._http.post("v1/messages", body, call.timeout_s)
+        resp = await self._http.post("v1/messages", body, call.timeout_s, answers.chat_answer_bytes(call.max_tokens))
         if resp.status != 200:
             raise self._status_error(resp.status, resp.text, resp.headers)
         try:
@@ -233,7 +233,9 @@ class AnthropicProvider:
         body = to_messages_api(self.name, call, True)
         answered = False
         try:
-            async with self._http.stream("v1/messages", body, call.timeout_s) as resp:
+            async with self._http.stream(
+                "v1/messages", body, call.timeout_s, answers.chat_answer_bytes(call.max_tokens)
+            ) as resp:
                 if resp.status != 200:
                     error = await resp.read()
                     raise self._status_error(error.status, error.text, error.headers)

@@ -69,7 +69,9 @@ class OpenAICompatProvider:
         return body
 
     async def complete(self, call: ProviderCall) -> Completion:
-        resp = await self._http.post("chat/completions", self._body(call, False), call.timeout_s)
+        resp = await self._http.post(
+            "chat/completions", self._body(call, False), call.timeout_s, answers.chat_answer_bytes(call.max_tokens)
+        )
         if resp.status != 200:
             raise self._status_error(resp.status, resp.text, resp.headers)
         try:
@@ -81,7 +83,9 @@ class OpenAICompatProvider:
     async def stream(self, call: ProviderCall) -> AsyncIterator[Delta]:
         answered = False
         try:
-            async with self._http.stream("chat/completions", self._body(call, True), call.timeout_s) as resp:
+            async with self._http.stream(
+                "chat/completions", self._body(call, True), call.timeout_s, answers.chat_answer_bytes(call.max_tokens)
+            ) as resp:
                 if resp.status != 200:
                     error = await resp.read()
                     raise self._status_error(error.status, error.text, error.headers)

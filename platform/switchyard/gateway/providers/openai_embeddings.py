@@ -32,7 +32,9 @@ class OpenAIEmbeddingsProvider:
 
     async def embed(self, call: EmbeddingCall) -> Embeddings:
         # A read timeout (the request sent whole) is billed at the bound: see `upstream_http`.
-        resp = await self._http.post("embeddings", request_body(call), call.timeout_s)
+        resp = await self._http.post(
+            "embeddings", request_body(call), call.timeout_s, answers.embeddings_answer_bytes(len(call.inputs))
+        )
         if resp.status != 200:
             detail = upstream_detail(resp.text)
             raise ProviderError(

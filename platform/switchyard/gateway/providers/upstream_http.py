@@ -42,6 +42,7 @@ from switchyard.policy.models import ErrorClass
 # the pool drops a connection before its server does, not while a request is being sent on it.
 KEEPALIVE_S = 4.0
 _JSON = {"content-type": "application/json"}
+READ_CHUNK = 2**16
 
 
 @dataclass(frozen=True)
@@ -61,23 +62,44 @@ class UpstreamAnswer:
 
 
 class UpstreamStream:
-    """A streamed answer: status and headers first, then its body read line by line."""
+    """A streamed answer: status and headers first, then its body read line by line, at most
+    `max_bytes` of it (an upstream that sends without end must not fill the replica's memory)."""
 
-    def __init__(self, name: str, response: aiohttp.ClientResponse) -> None:
+    def __init__(self, name: str, response: aiohttp.ClientResponse, max_bytes: int) -> None:
         self.name = name
         self._response = response
         self.status = response.status
         self.headers: Mapping[str, str] = response.headers
+        self.max_bytes = max_bytes
+
+    def _too_long(self) -> ProviderError:
+        # A 200 is an answer the provider made, and may bill, however long.
+        return ProviderError(
+            ErrorClass.SERVER_ERROR,
+            f"{self.name} sent an answer longer than {self.max_bytes:,} bytes",
+            billed=self.status == 200,
+        )
 
     async def read(self) -> UpstreamAnswer:
-        return UpstreamAnswer(self.status, self.headers, await self._response.read())
+        if (self._response.content_length or 0) > self.max_bytes:
+            raise self._too_long()
+        body = bytearray()
+        async for chunk in self._response.content.iter_chunked(READ_CHUNK):
+            body += chunk
+            if len(body) > self.max_bytes:
+                raise self._too_long()
+        return UpstreamAnswer(self.status, self.headers, bytes(body))
 
     async def lines(self) -> AsyncIterator[str]:
         """The body's lines without their line ending (`\\n` or `\\r\\n`), as SSE frames them.
         A line longer than aiohttp's reader takes (512 KiB: an upstream that sends a whole long
         answer as one event) is a malformed answer, billed like any 200 that cannot be read."""
+        seen = 0
         try:
             async for raw in self._response.content:
+                seen += len(raw)
+                if seen > self.max_bytes:
+                    raise self._too_long()
                 yield raw.decode("utf-8", errors="replace").rstrip("\r\n")
         except aiohttp.http_exceptions.LineTooLong:
             raise ProviderError(
@@ -116,10 +138,10 @@ class UpstreamHTTP:
             url = self._urls[path] = URL(self._base + path)
         return url
 
-    async def post(self, path: str, body: dict[str, Any], timeout_s: float) -> UpstreamAnswer:
+    async def post(self, path: str, body: dict[str, Any], timeout_s: float, max_bytes: int) -> UpstreamAnswer:
         answered = False
         try:
-            async with self.stream(path, body, timeout_s) as answer:
+            async with self.stream(path, body, timeout_s, max_bytes) as answer:
                 answered = answer.status == 200
                 return await answer.read()
         except ProviderError as exc:
@@ -128,16 +150,19 @@ class UpstreamHTTP:
             raise
 
     @asynccontextmanager
-    async def stream(self, path: str, body: dict[str, Any], timeout_s: float) -> AsyncIterator[UpstreamStream]:
+    async def stream(
+        self, path: str, body: dict[str, Any], timeout_s: float, max_bytes: int
+    ) -> AsyncIterator[UpstreamStream]:
         """POST `body` as JSON; failures while connecting, sending or reading the body (inside
-        the `async with`) raise classified `ProviderError`s. Leaving early closes the
-        connection rather than returning a half-read one to the pool."""
+        the `async with`) raise classified `ProviderError`s, an answer over `max_bytes` among
+        them. Leaving early closes the connection rather than returning a half-read one to the
+        pool."""
         timeout = aiohttp.ClientTimeout(total=None, connect=timeout_s, sock_read=timeout_s)
         # httpx's encoding, byte for byte: compact, UTF-8 as it is, NaN refused.
         data = json.dumps(body, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()
         try:
             async with self._open().post(self._url(path), data=data, timeout=timeout, proxy=self._proxy) as response:
-                yield UpstreamStream(self.name, response)
+                yield UpstreamStream(self.name, response, max_bytes)
         except (aiohttp.ClientError, TimeoutError) as exc:
             raise transport_error(self.name, exc) from None
 
