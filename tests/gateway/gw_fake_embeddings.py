@@ -25,7 +25,7 @@ from typing import Any
 import botocore.session
 from botocore.validate import ParamValidator
 from gw_fakes import OPENAI_KEY
-from gw_server import ThreadedServer
+from gw_server import ThreadedServer, request_body
 from openai.types import EmbeddingCreateParams
 from pydantic import TypeAdapter, ValidationError
 
@@ -95,12 +95,7 @@ class FakeEmbeddingUpstreams:
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         assert scope["type"] == "http"
-        body = b""
-        while True:
-            msg = await receive()
-            body += msg.get("body", b"")
-            if not msg.get("more_body"):
-                break
+        body = await request_body(receive)
         headers = {k.decode().lower(): v.decode() for k, v in scope["headers"]}
         path = scope["path"]
         if path == "/v1/embeddings":

@@ -33,7 +33,7 @@ from anthropic.types.message_create_params import (
     MessageCreateParamsStreaming,
 )
 from botocore.validate import ParamValidator
-from gw_server import ThreadedServer
+from gw_server import ThreadedServer, request_body
 from openai.types.chat.completion_create_params import (
     CompletionCreateParamsNonStreaming,
     CompletionCreateParamsStreaming,
@@ -131,12 +131,7 @@ class FakeUpstreams:
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         assert scope["type"] == "http"
-        body = b""
-        while True:
-            msg = await receive()
-            body += msg.get("body", b"")
-            if not msg.get("more_body"):
-                break
+        body = await request_body(receive)
         headers = {k.decode().lower(): v.decode() for k, v in scope["headers"]}
         path = scope["path"]
         if path == "/v1/chat/completions":

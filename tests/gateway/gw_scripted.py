@@ -20,6 +20,8 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
+from gw_server import request_body
+
 from switchyard.gateway.seams import Usage
 
 MARKER = re.compile(r"\[m:(\d+)\]")
@@ -45,12 +47,7 @@ class ScriptedUpstream:
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         assert scope["type"] == "http"
-        body = b""
-        while True:
-            msg = await receive()
-            body += msg.get("body", b"")
-            if not msg.get("more_body"):
-                break
+        body = await request_body(receive)
         try:
             params = json.loads(body)
         except ValueError:  # the gateway gave up while sending (its client left): nothing billed

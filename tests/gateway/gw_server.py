@@ -11,6 +11,16 @@ from typing import Any
 import uvicorn
 
 
+async def request_body(receive: Any) -> bytes:
+    """The whole body of an ASGI request, however many messages it came in."""
+    body = b""
+    while True:
+        msg = await receive()
+        body += msg.get("body", b"")
+        if not msg.get("more_body"):
+            return body
+
+
 def loopback_listener() -> socket.socket:
     """A socket bound to a free loopback port, for uvicorn's `sockets=`. IPPROTO_TCP is named:
     asyncio sets TCP_NODELAY on accepted sockets only when their proto says TCP, and without it

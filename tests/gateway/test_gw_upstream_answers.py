@@ -40,7 +40,7 @@ import pytest
 import requests
 import yaml
 from gw_harness import Harness, build_harness, make_keys, make_policies
-from gw_server import ThreadedServer
+from gw_server import ThreadedServer, request_body
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -137,12 +137,7 @@ class DamagedUpstream:
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
-        body = b""
-        while True:
-            msg = await receive()
-            body += msg.get("body", b"")
-            if not msg.get("more_body"):
-                break
+        body = await request_body(receive)
         path = urllib.parse.unquote(scope["path"])
         wire = _wire_of(path, bool(json.loads(body).get("stream")) if path.startswith("/v1/") else False)
         with self.lock:

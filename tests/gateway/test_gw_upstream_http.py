@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 from gw_fakes import ANTHROPIC_KEY, OPENAI_KEY, FakeUpstreams, Fault
-from gw_server import ThreadedServer
+from gw_server import ThreadedServer, request_body
 
 from switchyard.gateway.providers.anthropic_messages import AnthropicProvider
 from switchyard.gateway.providers.base import EmbeddingCall, ProviderCall, ProviderError
@@ -267,8 +267,7 @@ async def test_requests_go_through_the_proxy_the_environment_names(
 
 async def _one_long_event(scope: dict[str, Any], receive: Any, send: Any) -> None:
     """An OpenAI stream whose whole 1 MB answer is one event (one SSE line)."""
-    while (await receive()).get("more_body"):
-        pass
+    await request_body(receive)
     event = {"choices": [{"index": 0, "delta": {"content": "x" * 1_000_000}, "finish_reason": "stop"}]}
     body = b"data: " + json.dumps(event).encode() + b"\n\ndata: [DONE]\n\n"
     await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/event-stream")]})
@@ -289,13 +288,7 @@ async def test_a_stream_line_longer_than_the_reader_takes_is_a_billed_server_err
 async def _endless(scope: dict[str, Any], receive: Any, send: Any) -> None:
     """An upstream that answers 200 and sends 64 KiB pieces until the client goes: a JSON body
     that never closes, or stream events without end."""
-    request = b""
-    while True:
-        msg = await receive()
-        request += msg.get("body", b"")
-        if not msg.get("more_body"):
-            break
-    streamed = json.loads(request).get("stream")
+    streamed = json.loads(await request_body(receive)).get("stream")
     piece = b'data: {"choices": [{"index": 0, "delta": {"content": "' + b"x" * 65_000 + b'"}}]}\n\n'
     start = {"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/event-stream")]}
     await send(start)

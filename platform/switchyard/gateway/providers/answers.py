@@ -89,6 +89,16 @@ def finish_reason(value: Any) -> str:
     return str(value)
 
 
+def mapped_finish(value: Any, finish_of: dict[str, str], field: str) -> str:
+    """OpenAI's finish reason for another API's stop reason (`finish_of`); absent is `stop`,
+    and a reason added to that API later reads as `stop` too."""
+    if value is None:
+        return "stop"
+    if not isinstance(value, str):
+        raise Malformed(f"{field} is not a string")
+    return finish_of.get(value, "stop")
+
+
 def token_count(value: Any) -> int | None:
     if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_CONTEXT_TOKENS:
         return value

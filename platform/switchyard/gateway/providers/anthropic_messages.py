@@ -213,7 +213,7 @@ class AnthropicProvider:
             blocks = [answers.obj(b, "content[]") for b in answers.array(data["content"], "content")]
             text = "".join(answers.text(b["text"], "content[].text") for b in blocks if b.get("type") == "text")
             calls = tuple(_tool_call(b) for b in blocks if b.get("type") == "tool_use")
-            finish = _finish(data.get("stop_reason"))
+            finish = answers.mapped_finish(data.get("stop_reason"), _FINISH, "stop_reason")
         except answers.MALFORMED:
             raise answers.malformed(self.name) from None
         if finish == "content_filter":
@@ -283,15 +283,6 @@ def _tool_call(block: dict[str, Any]) -> ToolCall:
     return ToolCall(call_id, name, json.dumps(arguments))
 
 
-def _finish(stop_reason: Any) -> str:
-    """OpenAI's finish reason for a stop reason; one added to the API later reads as `stop`."""
-    if stop_reason is None:
-        return "stop"
-    if not isinstance(stop_reason, str):
-        raise answers.Malformed("stop_reason is not a string")
-    return _FINISH.get(stop_reason, "stop")
-
-
 def _usage(inputs: dict[str, Any], output_tokens: Any) -> Usage | None:
     """The usage of `inputs` (a usage object's input counts) and `output_tokens`. The API's
     `input_tokens` leaves out the tokens read from and written to the prompt cache, so the
@@ -336,7 +327,8 @@ class _StreamReader:
             counts = event.get("usage")
             if isinstance(counts, dict) and "output_tokens" in counts:
                 self.output_tokens = counts["output_tokens"]
-            self.finish = _finish(answers.obj(event["delta"], "delta").get("stop_reason"))
+            reason = answers.obj(event["delta"], "delta").get("stop_reason")
+            self.finish = answers.mapped_finish(reason, _FINISH, "delta.stop_reason")
         elif kind == "message_stop":
             self.finished = True
             return [Delta(finish_reason=self.finish, usage=self.usage())]

@@ -255,7 +255,7 @@ class BedrockProvider:
             blocks = [answers.obj(b, "content[]") for b in answers.array(message["content"], "content")]
             text = "".join(answers.text(b.get("text"), "content[].text") for b in blocks)
             calls = tuple(_tool_call(answers.obj(b["toolUse"], "toolUse")) for b in blocks if "toolUse" in b)
-            finish = _finish(resp.get("stopReason"))
+            finish = answers.mapped_finish(resp.get("stopReason"), _FINISH, "stopReason")
         except answers.MALFORMED:
             raise answers.malformed(self.name) from None
         if finish == "content_filter":
@@ -282,15 +282,6 @@ def _tool_call(block: dict[str, Any]) -> ToolCall:
     if not isinstance(call_id, str) or not isinstance(name, str):
         raise answers.Malformed("a toolUse block's id or name is not a string")
     return ToolCall(call_id, name, json.dumps(arguments))
-
-
-def _finish(stop_reason: Any) -> str:
-    """OpenAI's finish reason for a stop reason; one added to the API later reads as `stop`."""
-    if stop_reason is None:
-        return "stop"
-    if not isinstance(stop_reason, str):
-        raise answers.Malformed("stopReason is not a string")
-    return _FINISH.get(stop_reason, "stop")
 
 
 def _usage(u: Any) -> Usage | None:
