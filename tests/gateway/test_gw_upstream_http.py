@@ -16,10 +16,12 @@ import pytest
 from gw_fakes import ANTHROPIC_KEY, OPENAI_KEY, FakeUpstreams, Fault
 from gw_server import ThreadedServer, request_body
 
+from switchyard.gateway.contracts import OutputContracts, OutputSpec
 from switchyard.gateway.providers.anthropic_messages import AnthropicProvider
 from switchyard.gateway.providers.base import EmbeddingCall, ProviderCall, ProviderError
 from switchyard.gateway.providers.openai_compat import OpenAICompatProvider
 from switchyard.gateway.providers.openai_embeddings import OpenAIEmbeddingsProvider
+from switchyard.gateway.providers.openai_format import tool_arguments
 from switchyard.gateway.providers.upstream_http import env_proxy
 from switchyard.policy.models import ErrorClass
 
@@ -315,3 +317,56 @@ async def test_an_upstream_that_does_not_stop_is_cut_off_billed_not_read_into_me
             await p.aclose()
     assert (err.error_class, err.billed) == (ErrorClass.SERVER_ERROR, True), err.message
     assert f"longer than {2**20 + 2**10 * CALL.max_tokens:,} bytes" in err.message
+
+
+DEEP = b"[" * 100_000 + b"]" * 100_000  # deeper than Python's JSON parser goes: it raises RecursionError
+
+
+async def _deep_json(scope: dict[str, Any], receive: Any, send: Any) -> None:
+    """Every answer nested 100,000 levels deep: the body, each stream event, or a 429's body."""
+    streamed = json.loads(await request_body(receive)).get("stream")
+    status = 429 if scope["path"].startswith("/refused/") else 200
+    body = b"data: " + DEEP + b"\n\n" if streamed and status == 200 else DEEP
+    await send({"type": "http.response.start", "status": status, "headers": [(b"content-type", b"application/json")]})
+    await send({"type": "http.response.body", "body": body})
+
+
+@pytest.mark.parametrize("how", ["answer", "stream event", "error body"])
+async def test_json_nested_deeper_than_the_parser_goes_is_a_provider_error(how: str) -> None:
+    """`RecursionError` is no `ValueError`: it escaped every parse of an upstream's JSON as the
+    gateway's 500. Now the answer is malformed (a billed `server_error`); an error body just
+    says nothing more than its status."""
+    with ThreadedServer(_deep_json) as server:
+        base = f"{server.url}/refused/v1" if how == "error body" else f"{server.url}/v1"
+        p = OpenAICompatProvider("openai", base, OPENAI_KEY)
+        try:
+            if how == "stream event":
+                _, err = await stream_failure(p, CALL)
+            else:
+                err = await failure(p.complete(CALL))
+        finally:
+            await p.aclose()
+    if how == "error body":
+        assert (err.error_class, err.status) == (ErrorClass.RATE_LIMITED, 429), err.message
+    else:
+        assert (err.error_class, err.billed) == (ErrorClass.SERVER_ERROR, True), err.message
+
+
+async def test_tool_call_arguments_nested_too_deeply_are_refused_by_name() -> None:
+    """A client's past tool call whose arguments nest 100,000 levels: the Anthropic and
+    Bedrock translations parse them, and `RecursionError` made the request the gateway's 500."""
+    with pytest.raises(ProviderError) as err:
+        tool_arguments("anthropic", "messages[1].tool_calls[0].function.arguments", DEEP.decode())
+    assert err.value.error_class is ErrorClass.BAD_REQUEST
+    assert "messages[1].tool_calls[0].function.arguments" in err.value.message
+
+
+async def test_a_model_answer_nested_too_deeply_breaks_the_contract_rather_than_the_gateway() -> None:
+    recursive = {"type": "array", "items": {"$ref": "#"}}
+    contracts = OutputContracts()
+    assert (
+        contracts.problem(OutputSpec({"type": "object"}), DEEP.decode()) == "the answer nests JSON too deeply to read"
+    )
+    assert (
+        contracts.problem(OutputSpec(recursive), "[" * 900 + "]" * 900) == "the answer nests JSON too deeply to check"
+    )

@@ -23,6 +23,7 @@ from typing import Any, Literal
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
 
+from switchyard.gateway import json_text
 from switchyard.gateway.errors import BadRequest
 from switchyard.gateway.providers.base import OutputFormat
 from switchyard.policy.models import EffectiveFlow
@@ -128,10 +129,15 @@ class OutputContracts:
             return None
         validator = self._validator(spec.schema)
         try:
-            value: Any = json.loads(text)
+            value: Any = json_text.loads(text)
+        except json_text.TooDeep:
+            return "the answer nests JSON too deeply to read"
         except ValueError:
             return "the answer is not JSON"
-        error = next(iter(validator.iter_errors(value)), None)
+        try:
+            error = next(iter(validator.iter_errors(value)), None)
+        except RecursionError:  # a recursive schema walked as deep as the parser went
+            return "the answer nests JSON too deeply to check"
         if error is None:
             return None
         where = "/".join(str(p) for p in error.absolute_path) or "(root)"

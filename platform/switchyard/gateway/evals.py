@@ -11,7 +11,6 @@ record counts only when signed with the state directory's eval signing key (`eva
 from __future__ import annotations
 
 import hashlib
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
@@ -20,6 +19,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict
 
 from switchyard.config_file import ConfigFileError, read_yaml, validate
+from switchyard.gateway import json_text
 from switchyard.policy.eval_suites import SUITES_FOLDER, EvalCase, EvalSuite
 
 M = TypeVar("M", bound=BaseModel)
@@ -124,7 +124,7 @@ def case_passes(case: EvalCase, answer: str) -> bool:
         return False
     if case.expect_json is not None:
         try:
-            parsed = json.loads(answer)
+            parsed = json_text.loads(answer)
         except ValueError:
             return False
         if not isinstance(parsed, dict):

@@ -31,6 +31,7 @@ import json
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
+from switchyard.gateway import json_text
 from switchyard.gateway.messages import Message
 from switchyard.gateway.providers import answers
 from switchyard.gateway.providers.base import (
@@ -245,7 +246,7 @@ class AnthropicProvider:
                     if not line.startswith("data:"):
                         continue
                     try:
-                        event = answers.obj(json.loads(line[5:].strip()), "a stream event")
+                        event = answers.obj(json_text.loads(line[5:].strip()), "a stream event")
                         if event.get("type") == "error":
                             raise answers.ErrorEvent(self.name)
                         deltas = reader.read(event)
@@ -378,7 +379,7 @@ def _block_index(event: dict[str, Any]) -> int:
 def _error_facts(text: str) -> tuple[str, bool]:
     """The error type, and whether the message says the prompt is too long (message not kept)."""
     try:
-        err = json.loads(text).get("error") or {}
+        err = json_text.loads(text).get("error") or {}
     except (ValueError, AttributeError):
         return "", False
     if not isinstance(err, dict):

@@ -24,6 +24,7 @@ from botocore.exceptions import (
     ReadTimeoutError,
 )
 
+from switchyard.gateway import json_text
 from switchyard.gateway.providers import answers
 from switchyard.gateway.providers.base import EmbeddingCall, Embeddings, ProviderError
 from switchyard.gateway.providers.bedrock_converse import _client_error, bedrock_runtime_client
@@ -109,7 +110,7 @@ class BedrockEmbeddingsProvider:
         except BotoCoreError as exc:
             raise ProviderError(ErrorClass.CONNECTION, f"{self.name} failed ({type(exc).__name__})") from None
         try:
-            data: Any = json.loads(resp["body"].read())
+            data: Any = json_text.loads(resp["body"].read())
             vector = tuple(answers.vector_component(x) for x in data["embedding"])
         except BotoCoreError as exc:  # the answer was cut off while it was read: billed all the same
             raise ProviderError(

@@ -3,13 +3,13 @@ failures are `upstream_http`'s)."""
 
 from __future__ import annotations
 
-import json
+from switchyard.gateway import json_text
 
 
 def upstream_detail(text: str) -> str:
     """The upstream's error type/code only (its message may quote the prompt back)."""
     try:
-        data = json.loads(text)
+        data = json_text.loads(text)
     except ValueError:
         return ""
     err = data.get("error") if isinstance(data, dict) else None

@@ -15,10 +15,10 @@ Answers: `message.tool_calls` become `ToolCall`s (content may then be null); str
 
 from __future__ import annotations
 
-import json
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
+from switchyard.gateway import json_text
 from switchyard.gateway.providers import answers
 from switchyard.gateway.providers.base import (
     Completion,
@@ -202,7 +202,7 @@ def _tool_call_delta(piece: dict[str, Any]) -> ToolCallDelta:
 
 def _json_chunk(name: str, payload: str) -> dict[str, Any]:
     try:
-        chunk = answers.obj(json.loads(payload), "a stream event")
+        chunk = answers.obj(json_text.loads(payload), "a stream event")
     except answers.MALFORMED:
         raise answers.malformed(name, "stream event") from None
     if "error" in chunk:

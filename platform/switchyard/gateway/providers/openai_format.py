@@ -14,6 +14,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from switchyard.gateway import json_text
 from switchyard.gateway.messages import Message, joined_text
 from switchyard.gateway.providers.base import OutputFormat, ProviderError
 from switchyard.policy.models import ErrorClass
@@ -85,7 +86,7 @@ def tool_arguments(provider: str, field: str, text: Any) -> dict[str, Any]:
     if not text.strip():
         return {}  # some clients send "" for a call without arguments
     try:
-        value = json.loads(text)
+        value = json_text.loads(text)
     except ValueError:
         raise cannot_honour(provider, field, "arguments are not valid JSON") from None
     if not isinstance(value, dict):

@@ -35,6 +35,7 @@ import aiohttp.http_exceptions
 import certifi
 from yarl import URL
 
+from switchyard.gateway import json_text
 from switchyard.gateway.providers.base import ProviderError
 from switchyard.policy.models import ErrorClass
 
@@ -58,7 +59,7 @@ class UpstreamAnswer:
         return self.body.decode("utf-8", errors="replace")
 
     def json(self) -> Any:
-        return json.loads(self.body)
+        return json_text.loads(self.body)
 
 
 class UpstreamStream:
