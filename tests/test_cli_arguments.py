@@ -167,3 +167,19 @@ def test_a_team_no_policy_names_and_no_record_holds_is_named(tmp_path: Path, com
     assert typo.stderr.startswith("switchyard: error: unknown team 'ghots' (teams: ads, "), typo.stderr
     quiet = _switchyard(*command, "--team", "legal", "--state-dir", str(state), "--api-key", admin)
     assert quiet.returncode == 0 and quiet.stderr == "", quiet.stderr
+
+
+def test_a_damaged_admin_key_file_is_named_and_up_replaces_it(tmp_path: Path) -> None:
+    """An `admin.key` that is not UTF-8 made every command that acts as the operator print
+    a `UnicodeDecodeError` traceback, and `switchyard up` fail the same way at every start.
+    Now commands name the file, and `up` writes a new key over it (the file is only a copy:
+    nothing in it can be lost)."""
+    state, _ = _operator_state(tmp_path)
+    (state / "admin.key").write_bytes(b"\xff\xfe not a key")
+    answer = _switchyard("budgets", "--state-dir", str(state), env={"SWITCHYARD_API_KEY": None})
+    assert answer.returncode != 0 and "Traceback" not in answer.stderr, answer.stderr
+    assert f"{state / 'admin.key'} holds no key (it is not UTF-8 text)" in answer.stderr, answer.stderr
+    new = ensure_admin_key(state)
+    assert new is not None and (state / "admin.key").read_text().strip() == new
+    again = _switchyard("budgets", "--state-dir", str(state), env={"SWITCHYARD_API_KEY": None})
+    assert again.returncode == 0, again.stderr

@@ -26,10 +26,15 @@ def add_auth_args(parser: argparse.ArgumentParser) -> None:
 
 
 def ensure_admin_key(state: Path) -> str | None:
-    """Create the operator's platform-admin key on first start. Returns it only when new."""
+    """Create the operator's platform-admin key on first start, or when the file holds no key
+    that verifies (revoked, expired, or damaged: it is only a copy). Returns it only when new."""
     path = state / ADMIN_KEY_FILE
     with KeyStore.in_state_dir(state) as store:
-        if path.exists() and store.verify(path.read_text().strip()) is not None:
+        try:
+            kept = _key_in(path)
+        except NotAuthenticated:
+            kept = None  # not UTF-8: no key to keep; a new one replaces the file
+        if kept is not None and store.verify(kept) is not None:
             return None
         key, _ = store.create(PLATFORM_TEAM, Role.PLATFORM_ADMIN, note="operator key written by `switchyard up`")
     path.touch(mode=0o600)
@@ -40,9 +45,21 @@ def ensure_admin_key(state: Path) -> str | None:
 def operator_key(state: Path, given: str | None) -> str | None:
     """The key a command acts with: `given`, else $SWITCHYARD_API_KEY, else the admin key file."""
     key = given or os.environ.get(API_KEY_ENV)
-    if not key and (state / ADMIN_KEY_FILE).exists():
-        key = (state / ADMIN_KEY_FILE).read_text().strip()
-    return key or None
+    return key or _key_in(state / ADMIN_KEY_FILE)
+
+
+def _key_in(path: Path) -> str | None:
+    """The key an admin key file holds; None when there is no file (or it is empty)."""
+    try:
+        return path.read_bytes().decode("utf-8").strip() or None
+    except FileNotFoundError:
+        return None
+    except UnicodeDecodeError:
+        raise NotAuthenticated(
+            f"{path} holds no key (it is not UTF-8 text): pass --api-key, or run `switchyard up` to write a new one"
+        ) from None
+    except OSError as exc:
+        raise NotAuthenticated(f"{path} cannot be read: {exc.strerror}") from None
 
 
 def principal(args: argparse.Namespace) -> Principal:
