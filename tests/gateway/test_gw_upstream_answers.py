@@ -49,6 +49,7 @@ from switchyard.gateway.circuit import BreakerSettings
 from switchyard.gateway.http import create_app
 from switchyard.gateway.planning import FLOW_HEADER
 from switchyard.gateway.providers.base import EmbeddingCall, ProviderCall, ProviderError
+from switchyard.gateway.providers.openai_compat import read_chat_completion
 from switchyard.gateway.providers.openai_embeddings import parse_embeddings
 from switchyard.gateway.results import H_REQUEST_ID
 from switchyard.gateway.seams import Exchange, Usage
@@ -438,3 +439,20 @@ def test_a_damaged_answer_from_a_teams_serve_deployment_is_read_as_strictly(data
     assert done.model_version.isprintable() and len(done.model_version) <= 200, f"{change}: {done.model_version!r}"
     if done.usage_reported:
         assert done.usage in _stated_usages("openai", damaged), f"{change}: read {done.usage}"
+
+
+@pytest.mark.parametrize(
+    ("sent", "read"),
+    [("stop", "stop"), ("length", "length"), ("eos_token", "stop"), ("stop_sequence", "stop"), ("abort", None)],
+)
+def test_a_finish_reason_is_read_as_openai_names_it(sent: str, read: str | None) -> None:
+    """Other OpenAI-compatible servers name the same ends otherwise (TGI: `eos_token`); vLLM's
+    `abort` is an answer cut short, so the answer is malformed (billed, and the flow falls back)."""
+    answer = copy.deepcopy(OPENAI)
+    answer["choices"][0]["finish_reason"] = sent
+    if read is None:
+        with pytest.raises(ProviderError) as err:
+            read_chat_completion("vllm", answer, "asked")
+        assert err.value.billed and err.value.error_class is ErrorClass.SERVER_ERROR
+    else:
+        assert read_chat_completion("vllm", answer, "asked").finish_reason == read

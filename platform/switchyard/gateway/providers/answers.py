@@ -80,13 +80,18 @@ def text(value: Any, field: str) -> str:
     return value
 
 
+# What other OpenAI-compatible servers call the same ends (Hugging Face TGI: `eos_token`,
+# `stop_sequence`). vLLM's `abort` is not here: that answer was cut short, so it is malformed.
+FINISH_ALIASES = {"eos_token": "stop", "stop_sequence": "stop", "end_turn": "stop", "max_tokens": "length"}
+
+
 def finish_reason(value: Any) -> str:
     """OpenAI's finish reason; absent is `stop`, as the adapters always read it."""
     if value is None:
         return "stop"
-    if value not in FINISH_REASONS:
+    if not isinstance(value, str) or FINISH_ALIASES.get(value, value) not in FINISH_REASONS:
         raise Malformed("finish_reason is not one of OpenAI's")
-    return str(value)
+    return FINISH_ALIASES.get(value, value)
 
 
 def mapped_finish(value: Any, finish_of: dict[str, str], field: str) -> str:
