@@ -241,8 +241,9 @@ async def test_a_provider_bug_is_recorded_as_the_gateways_500_not_as_a_client_th
     gw_dirs: tuple[object, object, dict[str, str]], upstreams: FakeUpstreams, how: str
 ) -> None:
     """The record said `client_disconnected` (499) for a bug, and mid-stream the client's
-    connection was dropped without a word. Now the record is the 500 the client gets, and a
-    stream that breaks after its first byte ends with an `internal_error` event."""
+    connection was dropped without a word. Now the record is the 500 the client gets, with the
+    request's id in its headers, and a stream that breaks after its first byte ends with an
+    `internal_error` event."""
     import httpx
     from gw_harness import build_harness
 
@@ -264,6 +265,7 @@ async def test_a_provider_bug_is_recorded_as_the_gateways_500_not_as_a_client_th
             break
         await asyncio.sleep(0.01)
     assert [(r.status_code, r.error_code) for r in records] == [(500, "internal_error")]
+    assert resp.headers["x-request-id"] == records[0].ctx.request_id  # the id to quote to the platform team
     if how.endswith("after its first piece"):
         assert resp.status_code == 200
         last = [line for line in resp.text.splitlines() if line.startswith("data:")][-1]

@@ -458,6 +458,27 @@ async def test_a_client_that_hangs_up_is_charged_and_audited(gw: EmbeddingGatewa
     assert gone.cost_usd == _usd(bound) and not gw.budget.held
 
 
+class _BrokenEmbedder:
+    name = "openai"
+
+    async def embed(self, call: Any) -> Any:
+        raise RuntimeError("a bug in an adapter")
+
+
+async def test_a_bug_is_the_gateways_500_with_the_request_id_not_a_client_that_left(
+    gw: EmbeddingGateway, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """It was recorded as `client_disconnected` (499), and the 500 came without the request's id."""
+    real = gw.pipeline.embedders.get
+    broken = _BrokenEmbedder()
+    monkeypatch.setattr(gw.pipeline.embedders, "get", lambda name: broken if name == "openai" else real(name))
+    answer = await gw.pipeline.handle(json.dumps({"model": "auto", "input": "a bug"}).encode(), gw.headers())
+    await gw.pipeline.drain()
+    record = gw.audit.exchanges[-1]
+    assert (answer.status, record.status_code, record.error_code) == (500, 500, "internal_error")
+    assert answer.headers["x-switchyard-request-id"] == record.ctx.request_id and not gw.budget.held
+
+
 # ---------------------------------------------------------------- adapters and registry
 
 

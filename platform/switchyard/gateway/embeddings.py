@@ -303,7 +303,11 @@ class EmbeddingsPipeline:
             # the request audited, in a task the request's cancellation cannot reach.
             gone = cut_short(exc)
             await asyncio.shield(self._own(self._charge_and_record(run, reservation, gone)))
-            raise
+            if not isinstance(exc, Exception):
+                raise
+            # A bug: answered as the gateway's 500 with the request's id (the app's handler has none).
+            log.error("embeddings request %s failed in the gateway", plan.ctx.request_id, exc_info=exc)
+            return error_result(GatewayError("internal_error", "internal error"), hdr)
         return await self._answer(run, reservation, answer, hdr)
 
     async def _reserve(self, run: _Run) -> Reservation:

@@ -478,7 +478,9 @@ class ChatPipeline:
             # and the request audited, in a task the cancellation cannot reach.
             gone = cut_short(exc)
             await asyncio.shield(self.own(self._charge_and_audit(plan, redacted, reservation, gone, chain)))
-            raise
+            if not isinstance(exc, Exception):
+                raise
+            return self._bug_answer(plan, exc, hdr)
         done, cand = answer.value, answer.candidate
         text = restore(done.text)
         calls = tuple(replace(c, arguments=restore(c.arguments)) for c in done.tool_calls)
@@ -567,7 +569,9 @@ class ChatPipeline:
             await asyncio.shield(
                 StreamSettlement(self, plan, redacted, reservation, chain, chain.current, gone).finish()
             )
-            raise
+            if not isinstance(exc, Exception):
+                raise
+            return self._bug_answer(plan, exc, hdr)
         cand = answer.candidate
         hdr.update({H_PROVIDER: cand.provider, H_MODEL: cand.entry.model_version, H_FALLBACK: chain.header()})
         first, rest = answer.value
@@ -595,6 +599,12 @@ class ChatPipeline:
         return StreamResult(hdr, body)
 
     # ------------------------------------------------------------ failures and records
+
+    def _bug_answer(self, plan: Plan, exc: Exception, hdr: dict[str, str]) -> Result:
+        """A bug, once its request was charged and audited: logged, and answered as the
+        gateway's 500 with the request's id to quote (the app's own handler has none)."""
+        log.error("request %s failed in the gateway", plan.ctx.request_id, exc_info=exc)
+        return error_result(GatewayError("internal_error", "internal error"), hdr)
 
     async def _fail(
         self,
