@@ -476,7 +476,15 @@ async def test_a_bug_is_the_gateways_500_with_the_request_id_not_a_client_that_l
     await gw.pipeline.drain()
     record = gw.audit.exchanges[-1]
     assert (answer.status, record.status_code, record.error_code) == (500, 500, "internal_error")
-    assert answer.headers["x-switchyard-request-id"] == record.ctx.request_id and not gw.budget.held
+    assert answer.headers["x-request-id"] == answer.headers["x-switchyard-request-id"] == record.ctx.request_id
+    assert not gw.budget.held
+
+
+async def test_the_sdk_reads_an_embeddings_answers_request_id(gw: EmbeddingGateway) -> None:
+    """Embeddings answers carried `x-switchyard-request-id` only, so the SDK's `_request_id`
+    was None: chat answers carry `x-request-id` too."""
+    done = await gw.client().embeddings.create(model="local-embed", input="hello", encoding_format="float")
+    assert done._request_id == gw.audit.exchanges[-1].ctx.request_id
 
 
 # ---------------------------------------------------------------- adapters and registry

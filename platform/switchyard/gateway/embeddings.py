@@ -69,6 +69,7 @@ from switchyard.gateway.results import (
     H_PROMPT,
     H_PROVIDER,
     H_REQUEST_ID,
+    H_SDK_REQUEST_ID,
     JSONResult,
     error_result,
 )
@@ -187,6 +188,7 @@ class EmbeddingsPipeline:
         now = self.parts.clock()
         hdr = {
             H_REQUEST_ID: request_id,
+            H_SDK_REQUEST_ID: request_id,  # what OpenAI's SDKs read as `_request_id`, as chat answers do
             H_PROVIDER: "none",
             H_MODEL: "none",
             H_PROMPT: "none",  # no prompt is rendered for embeddings
