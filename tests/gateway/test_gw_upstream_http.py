@@ -9,7 +9,7 @@ import asyncio
 import json
 import socket
 from collections.abc import AsyncIterator, Iterator
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import pytest
@@ -370,3 +370,52 @@ async def test_a_model_answer_nested_too_deeply_breaks_the_contract_rather_than_
     assert (
         contracts.problem(OutputSpec(recursive), "[" * 900 + "]" * 900) == "the answer nests JSON too deeply to check"
     )
+
+
+@dataclass
+class _Elsewhere:
+    """A server on another host name that records every request it gets."""
+
+    received: list[dict[str, str]] = field(default_factory=list)
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        await request_body(receive)
+        self.received.append({k.decode(): v.decode() for k, v in scope["headers"]})
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"application/json")]})
+        await send({"type": "http.response.body", "body": b"{}"})
+
+
+def _redirecting_to(target: str, status: int) -> Any:
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        await request_body(receive)
+        location = (target + scope["path"]).encode()
+        await send({"type": "http.response.start", "status": status, "headers": [(b"location", location)]})
+        await send({"type": "http.response.body", "body": b""})
+
+    return app
+
+
+@pytest.mark.parametrize("status", [302, 307, 308])
+@pytest.mark.parametrize("kind", ["openai", "anthropic"])
+async def test_a_redirect_is_never_followed_so_neither_prompt_nor_key_leaves_for_another_host(
+    kind: str, status: int
+) -> None:
+    """aiohttp follows redirects unless told not to (httpx, before it, did not), and keeps
+    custom headers across hosts: a redirecting upstream got the prompt sent to any host it
+    named, and Anthropic's `x-api-key` with it. A redirect is now the upstream's failure
+    (`server_error`, so the flow falls back), not a `bad_request` blamed on the client."""
+    elsewhere = _Elsewhere()
+    with ThreadedServer(elsewhere) as other:
+        target = other.url.replace("127.0.0.1", "localhost")  # another host name, the same machine
+        with ThreadedServer(_redirecting_to(target, status)) as upstream:
+            p: OpenAICompatProvider | AnthropicProvider
+            if kind == "openai":
+                p = OpenAICompatProvider("openai", f"{upstream.url}/v1", OPENAI_KEY)
+            else:
+                p = AnthropicProvider("anthropic", upstream.url, ANTHROPIC_KEY)
+            try:
+                err = await failure(p.complete(CALL))
+            finally:
+                await p.aclose()
+    assert elsewhere.received == [], f"the request went to {target}"
+    assert (err.error_class, err.status, err.billed) == (ErrorClass.SERVER_ERROR, status, False), err.message

@@ -169,6 +169,10 @@ class EmbeddingProvider(Protocol):
 def classify_status(status: int, detail: str) -> ErrorClass:
     """Map an upstream HTTP status (and its error text) to the error class fallback rules use."""
     lowered = detail.lower()
+    if status < 400:
+        # Not the answer (200) nor an error: a redirect (never followed) or another success is
+        # an upstream not speaking the API at that address, the platform's fault, not the client's.
+        return ErrorClass.SERVER_ERROR
     if status == 429:
         return ErrorClass.RATE_LIMITED
     if status in (408, 504):

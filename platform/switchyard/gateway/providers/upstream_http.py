@@ -162,7 +162,13 @@ class UpstreamHTTP:
         # httpx's encoding, byte for byte: compact, UTF-8 as it is, NaN refused.
         data = json.dumps(body, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()
         try:
-            async with self._open().post(self._url(path), data=data, timeout=timeout, proxy=self._proxy) as response:
+            # Never a redirect: the prompt, and a credential in a header aiohttp keeps across
+            # hosts (Anthropic's x-api-key), would go to a host the catalog does not name.
+            # httpx, before, did not follow them either.
+            post = self._open().post(
+                self._url(path), data=data, timeout=timeout, proxy=self._proxy, allow_redirects=False
+            )
+            async with post as response:
                 yield UpstreamStream(self.name, response, max_bytes)
         except (aiohttp.ClientError, TimeoutError) as exc:
             raise transport_error(self.name, exc) from None
