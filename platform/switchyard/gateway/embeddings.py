@@ -53,6 +53,7 @@ from switchyard.gateway.errors import (
     PaymentRequired,
     TooManyRequests,
     Unavailable,
+    internal_error,
 )
 from switchyard.gateway.evals import EvalVerdict
 from switchyard.gateway.outcome import Outcome, cut_short
@@ -309,7 +310,7 @@ class EmbeddingsPipeline:
                 raise
             # A bug: answered as the gateway's 500 with the request's id (the app's handler has none).
             log.error("embeddings request %s failed in the gateway", plan.ctx.request_id, exc_info=exc)
-            return error_result(GatewayError("internal_error", "internal error"), hdr)
+            return error_result(internal_error(), hdr)
         return await self._answer(run, reservation, answer, hdr)
 
     async def _reserve(self, run: _Run) -> Reservation:

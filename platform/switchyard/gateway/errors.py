@@ -94,6 +94,11 @@ class PayloadTooLarge(GatewayError):
     type = "invalid_request_error"
 
 
+def internal_error() -> GatewayError:
+    """The answer to a bug in the gateway: 500 `api_error`, saying nothing of what broke."""
+    return GatewayError("internal_error", "internal error")
+
+
 def json_path(loc: Sequence[str | int]) -> str:
     """A field's location as a JSON path (`messages[0].content`), for `param` and messages."""
     out = ""

@@ -17,7 +17,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from switchyard.gateway.embeddings import EmbeddingsPipeline
-from switchyard.gateway.errors import GatewayError, Unauthenticated, json_path
+from switchyard.gateway.errors import GatewayError, Unauthenticated, internal_error, json_path
 from switchyard.gateway.pipeline import ChatPipeline, GatewayParts
 from switchyard.gateway.planning import DEADLINE_HEADER, FLOW_HEADER, IDEMPOTENCY_HEADER
 from switchyard.gateway.request_body import read_capped_body
@@ -72,7 +72,8 @@ def create_app(
     async def _bug(request: Request, exc: Exception) -> JSONResponse:
         # Only a bug gets here: logged with its traceback, answered in OpenAI's shape.
         log.exception("unhandled error on %s", request.url.path)
-        return JSONResponse(status_code=500, content=_error_body("internal_error", "internal error", None, "api_error"))
+        bug = internal_error()
+        return JSONResponse(status_code=bug.status, content=bug.body())
 
     @app.post(
         "/v1/chat/completions",

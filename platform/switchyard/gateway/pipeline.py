@@ -44,6 +44,7 @@ from switchyard.gateway.errors import (
     PaymentRequired,
     TooManyRequests,
     Unavailable,
+    internal_error,
 )
 from switchyard.gateway.evalbook import EvalBook
 from switchyard.gateway.failures import chain_error
@@ -604,7 +605,7 @@ class ChatPipeline:
         """A bug, once its request was charged and audited: logged, and answered as the
         gateway's 500 with the request's id to quote (the app's own handler has none)."""
         log.error("request %s failed in the gateway", plan.ctx.request_id, exc_info=exc)
-        return error_result(GatewayError("internal_error", "internal error"), hdr)
+        return error_result(internal_error(), hdr)
 
     async def _fail(
         self,

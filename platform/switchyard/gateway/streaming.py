@@ -18,7 +18,7 @@ from switchyard.budgets.pricing import estimate_call
 from switchyard.budgets.tokens import output_tokens_upper_bound
 from switchyard.gateway.attempts import ChainLog, close_stream_soon
 from switchyard.gateway.billing import bill, total_usd
-from switchyard.gateway.errors import DeadlineExceeded, GatewayError, ProviderFailure
+from switchyard.gateway.errors import DeadlineExceeded, ProviderFailure, internal_error
 from switchyard.gateway.outcome import Outcome
 from switchyard.gateway.planning import Plan
 from switchyard.gateway.providers.base import Delta, ProviderError
@@ -119,7 +119,7 @@ async def stream_body(
     except Exception:
         # A bug: logged, recorded as the gateway's 500, and the client told so in the stream.
         log.exception("request %s failed mid-stream", ctx.request_id)
-        bug = GatewayError("internal_error", "internal error")
+        bug = internal_error()
         outcome.status, outcome.error_code = bug.status, bug.code
         yield sse(bug.body())
     except BaseException:

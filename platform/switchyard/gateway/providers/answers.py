@@ -123,6 +123,24 @@ def usage(prompt: Any, completion: Any, cached: Any = None) -> Usage | None:
     return Usage(p, c, min(k, p))
 
 
+def uncached_usage(fresh: Any, completion: Any, read: Any, written: Any) -> Usage | None:
+    """The usage of an API whose input count leaves out the tokens read from and written to the
+    prompt cache (Anthropic, Bedrock): the prompt is all three; cache writes are counted at the
+    input price."""
+    f, r, w = token_count(fresh), optional_count(read), optional_count(written)
+    if f is None or r is None or w is None:
+        return None
+    return usage(f + r + w, completion, r)
+
+
+def index(value: Any, field: str) -> int:
+    """A position in a list the answer builds (a small whole number, as a count is)."""
+    found = token_count(value)
+    if found is None:
+        raise Malformed(f"{field} is not a whole number")
+    return found
+
+
 def vector_component(value: Any) -> float:
     """A finite number: JSON readers take `NaN` and `Infinity`, which no answer can carry on."""
     if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):

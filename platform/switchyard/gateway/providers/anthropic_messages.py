@@ -232,35 +232,28 @@ class AnthropicProvider:
 
     async def stream(self, call: ProviderCall) -> AsyncIterator[Delta]:
         body = to_messages_api(self.name, call, True)
-        answered = False
-        try:
-            async with self._http.stream(
-                "v1/messages", body, call.timeout_s, answers.chat_answer_bytes(call.max_tokens)
-            ) as resp:
-                if resp.status != 200:
-                    error = await resp.read()
-                    raise self._status_error(error.status, error.text, error.headers)
-                answered = True
-                reader = _StreamReader()
-                async for line in resp.lines():
-                    if not line.startswith("data:"):
-                        continue
-                    try:
-                        event = answers.obj(json_text.loads(line[5:].strip()), "a stream event")
-                        if event.get("type") == "error":
-                            raise answers.ErrorEvent(self.name)
-                        deltas = reader.read(event)
-                    except answers.MALFORMED:
-                        raise answers.malformed(self.name, "stream event") from None
-                    for delta in deltas:
-                        yield delta
-                    if reader.finished:
-                        return
-                raise ProviderError(ErrorClass.CONNECTION, f"{self.name} stream ended without message_stop")
-        except ProviderError as exc:
-            if answered and not isinstance(exc, answers.ErrorEvent):
-                exc.billed = True  # a 200 is an answer the provider may bill, however it ends
-            raise
+        async with self._http.stream(
+            "v1/messages", body, call.timeout_s, answers.chat_answer_bytes(call.max_tokens)
+        ) as resp:
+            if resp.status != 200:
+                error = await resp.read()
+                raise self._status_error(error.status, error.text, error.headers)
+            reader = _StreamReader()
+            async for line in resp.lines():
+                if not line.startswith("data:"):
+                    continue
+                try:
+                    event = answers.obj(json_text.loads(line[5:].strip()), "a stream event")
+                    if event.get("type") == "error":
+                        raise answers.ErrorEvent(self.name)
+                    deltas = reader.read(event)
+                except answers.MALFORMED:
+                    raise answers.malformed(self.name, "stream event") from None
+                for delta in deltas:
+                    yield delta
+                if reader.finished:
+                    return
+            raise ProviderError(ErrorClass.CONNECTION, f"{self.name} stream ended without message_stop")
 
     def _status_error(self, status: int, text: str, headers: Mapping[str, str]) -> ProviderError:
         err_type, too_long = _error_facts(text)
@@ -285,15 +278,9 @@ def _tool_call(block: dict[str, Any]) -> ToolCall:
 
 
 def _usage(inputs: dict[str, Any], output_tokens: Any) -> Usage | None:
-    """The usage of `inputs` (a usage object's input counts) and `output_tokens`. The API's
-    `input_tokens` leaves out the tokens read from and written to the prompt cache, so the
-    prompt is all three; cache writes are counted at the input price."""
-    fresh = answers.token_count(inputs.get("input_tokens"))
-    read = answers.optional_count(inputs.get("cache_read_input_tokens"))
-    written = answers.optional_count(inputs.get("cache_creation_input_tokens"))
-    if fresh is None or read is None or written is None:
-        return None
-    return answers.usage(fresh + read + written, output_tokens, read)
+    """The usage of `inputs` (a usage object's input counts) and `output_tokens`."""
+    read, written = inputs.get("cache_read_input_tokens"), inputs.get("cache_creation_input_tokens")
+    return answers.uncached_usage(inputs.get("input_tokens"), output_tokens, read, written)
 
 
 class _StreamReader:
@@ -370,10 +357,7 @@ class _StreamReader:
 
 
 def _block_index(event: dict[str, Any]) -> int:
-    index = answers.token_count(event["index"])  # a small whole number, as a count is
-    if index is None:
-        raise answers.Malformed("a content block's index is not a whole number")
-    return index
+    return answers.index(event["index"], "a content block's index")
 
 
 def _error_facts(text: str) -> tuple[str, bool]:

@@ -285,15 +285,10 @@ def _tool_call(block: dict[str, Any]) -> ToolCall:
 
 
 def _usage(u: Any) -> Usage | None:
-    """`inputTokens` leaves out the tokens read from and written to the prompt cache, so the
-    prompt is all three; cache writes are counted at the input price."""
     if not isinstance(u, dict):
         return None
-    fresh, read = answers.token_count(u.get("inputTokens")), answers.optional_count(u.get("cacheReadInputTokens"))
-    written = answers.optional_count(u.get("cacheWriteInputTokens"))
-    if fresh is None or read is None or written is None:
-        return None
-    return answers.usage(fresh + read + written, u.get("outputTokens"), read)
+    read, written = u.get("cacheReadInputTokens"), u.get("cacheWriteInputTokens")
+    return answers.uncached_usage(u.get("inputTokens"), u.get("outputTokens"), read, written)
 
 
 def _client_error(name: str, exc: ClientError) -> ProviderError:

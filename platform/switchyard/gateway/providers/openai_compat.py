@@ -81,44 +81,37 @@ class OpenAICompatProvider:
         return read_chat_completion(self.name, data, call.model_version)
 
     async def stream(self, call: ProviderCall) -> AsyncIterator[Delta]:
-        answered = False
-        try:
-            async with self._http.stream(
-                "chat/completions", self._body(call, True), call.timeout_s, answers.chat_answer_bytes(call.max_tokens)
-            ) as resp:
-                if resp.status != 200:
-                    error = await resp.read()
-                    raise self._status_error(error.status, error.text, error.headers)
-                answered = True
-                usage: Usage | None = None
-                finish: str | None = None
-                async for line in resp.lines():
-                    if not line.startswith("data:"):
-                        continue
-                    payload = line[5:].strip()
-                    if payload == "[DONE]":
-                        yield Delta(finish_reason=finish or "stop", usage=usage)
-                        return
-                    chunk = _json_chunk(self.name, payload)
-                    try:
-                        if chunk.get("usage"):  # unreadable counts: billed at the bound, as none
-                            usage = _usage(chunk["usage"])
-                        deltas = []
-                        for choice in answers.array(chunk.get("choices") or [], "choices"):
-                            choice = answers.obj(choice, "choice")
-                            if choice.get("finish_reason") is not None:
-                                finish = answers.finish_reason(choice["finish_reason"])
-                            deltas.append(_delta(answers.obj(choice.get("delta") or {}, "delta")))
-                    except answers.MALFORMED:
-                        raise answers.malformed(self.name, "stream event") from None
-                    for delta in deltas:
-                        if delta.text or delta.tool_calls:
-                            yield delta
-                raise ProviderError(ErrorClass.CONNECTION, f"{self.name} stream ended without [DONE]")
-        except ProviderError as exc:
-            if answered and not isinstance(exc, answers.ErrorEvent):
-                exc.billed = True  # a 200 is an answer the provider may bill, however it ends
-            raise
+        async with self._http.stream(
+            "chat/completions", self._body(call, True), call.timeout_s, answers.chat_answer_bytes(call.max_tokens)
+        ) as resp:
+            if resp.status != 200:
+                error = await resp.read()
+                raise self._status_error(error.status, error.text, error.headers)
+            usage: Usage | None = None
+            finish: str | None = None
+            async for line in resp.lines():
+                if not line.startswith("data:"):
+                    continue
+                payload = line[5:].strip()
+                if payload == "[DONE]":
+                    yield Delta(finish_reason=finish or "stop", usage=usage)
+                    return
+                chunk = _json_chunk(self.name, payload)
+                try:
+                    if chunk.get("usage"):  # unreadable counts: billed at the bound, as none
+                        usage = _usage(chunk["usage"])
+                    deltas = []
+                    for choice in answers.array(chunk.get("choices") or [], "choices"):
+                        choice = answers.obj(choice, "choice")
+                        if choice.get("finish_reason") is not None:
+                            finish = answers.finish_reason(choice["finish_reason"])
+                        deltas.append(_delta(answers.obj(choice.get("delta") or {}, "delta")))
+                except answers.MALFORMED:
+                    raise answers.malformed(self.name, "stream event") from None
+                for delta in deltas:
+                    if delta.text or delta.tool_calls:
+                        yield delta
+            raise ProviderError(ErrorClass.CONNECTION, f"{self.name} stream ended without [DONE]")
 
     def _status_error(self, status: int, text: str, headers: Mapping[str, str]) -> ProviderError:
         detail = upstream_detail(text)
@@ -194,9 +187,7 @@ def _tool_call_delta(piece: dict[str, Any]) -> ToolCallDelta:
     call_id, name, arguments = piece.get("id"), fn.get("name"), fn.get("arguments") or ""
     if not isinstance(arguments, str) or not all(v is None or isinstance(v, str) for v in (call_id, name)):
         raise answers.Malformed("a tool call delta's id, name or arguments is not a string")
-    index = answers.token_count(piece.get("index"))  # a small whole number, as a count is
-    if index is None:
-        raise answers.Malformed("a tool call delta's index is not a whole number")
+    index = answers.index(piece.get("index"), "a tool call delta's index")
     return ToolCallDelta(index, id=call_id, name=name, arguments=arguments)
 
 

@@ -90,10 +90,7 @@ def parse_embeddings(name: str, data: Any, call: EmbeddingCall) -> Embeddings:
 
 
 def _index(row: Any) -> int:
-    index = answers.token_count(answers.obj(row, "data[]")["index"])  # a small whole number, as a count is
-    if index is None:
-        raise answers.Malformed("data[].index is not a whole number")
-    return index
+    return answers.index(answers.obj(row, "data[]")["index"], "data[].index")
 
 
 def _malformed(name: str, what: str) -> ProviderError:

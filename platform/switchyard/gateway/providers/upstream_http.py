@@ -36,6 +36,7 @@ import certifi
 from yarl import URL
 
 from switchyard.gateway import json_text
+from switchyard.gateway.providers import answers
 from switchyard.gateway.providers.base import ProviderError
 from switchyard.policy.models import ErrorClass
 
@@ -74,11 +75,8 @@ class UpstreamStream:
         self.max_bytes = max_bytes
 
     def _too_long(self) -> ProviderError:
-        # A 200 is an answer the provider made, and may bill, however long.
         return ProviderError(
-            ErrorClass.SERVER_ERROR,
-            f"{self.name} sent an answer longer than {self.max_bytes:,} bytes",
-            billed=self.status == 200,
+            ErrorClass.SERVER_ERROR, f"{self.name} sent an answer longer than {self.max_bytes:,} bytes"
         )
 
     async def read(self) -> UpstreamAnswer:
@@ -94,7 +92,7 @@ class UpstreamStream:
     async def lines(self) -> AsyncIterator[str]:
         """The body's lines without their line ending (`\\n` or `\\r\\n`), as SSE frames them.
         A line longer than aiohttp's reader takes (512 KiB: an upstream that sends a whole long
-        answer as one event) is a malformed answer, billed like any 200 that cannot be read."""
+        answer as one event) is a malformed answer."""
         seen = 0
         try:
             async for raw in self._response.content:
@@ -104,7 +102,7 @@ class UpstreamStream:
                 yield raw.decode("utf-8", errors="replace").rstrip("\r\n")
         except aiohttp.http_exceptions.LineTooLong:
             raise ProviderError(
-                ErrorClass.SERVER_ERROR, f"{self.name} sent a stream line longer than 512 KiB", billed=True
+                ErrorClass.SERVER_ERROR, f"{self.name} sent a stream line longer than 512 KiB"
             ) from None
 
 
@@ -140,15 +138,8 @@ class UpstreamHTTP:
         return url
 
     async def post(self, path: str, body: dict[str, Any], timeout_s: float, max_bytes: int) -> UpstreamAnswer:
-        answered = False
-        try:
-            async with self.stream(path, body, timeout_s, max_bytes) as answer:
-                answered = answer.status == 200
-                return await answer.read()
-        except ProviderError as exc:
-            if answered:  # a 200 whose body was cut off: the provider made, and may bill, the answer
-                exc.billed = True
-            raise
+        async with self.stream(path, body, timeout_s, max_bytes) as answer:
+            return await answer.read()
 
     @asynccontextmanager
     async def stream(
@@ -156,11 +147,14 @@ class UpstreamHTTP:
     ) -> AsyncIterator[UpstreamStream]:
         """POST `body` as JSON; failures while connecting, sending or reading the body (inside
         the `async with`) raise classified `ProviderError`s, an answer over `max_bytes` among
-        them. Leaving early closes the connection rather than returning a half-read one to the
-        pool."""
+        them. Once the status was 200, every failure inside is billed (the provider made, and
+        may bill, the answer, however its body ends), but an error the provider reported in its
+        stream (`answers.ErrorEvent`). Leaving early closes the connection rather than
+        returning a half-read one to the pool."""
         timeout = aiohttp.ClientTimeout(total=None, connect=timeout_s, sock_read=timeout_s)
         # httpx's encoding, byte for byte: compact, UTF-8 as it is, NaN refused.
         data = json.dumps(body, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()
+        answered = False
         try:
             # Never a redirect: the prompt, and a credential in a header aiohttp keeps across
             # hosts (Anthropic's x-api-key), would go to a host the catalog does not name.
@@ -169,9 +163,17 @@ class UpstreamHTTP:
                 self._url(path), data=data, timeout=timeout, proxy=self._proxy, allow_redirects=False
             )
             async with post as response:
+                answered = response.status == 200
                 yield UpstreamStream(self.name, response, max_bytes)
         except (aiohttp.ClientError, TimeoutError) as exc:
-            raise transport_error(self.name, exc) from None
+            error = transport_error(self.name, exc)
+        except ProviderError as exc:  # raised reading the body, here or by the adapter
+            error = exc
+        else:
+            return
+        if answered and not isinstance(error, answers.ErrorEvent):
+            error.billed = True
+        raise error from None
 
     async def aclose(self) -> None:
         if self._session is not None:
