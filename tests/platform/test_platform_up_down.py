@@ -138,6 +138,14 @@ def test_local_platform_up_status_down(tmp_path: Path) -> None:
         assert [r["fingerprint"] for r in status["policy"]["replicas"]] == [published]
         shown = switchyard("status", "--state-dir", state).stdout
         assert "Policy set served by each gateway replica" in shown and published[:12] in shown
+        # An admin.key that is not UTF-8 is named, not a traceback (found from a fresh shell, stop 46).
+        key_file = Path(state) / "admin.key"
+        good_key = key_file.read_bytes()
+        key_file.write_bytes(b"\xff\xfe")
+        damaged = switchyard("status", "--state-dir", state, check=False)
+        key_file.write_bytes(good_key)
+        assert damaged.returncode == 3 and "admin.key holds no key" in damaged.stderr, damaged.stderr
+        assert "Traceback" not in damaged.stderr, damaged.stderr
         # Live fairness per team, by the simulator's definitions (issue 19).
         fairness = status["scheduler"]["fairness"]
         assert fairness["teams"] and fairness["inversion_bound_s"] == 300.0

@@ -6,7 +6,7 @@ import argparse
 from datetime import UTC, datetime
 from typing import Any
 
-from switchyard.cli._auth import operator_key
+from switchyard.cli._auth import NotAuthenticated, operator_key
 from switchyard.cli._output import fail, print_json, print_table
 from switchyard.cluster.record import read_record
 from switchyard.state import state_dir
@@ -34,6 +34,8 @@ def run(args: argparse.Namespace) -> int:
             info = collect(record, operator_key(state, args.api_key))
     except NotRunning as exc:
         return fail(str(exc))
+    except NotAuthenticated as exc:  # a damaged admin.key: named, as every other command names it
+        return fail(str(exc), 3)
     if args.json:
         print_json(info)
     else:
