@@ -399,8 +399,7 @@ class SchedulerActor:
         """Lock held: apply the event, append it to the log, and do its bookkeeping. Returns the
         answer, the cluster actions (for after the log is durable and the lock released) and
         the record's sequence number."""
-        answer, effects = inputs.apply(self._driver, record, on_decisions)
-        seq = self._wal.append(record)
+        answer, effects, seq = inputs.apply_logged(self._driver, self._wal, record, on_decisions)
         return answer, self._commit(effects, seq), seq
 
     def _snapshot_if_due(self) -> None:

@@ -34,7 +34,7 @@ import os
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, BinaryIO, NoReturn
+from typing import Any, BinaryIO, NamedTuple, NoReturn
 
 from switchyard.sealed_json import sealed, unsealed
 
@@ -45,6 +45,13 @@ Record = dict[str, Any]
 
 class WalCorruptError(RuntimeError):
     """A write-ahead-log line that is not a record, or a gap in the sequence."""
+
+
+class SealedLine(NamedTuple):
+    """A record as the log's next line (`WriteAheadLog.seal`), not written yet."""
+
+    seq: int
+    data: bytes
 
 
 class WalWriteError(RuntimeError):
@@ -89,11 +96,29 @@ class WriteAheadLog:
         _fsync_directory(self.directory)
         return f
 
-    def append(self, record: Record) -> int:
-        """Write `record` as the next line; returns its seq. Not durable until `wait_durable`."""
+    def seal(self, record: Record) -> SealedLine:
+        """`record` as the next line, not written yet. Raises ValueError naming the event for a
+        record JSON cannot hold (a non-finite number, bytes): the live scheduler seals an event
+        before it applies it, so an event the log cannot hold changes nothing."""
         with self._sync:
             seq = self._appended + 1
-            line = sealed({"seq": seq, **record}) + b"\n"
+        try:
+            return SealedLine(seq, sealed({"seq": seq, **record}) + b"\n")
+        except (TypeError, ValueError) as exc:  # json.dumps: TypeError for a type, ValueError for NaN
+            raise ValueError(f"a {record.get('event')!r} event the log cannot hold: {exc}") from None
+
+    def append(self, record: Record) -> int:
+        """Write `record` as the next line; returns its seq. Not durable until `wait_durable`."""
+        with self._sync:  # reentrant (a Condition's default lock): no line comes between the two
+            return self.write(self.seal(record))
+
+    def write(self, sealed_line: SealedLine) -> int:
+        """Write a line `seal` made, as the next one; returns its seq. Not durable until
+        `wait_durable`. The caller holds its lock from `seal` to here, so no line comes between."""
+        with self._sync:
+            seq, line = sealed_line
+            if seq != self._appended + 1:
+                raise AssertionError(f"a line sealed as record {seq} written after record {self._appended}")
             try:
                 written = self._file.write(line)
             except OSError as exc:

@@ -9,14 +9,17 @@ job's preemption channel carries too.
 
 from __future__ import annotations
 
+import json
 import uuid
 from enum import StrEnum
 from typing import Any, Protocol
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from switchyard.scheduler.core.model import GangRequest, PlacementStrategy, WorkloadClass
 from switchyard.scheduler.preemption_channel import PreemptionNotice
+
+NO_CONTROLS = r"^[^\x00-\x1f\x7f-\x9f]*$"
 
 
 class WorkloadSubmission(BaseModel):
@@ -24,7 +27,11 @@ class WorkloadSubmission(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    workload_id: str = Field(default_factory=lambda: f"wl-{uuid.uuid4().hex[:10]}")
+    # An id names the workload in logs, the event journal, metrics and its Ray job's id: no
+    # control character (a newline would forge a log line), and short.
+    workload_id: str = Field(
+        default_factory=lambda: f"wl-{uuid.uuid4().hex[:10]}", min_length=1, max_length=256, pattern=NO_CONTROLS
+    )
     team: str
     workload_class: WorkloadClass = WorkloadClass.TRAINING
     priority_class: str = "training"
@@ -32,12 +39,24 @@ class WorkloadSubmission(BaseModel):
     strategy: PlacementStrategy = PlacementStrategy.PACK
     same_node_group: bool = False
     node_group: str | None = None
-    checkpoint_interval_s: float | None = Field(default=None, gt=0)
-    description: str = ""
+    checkpoint_interval_s: float | None = Field(default=None, gt=0, allow_inf_nan=False)
+    description: str = Field(default="", max_length=4096)
     # When set, the scheduler launches the workload itself through the Ray Jobs API on admission;
     # otherwise the caller (a running job) polls `lease()` and starts when granted.
     entrypoint: str | None = None
     runtime_env: dict[str, Any] | None = None
+
+    @field_validator("runtime_env")
+    @classmethod
+    def _json_only(cls, env: dict[str, Any] | None) -> dict[str, Any] | None:
+        """The scheduler logs a submission as JSON and launches its job from the log after a
+        restart: a value JSON cannot hold (bytes, NaN) would be refused by the log or read back
+        as another."""
+        try:
+            json.dumps(env, allow_nan=False)
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"must hold only JSON (strings, finite numbers, lists, objects): {exc}") from None
+        return env
 
     def gang(self) -> GangRequest:
         return GangRequest(

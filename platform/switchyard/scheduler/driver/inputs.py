@@ -10,8 +10,9 @@ replaying the records after a snapshot through `apply` rebuilds the state the li
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import Any, NoReturn, Protocol, TypeVar
 
 from switchyard.scheduler.api import LeaseGrant, ReleaseOutcome, WorkloadSubmission
 from switchyard.scheduler.core import Decisions, Node
@@ -21,6 +22,17 @@ from switchyard.scheduler.driver.node_cordons import DrainReport
 from switchyard.scheduler.driver.serve_replicas import ReplicaChange
 
 Record = dict[str, Any]
+Line = TypeVar("Line")
+
+
+class EventLog(Protocol[Line]):
+    """The write-ahead log as the live path uses it (`cluster.scheduler_wal.WriteAheadLog`)."""
+
+    def seal(self, record: Record) -> Line: ...
+
+    def write(self, line: Line) -> int: ...
+
+
 Answer = str | LeaseGrant | ReleaseOutcome | DrainReport | dict[str, str] | None
 
 
@@ -29,7 +41,10 @@ class InputRecordError(ValueError):
 
 
 def submit(submission: WorkloadSubmission, now: float, request_id: str | None) -> Record:
-    return {"event": "submit", "now": now, "request_id": request_id, "submission": submission.model_dump(mode="json")}
+    """Raises ValueError for a submission whose values do not fit its fields (one built with
+    `model_construct` or `model_copy(update=...)`, which pydantic does not check)."""
+    document = submission.model_dump(mode="json", warnings="error")
+    return {"event": "submit", "now": now, "request_id": request_id, "submission": document}
 
 
 def cancel(workload_id: str, now: float, request_id: str | None) -> Record:
@@ -147,25 +162,30 @@ def _dispatch(
     driver: Driver, r: Record, on_decisions: Callable[[Decisions], None] | None
 ) -> tuple[Answer, list[Effect]]:
     event = r["event"]
+    # The fields a caller of the live scheduler gives are read by type (`Fields`): a Ray client
+    # may call the actor with any value, and a string where a flag belongs must not be truthy.
+    f = Fields(r)
     if event == "submit":
         sub = WorkloadSubmission.model_validate(r["submission"])
-        return sub.workload_id, driver.submit(sub, r["now"], r["request_id"])
+        return sub.workload_id, driver.submit(sub, f.now(), f.request_id())
     if event == "cancel":
-        return None, driver.cancel(r["workload_id"], r["now"], r["request_id"])
+        return None, driver.cancel(f.text("workload_id"), f.now(), f.request_id())
     if event == "claim":
-        return driver.claim(r["workload_id"], r["ray_job_id"])
+        return driver.claim(f.text("workload_id"), f.text("ray_job_id"))
     if event == "release":
-        return driver.release(r["lease_id"], r["finished"], r["now"])
+        return driver.release(f.text("lease_id"), f.flag("finished"), f.now())
     if event == "checkpoint_reported":  # records from before request ids have none
-        return None, driver.checkpoint_reported(r["workload_id"], r["now"], r.get("request_id"))
+        return None, driver.checkpoint_reported(f.text("workload_id"), f.now(), f.request_id(required=False))
     if event == "resume_reported":
-        return None, driver.resume_reported(r["workload_id"], r["step"], r["checkpoint"], r["now"], r["request_id"])
+        step, checkpoint = f.count("step"), f.text("checkpoint")
+        return None, driver.resume_reported(f.text("workload_id"), step, checkpoint, f.now(), f.request_id())
     if event == "cordon":
-        return driver.cordon(r["node"], r["now"], r["request_id"])
+        return driver.cordon(f.text("node"), f.now(), f.request_id())
     if event == "uncordon":
-        return driver.uncordon(r["node"], r["now"], r["request_id"])
+        return driver.uncordon(f.text("node"), f.now(), f.request_id())
     if event == "drain":
-        return driver.drain(r["node"], r["force"], r["now"], r["request_id"])
+        return driver.drain(f.text("node"), f.flag("force"), f.now(), f.request_id())
+    # The rest come from the actor's own watchers (Ray's node set, its job and Serve state).
     if event == "nodes_seen":
         return None, driver.nodes_seen([Node(**n) for n in r["nodes"]], r["now"])
     if event == "job_launched":
@@ -179,8 +199,66 @@ def _dispatch(
     if event == "serve_replicas":
         return driver.serve_replicas([ReplicaChange.from_record(c) for c in r["changes"]], r["now"])
     if event == "tick":
-        return None, driver.tick(r["now"], on_decisions)
+        return None, driver.tick(f.now(), on_decisions)
     raise InputRecordError(f"unknown event {event!r} in record {r}")
+
+
+class Fields:
+    """A record's fields read by type; InputRecordError names the event and the field."""
+
+    def __init__(self, record: Record) -> None:
+        self._r = record
+
+    def _refuse(self, key: str, expected: str) -> NoReturn:
+        value = self._r[key]
+        raise InputRecordError(
+            f"{self._r['event']!r}: {key} must be {expected}, not {type(value).__name__} {value!r:.60}"
+        )
+
+    def text(self, key: str) -> str:
+        value = self._r[key]
+        if not isinstance(value, str):
+            self._refuse(key, "a string")
+        return value
+
+    def flag(self, key: str) -> bool:
+        value = self._r[key]
+        if not isinstance(value, bool):
+            self._refuse(key, "true or false")
+        return value
+
+    def count(self, key: str) -> int:
+        value = self._r[key]
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            self._refuse(key, "a whole number of at least 0")
+        return value
+
+    def now(self) -> float:
+        value = self._r["now"]
+        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+            self._refuse("now", "a finite time")
+        return value  # as given: replay must rebuild the very values the live state took
+
+    def request_id(self, required: bool = True) -> str | None:
+        if not required and "request_id" not in self._r:
+            return None
+        value = self._r["request_id"]
+        if value is not None and not isinstance(value, str):
+            self._refuse("request_id", "a string or null")
+        return value
+
+
+def apply_logged(
+    driver: Driver, log: EventLog[Line], record: Record, on_decisions: Callable[[Decisions], None] | None = None
+) -> tuple[Answer, list[Effect], int]:
+    """The live path: `record` sealed as the log's next line, applied, then written; returns the
+    answer, the effects and the record's seq. Sealed first, so an event the log cannot hold (a
+    non-finite number) is refused before it changes anything, as is one the driver refuses: the
+    log then holds exactly the events the state took, and replay rebuilds it. The caller holds
+    its lock throughout."""
+    line = log.seal(record)
+    answer, effects = apply(driver, record, on_decisions)
+    return answer, effects, log.write(line)
 
 
 def nodes_unchanged(driver: Driver, nodes: Iterable[Node]) -> bool:
