@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -117,6 +118,30 @@ def test_restart_recovers_queues_and_leases(scheduler_factory: Callable[..., Any
     wait_for(lambda: _incarnation(actor) not in (None, first_incarnation), timeout=60)
     assert ray.get(actor.lease.remote(running.workload_id)).lease_id == lease.lease_id
     assert waiting.workload_id in ray.get(actor.status.remote())["pending"]
+
+
+def test_a_call_the_log_cannot_hold_is_refused_and_a_restart_agrees(scheduler_factory: Callable[..., Any]) -> None:
+    """Stop 47: an infinite checkpoint interval (a `model_copy` skips pydantic's checks) was
+    queued and admitted, but the log could not hold it, so a restart lost it; a string for
+    `finished` was read as true."""
+    actor = scheduler_factory()
+    running = gang("research", (4,), priority_class="exploratory")
+    ray.get(actor.submit.remote(running))
+    lease = granted(actor, running.workload_id)
+    forever = gang("research", (4,), priority_class="exploratory").model_copy(
+        update={"checkpoint_interval_s": math.inf}
+    )
+    with pytest.raises(ray.exceptions.RayTaskError, match="cannot hold"):
+        ray.get(actor.submit.remote(forever))
+    with pytest.raises(ray.exceptions.RayTaskError, match="finished must be true or false"):
+        ray.get(actor.release.remote(lease.lease_id, "no"))
+    listed = sorted(w["workload_id"] for w in ray.get(actor.list_workloads.remote()))
+    assert listed == [running.workload_id]
+    first_incarnation = ray.get(actor.ping.remote())
+    ray.kill(actor, no_restart=False)
+    wait_for(lambda: _incarnation(actor) not in (None, first_incarnation), timeout=60)
+    assert sorted(w["workload_id"] for w in ray.get(actor.list_workloads.remote())) == listed
+    assert ray.get(actor.lease.remote(running.workload_id)).lease_id == lease.lease_id
 
 
 def _incarnation(actor: Any) -> float | None:
