@@ -66,9 +66,20 @@ def policy_set() -> PolicySet:
 def context(ps: PolicySet) -> RequestContext:
     resolved = resolve_flow(ps, "support", "reply")
     assert isinstance(resolved, ResolvedFlow)
-    now = time.time()
+    started = time.monotonic()
     return RequestContext(
-        uuid.uuid4().hex, now, "support", "k", None, resolved.policy, "auto", "p@1#0", None, now + 30, False
+        request_id=uuid.uuid4().hex,
+        received_at=time.time(),
+        started=started,
+        team="support",
+        key_id="k",
+        user=None,
+        flow=resolved.policy,
+        requested_model="auto",
+        prompt_ref="p@1#0",
+        idempotency_key=None,
+        deadline=started + 30,
+        stream=False,
     )
 
 

@@ -54,6 +54,7 @@ def make_exchange(
     ctx = RequestContext(
         request_id=request_id or f"req-{uuid.uuid4().hex[:12]}",
         received_at=received_at if received_at is not None else time.time(),
+        started=time.monotonic(),
         team=flow.team,
         key_id="k1",
         user=user,
@@ -61,7 +62,7 @@ def make_exchange(
         requested_model="auto",
         prompt_ref="support-reply@2#abcdef123456",
         idempotency_key="idem-1",
-        deadline_at=time.time() + 15,
+        deadline=time.monotonic() + 15,
         stream=False,
     )
     fields: dict[str, Any] = dict(

@@ -81,6 +81,7 @@ def context(
     return RequestContext(
         request_id=uuid.uuid4().hex,
         received_at=at,
+        started=0.0,
         team=team,
         key_id="k1",
         user=user,
@@ -88,7 +89,7 @@ def context(
         requested_model="auto",
         prompt_ref="p@1#0",
         idempotency_key=None,
-        deadline_at=at + 30,
+        deadline=30.0,
         stream=False,
     )
 

@@ -32,7 +32,7 @@ async def test_budget_and_rate_limits_left_fall_as_requests_are_charged(ledger_d
     client = InProcessLedgerClient(service)
     admissions = Admissions(lambda: ps, clock=clock)
     gate = (
-        LeasedBudgetGate(admissions, client, "r", LeaseConfig(max_share=1.0))
+        LeasedBudgetGate(admissions, client, "r", LeaseConfig(max_share=1.0), timer=clock)
         if design == "leased"
         else DirectBudgetGate(admissions, client, "r")
     )

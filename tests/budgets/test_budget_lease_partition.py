@@ -77,21 +77,41 @@ async def _spend(gate: LeasedBudgetGate, ps: object, clock: FixedClock, n: int) 
     return done
 
 
-async def test_a_partitioned_replica_stops_spending_before_its_hold_can_expire(ledger_db: Database) -> None:
+class ReplicaClock(FixedClock):
+    """Replica A's wall clock: the ledger's, until an NTP step or a resumed VM moves it."""
+
+    def __init__(self, ledger: FixedClock) -> None:
+        super().__init__()
+        self.ledger, self.step_s = ledger, 0.0
+
+    def __call__(self) -> float:
+        return self.ledger.now + self.step_s
+
+
+# A's monotonic timer moves with the ledger's clock and never steps. A's wall clock stepping
+# back an hour as it is cut off (stop 47): the lease's age was measured on the wall clock, so
+# it looked renewed for another hour and A went on spending what the ledger gave B.
+@pytest.mark.parametrize("wall_step_s", [0.0, -3_600.0], ids=["steady", "wall-clock-steps-back"])
+async def test_a_partitioned_replica_stops_spending_before_its_hold_can_expire(
+    ledger_db: Database, wall_step_s: float
+) -> None:
     # No rate limit: its permits would need the ledger too, and money is the point here.
     ps = with_limits(
         shipped(), team="support", team_rate=RateLimit(), flow_budget=("reply", BudgetLimits(day_usd=LIMIT_USD))
     )
     clock = FixedClock(NOON)
+    a_wall = ReplicaClock(clock)
+    a_timer = ReplicaClock(clock)  # never stepped
     service = LedgerService(BudgetLedger(ledger_db, clock), clock)
     config = LeaseConfig()
     a_client, b_client = PartitionableClient(service), PartitionableClient(service)
-    a = LeasedBudgetGate(Admissions(lambda: ps, clock=clock), a_client, "replica-a", config)
-    b = LeasedBudgetGate(Admissions(lambda: ps, clock=clock), b_client, "replica-b", config)
+    a = LeasedBudgetGate(Admissions(lambda: ps, clock=a_wall), a_client, "replica-a", config, timer=a_timer)
+    b = LeasedBudgetGate(Admissions(lambda: ps, clock=clock), b_client, "replica-b", config, timer=clock)
 
     assert await _spend(a, ps, clock, 3) == 3  # A takes a lease
     await a.maintain()  # its charges reach the ledger; the lease is renewed
     a_client.cut = True
+    a_wall.step_s = wall_step_s
     clock.now += config.renew_cutoff_s + 1
     cut_off_spent = await _spend(a, ps, clock, 10_000)  # A, cut off, tries to go on spending its lease
     clock.now += config.ttl_s + 1

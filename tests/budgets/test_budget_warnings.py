@@ -23,7 +23,9 @@ async def test_passing_a_soft_threshold_warns_on_later_answers(ledger_db: Databa
     ps = with_limits(shipped(), team="support", team_rate=RateLimit(), flow_budget=("reply", limits))
     clock = FixedClock(NOON)
     service = LedgerService(BudgetLedger(ledger_db, clock))
-    gate = LeasedBudgetGate(Admissions(lambda: ps, clock=clock), InProcessLedgerClient(service), "r", LeaseConfig())
+    gate = LeasedBudgetGate(
+        Admissions(lambda: ps, clock=clock), InProcessLedgerClient(service), "r", LeaseConfig(), timer=clock
+    )
     warned: list[list[str]] = []
     for _ in range(9):  # each charge is a tenth of the day's limit
         ctx = context(ps, team="support", flow="reply", at=clock.now)

@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import shutil
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -145,6 +146,18 @@ def make_keys(state: Path) -> dict[str, str]:
     store.revoke(record.key_id)
     keys["revoked"] = revoked
     return keys
+
+
+class SteppedWallClock:
+    """`time.time()` as an NTP step or a resumed VM moves it: plus `step_s` from its
+    `after + 1`-th reading on (`GatewayParts.clock`; `test_gw_clock_steps.py`)."""
+
+    def __init__(self, step_s: float, after: int) -> None:
+        self.step_s, self.after, self.readings = step_s, after, 0
+
+    def __call__(self) -> float:
+        self.readings += 1
+        return time.time() + (self.step_s if self.readings > self.after else 0.0)
 
 
 async def local_echo(call: ProviderCall) -> Completion:

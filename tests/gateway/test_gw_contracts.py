@@ -112,7 +112,7 @@ async def test_client_cannot_extend_the_deadline(gw: Harness, upstreams: FakeUps
         model="auto", messages=[{"role": "user", "content": "x"}], extra_headers={"X-Switchyard-Deadline-Ms": "999999"}
     )
     ctx = gw.audit.exchanges[-1].ctx
-    assert round((ctx.deadline_at - ctx.received_at) * 1000) == 5000  # qa/plain's deadline_ms
+    assert round(ctx.deadline_s * 1000) == 5000  # qa/plain's deadline_ms
 
 
 async def test_high_risk_fails_closed_without_durable_audit(gw_dirs: object, upstreams: FakeUpstreams) -> None:

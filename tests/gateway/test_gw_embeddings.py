@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import time
 from collections import Counter
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
@@ -24,7 +25,7 @@ import uvicorn
 import yaml
 from fastapi import FastAPI
 from gw_fake_embeddings import FakeEmbeddingUpstreams, Fault, fake_tokens, fake_vector
-from gw_harness import make_policies
+from gw_harness import SteppedWallClock, make_policies
 from gw_server import loopback_listener
 
 from switchyard.audit.builder import RecordBuilder
@@ -361,6 +362,24 @@ async def test_one_record_per_request_and_no_vector_in_it(gw: EmbeddingGateway, 
     payloads = [e.entry.model_dump_json() for e in gw.store.find(team="recs", limit=10_000)]
     components = {repr(v[k]) for v in vectors for k in (0, 1, 100, 1535)}
     assert not any(c in p for c in components for p in payloads)  # vectors are not audited
+
+
+@pytest.mark.parametrize("step_s", [-3_600.0, 3_600.0])
+async def test_a_wall_clock_step_moves_no_deadline_and_no_latency(gw: EmbeddingGateway, step_s: float) -> None:
+    """As for chat (`test_gw_clock_steps.py`): an hour forward was a 504 with no provider
+    called, an hour back a latency of minus an hour in the audit record."""
+    wall = gw.parts.clock
+    gw.parts.clock = SteppedWallClock(step_s, after=1)
+    try:
+        began = time.perf_counter()
+        raw = await gw.client().embeddings.with_raw_response.create(model="auto", input="a waterproof jacket")
+        elapsed_ms = (time.perf_counter() - began) * 1000
+    finally:
+        gw.parts.clock = wall
+    assert raw.status_code == 200
+    [exchange] = [x for x in gw.audit.exchanges if x.ctx.request_id == raw.headers["x-switchyard-request-id"]]
+    assert 0 <= exchange.latency_ms <= elapsed_ms
+    assert all(0 <= a.latency_ms <= elapsed_ms for a in exchange.attempts)
 
 
 async def test_a_chat_model_is_400_naming_model(gw: EmbeddingGateway) -> None:

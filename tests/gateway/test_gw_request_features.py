@@ -167,7 +167,7 @@ def test_text_is_every_string_a_model_reads_and_map_text_rewrites_all_of_it() ->
 
 def plan(gw: Harness, flow: str, **kw: Any) -> Any:
     headers = {"authorization": f"Bearer {gw.keys['qa']}", "x-switchyard-flow": flow}
-    return gw.pipeline.planner.plan(gw.store.current, body(**kw), headers, "r1", 1.8e9)
+    return gw.pipeline.planner.plan(gw.store.current, body(**kw), headers, "r1", 1.8e9, 0.0)
 
 
 @ASYNC

@@ -36,7 +36,7 @@ class DirectBudgetGate:
 
     async def reserve(self, ctx: RequestContext, estimate: CostEstimate) -> Reservation:
         a = self.admissions.admission(ctx, estimate)
-        ttl = max(ctx.deadline_at - self.admissions.clock(), 0.0) + HOLD_GRACE_S
+        ttl = ctx.deadline_s + HOLD_GRACE_S
         hold = HoldRequest(a.reservation_id, self.holder, a.lines, a.amount_nanos, a.amount_nanos, ttl)
         result = await self.client.admit(a.permits, hold)
         if isinstance(result, PermitsRefused):

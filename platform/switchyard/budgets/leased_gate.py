@@ -21,8 +21,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from switchyard.budgets.admission import Admission, Admissions, over_budget, permit_headroom, rate_limited
@@ -117,8 +118,14 @@ class LeasedBudgetGate:
         holder: str,
         config: LeaseConfig | None = None,
         journal: ChargeJournal | None = None,
+        timer: Callable[[], float] = time.monotonic,
     ) -> None:
+        """`timer` measures how old a lease's renewal, its last use and held permits are: a
+        monotonic clock, since a wall-clock step back (NTP, a resumed VM) would keep a lease
+        the ledger has expired looking fresh, and a replica cut off from the ledger would go on
+        spending money the ledger has handed to another replica."""
         self.admissions = admissions
+        self.timer = timer
         self.client = client
         self.holder = holder
         self.config = config or LeaseConfig()
@@ -153,7 +160,7 @@ class LeasedBudgetGate:
             raise
         lease.used += a.amount_nanos
         lease.in_flight[a.reservation_id] = a.amount_nanos
-        lease.last_used = self.admissions.clock()
+        lease.last_used = self.timer()
         self._open[a.reservation_id] = (a, lease)
         if self.journal is not None:  # charged in full if this replica dies before it settles
             self.journal.reserve(lease.hold_id, a.provisional_charge())
@@ -214,7 +221,7 @@ class LeasedBudgetGate:
             raise over_budget(result)
         if isinstance(result, PermitsRefused) or result.hold is None:
             raise AssertionError(f"the ledger answered a budget-only hold with {result!r}")
-        now = self.admissions.clock()
+        now = self.timer()
         return _Lease(result.hold.hold_id, a.lines, result.hold.amount_nanos, now, now, result.hold.headroom_nanos)
 
     # ------------------------------------------------------------ prefetching the next lease
@@ -236,7 +243,7 @@ class LeasedBudgetGate:
             return None
         if not isinstance(result, Admitted) or result.hold is None:
             return None  # refused: the request that needs it will be refused with the details
-        now = self.admissions.clock()
+        now = self.timer()
         return _Lease(result.hold.hold_id, a.lines, result.hold.amount_nanos, now, now, result.hold.headroom_nanos)
 
     async def _take_prefetched(self, a: Admission) -> _Lease | None:
@@ -284,7 +291,7 @@ class LeasedBudgetGate:
 
     def _stale(self, lease: _Lease) -> bool:
         """Not renewed for `renew_cutoff_s`: the ledger may expire it before a new request ends."""
-        return self.admissions.clock() - lease.renewed_at > self.config.renew_cutoff_s
+        return self.timer() - lease.renewed_at > self.config.renew_cutoff_s
 
     def _retire(self, lease: _Lease) -> None:
         """Stop reserving from a lease (its in-flight requests still settle against it)."""
@@ -382,7 +389,7 @@ class LeasedBudgetGate:
 
     async def _take_permits(self, demands: tuple[PermitDemand, ...]) -> None:
         async with self._permit_lock:
-            now = self.admissions.clock()
+            now = self.timer()
             short = tuple(
                 PermitDemand(
                     d.key,
@@ -434,7 +441,7 @@ class LeasedBudgetGate:
                 log.exception("budget upkeep failed; retrying in %.2fs", self.config.flush_every_s)
 
     async def maintain(self) -> None:
-        now = self.admissions.clock()
+        now = self.timer()
         await self.client.renew(self.holder, self.config.ttl_s)
         for lease in (*self._leases.values(), *self._retired.values()):
             lease.renewed_at = now  # one renewal extends every hold of this replica

@@ -125,6 +125,7 @@ class AttemptRunner:
         contracts: OutputContracts,
         retry: RetryPolicy,
         clock: Callable[[], float] = time.time,
+        timer: Callable[[], float] = time.monotonic,
         rng: random.Random | None = None,
         tracing: GatewayTracing | None = None,
     ) -> None:
@@ -133,7 +134,8 @@ class AttemptRunner:
         self.metrics = metrics
         self.contracts = contracts
         self.retry = retry
-        self.clock = clock
+        self.clock = clock  # an attempt's start, as a timestamp
+        self.timer = timer  # its latency and the deadline (see `RequestContext`)
         self.rng = rng or random.Random()
         self.tracing = tracing or GatewayTracing()
 
@@ -181,7 +183,7 @@ class AttemptRunner:
             if isinstance(outcome, Answer):
                 return outcome
             last, reason, contract_problem = outcome
-            if self.clock() >= req.ctx.deadline_at:
+            if self.timer() >= req.ctx.deadline:
                 raise ChainFailed(last, deadline_hit=True, contract_problem=contract_problem)
             if nxt is None or not falls_back(last.error_class, nxt):
                 break
@@ -207,7 +209,7 @@ class AttemptRunner:
         repaired = False
         contract_problem: str | None = None
         while True:
-            remaining = ctx.deadline_at - self.clock()
+            remaining = ctx.deadline - self.timer()
             if remaining < self.retry.min_attempt_s:
                 err = ProviderError(ErrorClass.TIMEOUT, "no time left in the deadline for another attempt")
                 return err, ErrorClass.TIMEOUT.value, contract_problem
@@ -238,7 +240,7 @@ class AttemptRunner:
                 request_id=ctx.request_id,
                 output=None if req.output is None else req.output.as_format(cand.entry.capabilities.json_schema),
             )
-            started = self.clock()
+            started, began = self.clock(), self.timer()
             log.current = cand  # stays set if the request is cancelled mid-call: it may be billed
             span = self._attempt_span(req, cand)
             try:
@@ -257,7 +259,7 @@ class AttemptRunner:
             else:
                 log.current = None
                 breaker.record(None)
-                latency = (self.clock() - started) * 1000
+                latency = (self.timer() - began) * 1000
                 problem = None
                 if isinstance(value, Completion) and restore is not None and not value.tool_calls:
                     # A turn that calls tools is not the final answer: the contract waits for it.
@@ -310,7 +312,7 @@ class AttemptRunner:
                     cand.model,
                     cand.entry.model_version,
                     started,
-                    (self.clock() - started) * 1000,
+                    (self.timer() - began) * 1000,
                     error.error_class,
                     error.message,
                     billed_unknown=error.billed,
@@ -321,7 +323,7 @@ class AttemptRunner:
             retryable = error.error_class in RETRYABLE and not overloaded and not error.billed
             if retryable and retries < self.retry.retries_per_candidate:
                 pause = self.retry.backoff(retries, error.retry_after_s, self.rng)
-                if self.clock() + pause + self.retry.min_attempt_s < ctx.deadline_at:
+                if self.timer() + pause + self.retry.min_attempt_s < ctx.deadline:
                     retries += 1
                     await asyncio.sleep(pause)
                     continue

@@ -48,7 +48,7 @@ class EmbeddingCaller:
         timeout_cap = ps.providers.providers[cand.provider].timeout_s
         retries = 0
         while True:
-            remaining = ctx.deadline_at - parts.clock()
+            remaining = ctx.deadline - parts.timer()
             if remaining < parts.retry.min_attempt_s:
                 raise ProviderError(ErrorClass.TIMEOUT, "no time left in the deadline for another attempt")
             if not breaker.allow():
@@ -58,7 +58,7 @@ class EmbeddingCaller:
                 raise err
             timeout = min(timeout_cap, remaining)
             call = EmbeddingCall(cand.model, cand.entry.model_version, inputs, timeout, ctx.request_id, dimensions)
-            started = parts.clock()
+            started, began = parts.clock(), parts.timer()
             log.current = cand  # stays set if the request is cancelled mid-call: it may be billed
             try:
                 async with asyncio.timeout(timeout):
@@ -74,7 +74,7 @@ class EmbeddingCaller:
             else:
                 log.current = None
                 breaker.record(None)
-                latency = (parts.clock() - started) * 1000
+                latency = (parts.timer() - began) * 1000
                 usage = Usage(answer.prompt_tokens, 0) if answer.usage_reported else None
                 log.attempts.append(
                     Attempt(
@@ -92,11 +92,11 @@ class EmbeddingCaller:
             overloaded = isinstance(error, ProviderOverloaded)
             breaker.record(None if overloaded else error.error_class)  # busy is not broken
             parts.metrics.attempt_failed(cand.provider, error.error_class.value)
-            log.attempts.append(_attempt(cand, started, (parts.clock() - started) * 1000, error))
+            log.attempts.append(_attempt(cand, started, (parts.timer() - began) * 1000, error))
             retryable = error.error_class in RETRYABLE and not overloaded and not error.billed
             if retryable and retries < parts.retry.retries_per_candidate:
                 pause = parts.retry.backoff(retries, error.retry_after_s, self.rng)
-                if parts.clock() + pause + parts.retry.min_attempt_s < ctx.deadline_at:
+                if parts.timer() + pause + parts.retry.min_attempt_s < ctx.deadline:
                     retries += 1
                     await asyncio.sleep(pause)
                     continue
@@ -108,8 +108,8 @@ class EmbeddingCaller:
         """The client's error when the model produced no vectors, naming what was tried."""
         parts = self.parts
         detail = f"{NO_FALLBACK}; tried: {log.tried()}"
-        if parts.clock() >= ctx.deadline_at:
-            ms = round((ctx.deadline_at - ctx.received_at) * 1000)
+        if parts.timer() >= ctx.deadline:
+            ms = round(ctx.deadline_s * 1000)
             return DeadlineExceeded("deadline_exceeded", f"the deadline of {ms} ms passed; {detail}")
         if isinstance(err, ProviderOverloaded):
             settings = ps.org.gateway.admission

@@ -186,7 +186,7 @@ class EmbeddingsPipeline:
     async def handle(self, raw: bytes, headers: Mapping[str, str], principal: Principal | None = None) -> JSONResult:
         """`principal`: the caller, when the HTTP layer authenticated before reading `raw`."""
         request_id = uuid.uuid4().hex
-        now = self.parts.clock()
+        now, started = self.parts.clock(), self.parts.timer()
         hdr = {
             H_REQUEST_ID: request_id,
             H_SDK_REQUEST_ID: request_id,  # what OpenAI's SDKs read as `_request_id`, as chat answers do
@@ -199,7 +199,7 @@ class EmbeddingsPipeline:
         ps = self.parts.policies()
         self._sync(ps)
         try:
-            plan = self._plan(ps, raw, headers, request_id, now, principal)
+            plan = self._plan(ps, raw, headers, request_id, now, started, principal)
         except GatewayError as exc:
             # Not audited, as for chat: refused while planning, before any work was done.
             self.parts.metrics.request("unknown", "unknown", exc.status, None)
@@ -213,6 +213,7 @@ class EmbeddingsPipeline:
         headers: Mapping[str, str],
         request_id: str,
         now: float,
+        started: float,
         principal: Principal | None,
     ) -> EmbeddingPlan:
         principal = principal or self.parts.keys.authenticate(headers)
@@ -243,6 +244,7 @@ class EmbeddingsPipeline:
         ctx = RequestContext(
             request_id=request_id,
             received_at=now,
+            started=started,
             team=principal.team,
             key_id=principal.key_id,
             user=request.user,
@@ -250,7 +252,7 @@ class EmbeddingsPipeline:
             requested_model=request.model,
             prompt_ref="none",
             idempotency_key=None,
-            deadline_at=now + deadline_ms(flow, headers) / 1000,
+            deadline=started + deadline_ms(flow, headers) / 1000,
             stream=False,
         )
         messages = [{"role": "user", "content": t} for t in texts]
@@ -276,7 +278,7 @@ class EmbeddingsPipeline:
         plan, parts = run.plan, self.parts
         ctx, flow = plan.ctx, plan.ctx.flow
         try:
-            remaining_s = ctx.deadline_at - parts.clock()
+            remaining_s = ctx.deadline - parts.timer()
             redacted = await self.redaction.redact(parts.redactor, plan.messages, flow.data_class, remaining_s)
         except DeadlineExceeded as exc:
             return await self._fail(run, Outcome(status=504, error_code=exc.code), exc, hdr)
@@ -329,7 +331,7 @@ class EmbeddingsPipeline:
         try:
             # Bounded by the deadline: a ledger that cannot answer in time is an outage (503),
             # and no provider is called with money the ledger did not grant.
-            async with asyncio.timeout(max(ctx.deadline_at - parts.clock(), 0.0)):
+            async with asyncio.timeout(max(ctx.deadline - parts.timer(), 0.0)):
                 return await parts.budget.reserve(ctx, estimate)
         except (OverBudget, RateLimited, BudgetUnavailable, TimeoutError) as exc:
             if isinstance(exc, BudgetUnavailable | TimeoutError):
@@ -365,7 +367,7 @@ class EmbeddingsPipeline:
         if warnings:
             hdr[H_BUDGET_WARNING] = "; ".join(warnings)
         self._count(ctx, 200, cand.provider)
-        total_ms = (parts.clock() - ctx.received_at) * 1000
+        total_ms = (parts.timer() - ctx.started) * 1000
         upstream_ms = sum(a.latency_ms for a in run.log.attempts)
         parts.metrics.stage_latency("total", total_ms)
         parts.metrics.stage_latency("gateway_overhead", total_ms - upstream_ms)
@@ -449,7 +451,7 @@ class EmbeddingsPipeline:
             usage=o.usage,
             cost_usd=o.cost,
             bills=o.bills,
-            latency_ms=(self.parts.clock() - ctx.received_at) * 1000,
+            latency_ms=(self.parts.timer() - ctx.started) * 1000,
             budget_decision=o.budget_decision,
             redaction=run.redaction,
             contract_result="not_declared" if run.log.attempts else "not_reached",
@@ -460,7 +462,7 @@ class EmbeddingsPipeline:
     def _count(self, ctx: RequestContext, status: int, provider: str | None) -> None:
         """One request's fate in the metrics: its status and its end-to-end time."""
         self.parts.metrics.request(ctx.team, ctx.flow.flow, status, provider)
-        self.parts.metrics.latency(ctx.team, ctx.flow.flow, provider, status, self.parts.clock() - ctx.received_at)
+        self.parts.metrics.latency(ctx.team, ctx.flow.flow, provider, status, self.parts.timer() - ctx.started)
 
     def _own(self, work: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
         return self._owned.run(work)

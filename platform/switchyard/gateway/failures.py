@@ -23,7 +23,7 @@ def chain_error(plan: Plan, failed: ChainFailed, chain: ChainLog) -> GatewayErro
     tried = chain.tried()
     ctx = plan.ctx
     if failed.deadline_hit:
-        ms = round((ctx.deadline_at - ctx.received_at) * 1000)
+        ms = round(ctx.deadline_s * 1000)
         return DeadlineExceeded("deadline_exceeded", f"the deadline of {ms} ms passed; tried: {tried}")
     err = failed.error
     if err is None:

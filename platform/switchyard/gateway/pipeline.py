@@ -130,7 +130,8 @@ class GatewayParts:
     circuits: CircuitBoard = field(default_factory=CircuitBoard)
     admission: AdmissionController = field(default_factory=AdmissionController)
     retry: RetryPolicy = field(default_factory=RetryPolicy)
-    clock: Callable[[], float] = time.time
+    clock: Callable[[], float] = time.time  # timestamps: records, budget days
+    timer: Callable[[], float] = time.monotonic  # durations and deadlines (see `RequestContext`)
     idempotency_poll_s: float = 0.02
     # The eval records behind high-risk fallbacks; pass one with the state dir's signing key
     # (`EvalBook(EvalSigner.in_state_dir(state))`): the default trusts no record.
@@ -157,6 +158,7 @@ class ChatPipeline:
             self.contracts,
             parts.retry,
             parts.clock,
+            parts.timer,
             tracing=parts.tracing,
         )
         # Build the clients and load the exact tokenizers now: a boto3 client takes ~100 ms, the
@@ -180,7 +182,7 @@ class ChatPipeline:
     async def handle(self, raw: bytes, headers: Mapping[str, str], principal: Principal | None = None) -> Result:
         """`principal`: the caller, when the HTTP layer authenticated before reading `raw`."""
         request_id = uuid.uuid4().hex
-        now = self.parts.clock()
+        now, started = self.parts.clock(), self.parts.timer()
         hdr = {
             H_REQUEST_ID: request_id,
             H_SDK_REQUEST_ID: request_id,
@@ -194,11 +196,11 @@ class ChatPipeline:
         timings = StageTimings() if self.parts.stage_timing else None
         try:
             with timings.stage("plan") if timings is not None else nullcontext():
-                plan = self.planner.plan(ps, raw, headers, request_id, now, principal)
+                plan = self.planner.plan(ps, raw, headers, request_id, now, started, principal)
         except GatewayError as exc:
             # Not audited: before a flow is resolved there is no flow policy to audit under.
             self.parts.metrics.request("unknown", "unknown", exc.status, None)
-            self.parts.metrics.latency("unknown", "unknown", None, exc.status, self.parts.clock() - now)
+            self.parts.metrics.latency("unknown", "unknown", None, exc.status, self.parts.timer() - started)
             return error_result(exc, hdr)
         hdr[H_PROMPT] = plan.ctx.prompt_ref
         if timings is not None:
@@ -269,7 +271,7 @@ class ChatPipeline:
                     param="Idempotency-Key",
                 )
                 return self._answered_here(plan, error_result(conflict, hdr))
-            if self.parts.clock() >= ctx.deadline_at:
+            if self.parts.timer() >= ctx.deadline:
                 late = DeadlineExceeded(
                     "deadline_exceeded",
                     "a request with this Idempotency-Key is still in flight and the deadline passed",
@@ -340,7 +342,7 @@ class ChatPipeline:
             return plan.messages
         if self._images is None:
             self._images = ImageFetcher()
-        return await self._images.inline(plan.messages, rules, plan.ctx.deadline_at - self.parts.clock())
+        return await self._images.inline(plan.messages, rules, plan.ctx.deadline - self.parts.timer())
 
     def _chain_error(self, plan: Plan, failed: ChainFailed, chain: ChainLog) -> GatewayError:
         err = chain_error(plan, failed, chain)
@@ -366,7 +368,7 @@ class ChatPipeline:
             outcome = Outcome(status=exc.status, error_code=exc.code)
             return await self._fail(plan, nothing_sent, outcome, exc, hdr, ChainLog())
         try:
-            remaining_s = ctx.deadline_at - parts.clock()
+            remaining_s = ctx.deadline - parts.timer()
             with self._stage(plan, "redaction"):
                 redacted = await self.redaction.redact(parts.redactor, outgoing, flow.data_class, remaining_s)
         except DeadlineExceeded as exc:
@@ -407,7 +409,7 @@ class ChatPipeline:
             # Bounded by the deadline: a ledger that cannot answer in time is an outage (503),
             # and no provider is called with money the ledger did not grant.
             with self._stage(plan, "budget.reserve"):
-                async with asyncio.timeout(max(ctx.deadline_at - parts.clock(), 0.0)):
+                async with asyncio.timeout(max(ctx.deadline - parts.timer(), 0.0)):
                     reservation = await parts.budget.reserve(ctx, estimate)
         except OverBudget as exc:
             outcome = Outcome(status=402, budget_decision=f"over_budget:{exc.budget}", error_code="over_budget")
@@ -521,7 +523,7 @@ class ChatPipeline:
         if left is not None:
             hdr[H_BUDGET_LEFT] = f"{left:.8f}"
         self._count(plan, 200, cand.provider)
-        total_ms = (parts.clock() - ctx.received_at) * 1000
+        total_ms = (parts.timer() - ctx.started) * 1000
         upstream_ms = sum(a.latency_ms for a in chain.attempts)
         parts.metrics.stage_latency("total", total_ms)
         parts.metrics.stage_latency("gateway_overhead", total_ms - upstream_ms)
@@ -695,7 +697,7 @@ class ChatPipeline:
             usage=o.usage,
             cost_usd=o.cost,
             bills=o.bills,
-            latency_ms=(self.parts.clock() - ctx.received_at) * 1000,
+            latency_ms=(self.parts.timer() - ctx.started) * 1000,
             budget_decision=o.budget_decision,
             redaction=redacted.summary,
             contract_result=o.contract if plan.output is not None or o.contract == "not_reached" else "not_declared",
@@ -754,7 +756,7 @@ class ChatPipeline:
         Called exactly once per request (the usage-invariant test counts it)."""
         ctx, metrics = plan.ctx, self.parts.metrics
         metrics.request(ctx.team, ctx.flow.flow, status, provider)
-        metrics.latency(ctx.team, ctx.flow.flow, provider, status, self.parts.clock() - ctx.received_at)
+        metrics.latency(ctx.team, ctx.flow.flow, provider, status, self.parts.timer() - ctx.started)
         if plan.span is not None:
             plan.span.set_response(status, error)
             plan.span.end()

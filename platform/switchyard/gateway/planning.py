@@ -117,9 +117,11 @@ class Planner:
         headers: Mapping[str, str],
         request_id: str,
         now: float,
+        started: float,
         principal: Principal | None = None,
     ) -> Plan:
-        """`principal`: the caller, when the HTTP layer authenticated before reading the body."""
+        """`now`: the wall clock at receipt; `started`: the gateway's monotonic timer then.
+        `principal`: the caller, when the HTTP layer authenticated before reading the body."""
         principal = principal or self.keys.authenticate(headers)
         request = parse_chat_request(raw, ps.org.gateway.limits)
         flow = self.flows.for_request(ps, principal.team, headers)
@@ -165,6 +167,7 @@ class Planner:
         ctx = RequestContext(
             request_id=request_id,
             received_at=now,
+            started=started,
             team=principal.team,
             key_id=principal.key_id,
             user=request.user,
@@ -172,7 +175,7 @@ class Planner:
             requested_model=request.model,
             prompt_ref=rendered.ref,
             idempotency_key=headers.get(IDEMPOTENCY_HEADER),
-            deadline_at=now + deadline_ms(flow, headers) / 1000,
+            deadline=started + deadline_ms(flow, headers) / 1000,
             stream=request.stream,
         )
         return Plan(ctx, request, ps, list(rendered.messages), route, max_tokens, needs, output, tools)

@@ -23,7 +23,11 @@ class RequestContext:
     """Everything known about a request before any provider is called."""
 
     request_id: str
-    received_at: float  # unix seconds
+    received_at: float  # unix seconds (wall clock): the record's time, the day of prices and budgets
+    # Durations and deadlines count on the gateway's monotonic timer (`GatewayParts.timer`), not
+    # the wall clock: an NTP step or a resumed VM moves the wall clock by seconds to hours, which
+    # would time out requests in flight or record negative latencies.
+    started: float  # the timer at receipt
     team: str
     key_id: str
     user: str | None  # the end user the team names (OpenAI's `user` field), if any
@@ -31,8 +35,13 @@ class RequestContext:
     requested_model: str  # "auto" or a model name the flow allows
     prompt_ref: str  # "id@version#hash12"
     idempotency_key: str | None
-    deadline_at: float  # unix seconds; the flow's deadline, possibly shortened by the client
+    deadline: float  # on the timer: `started` + the flow's deadline, possibly shortened by the client
     stream: bool
+
+    @property
+    def deadline_s(self) -> float:
+        """The request's whole time budget, in seconds."""
+        return self.deadline - self.started
 
     @property
     def day(self) -> date:

@@ -71,7 +71,7 @@ async def stream_body(
     parts_out = end.streamed
     try:
         # The provider's first piece is in hand (the chain waited for it before answering).
-        parts.metrics.first_token(ctx.team, ctx.flow.flow, provider, parts.clock() - ctx.received_at)
+        parts.metrics.first_token(ctx.team, ctx.flow.flow, provider, parts.timer() - ctx.started)
         yield sse(chunk_body(ctx.request_id, model, created, role=True, text=""))
         delta = first
         while True:
@@ -96,7 +96,7 @@ async def stream_body(
                     yield sse(chunk_body(ctx.request_id, model, created, tool_calls=rest_of_calls))
                 yield sse(chunk_body(ctx.request_id, model, created, finish_reason=delta.finish_reason))
                 break
-            remaining = ctx.deadline_at - parts.clock()
+            remaining = ctx.deadline - parts.timer()
             try:
                 async with asyncio.timeout(max(remaining, 0.0)):
                     delta = await anext(rest)
