@@ -333,3 +333,21 @@ def test_a_placed_replica_takes_the_grant_of_a_waiting_one_of_its_deployment() -
     other = ServeReplica("prod--other", "echo", "o", 1, None)
     actions = plan([other, placed], {other.workload_id: ("n1",), placed.workload_id: None}, TEAMS)
     assert actions == [Adopt(placed, "prod", "n1")]
+
+
+def test_a_serve_name_a_workload_id_cannot_carry_is_queued_by_digest(tmp_path: Path) -> None:
+    """Serve refuses only `#` in a name; the scheduler's workload ids refuse control characters
+    and more than 256 characters (stop 47). A replica of such a deployment is still queued,
+    under a digest of its name, and the pool's pass goes on for the others."""
+    policy = _policy()
+    node = Node("n1", 8, "a", "r")
+    state = LiveState(Scheduler(policy, (node,), 0), nodes={"n1": node})
+    d, journal = Driver(state), SchedulerJournal(tmp_path / "scheduler.db")
+    pool = ServePool(policy, journal)
+    odd = [replica("u1", None, app="prod--echo\nx"), ServeReplica("prod--echo", "e" * 5000, "u2", 1, None)]
+    waiting = [*odd, replica("u3", None)]
+    assert len({r.workload_id for r in waiting}) == 3
+    pool.reconcile(state, waiting, -pool.SETTLE_S, logged(d, journal, -pool.SETTLE_S))
+    assert pool.reconcile(state, waiting, 0, logged(d, journal, 0)) is True
+    assert {r.workload_id for r in waiting} <= set(state.submissions)
+    assert all(r.workload_id.startswith("serve:sha256-") for r in odd)

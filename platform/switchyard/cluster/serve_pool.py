@@ -21,6 +21,7 @@ from the write-ahead log like every other event), and journals the cause chain o
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import math
 from collections.abc import Callable, Collection, Iterable, Mapping
@@ -32,7 +33,7 @@ from ray.util.metrics import Gauge
 from switchyard.cluster.grant_holds import SERVE_GPU_RESOURCE
 from switchyard.cluster.scheduler_journal import SchedulerJournal
 from switchyard.cluster.serve_configs import INFERENCE_PRIORITY, TEAM_SEPARATOR, app_team, inference_teams
-from switchyard.scheduler.api import WorkloadSubmission
+from switchyard.scheduler.api import MAX_DESCRIPTION_CHARS, MAX_WORKLOAD_ID_CHARS, WorkloadSubmission
 from switchyard.scheduler.core import Decisions, SchedulerPolicy, WorkloadClass
 from switchyard.scheduler.driver import LiveState
 from switchyard.scheduler.driver.serve_replicas import ReplicaAction, ReplicaChange
@@ -65,7 +66,12 @@ class ServeReplica:
 
     @property
     def workload_id(self) -> str:
-        return f"{WORKLOAD_PREFIX}{self.app}/{self.deployment}/{self.unique_id}"
+        """`serve:<app>/<deployment>/<unique id>`; a name a workload id cannot carry (a control
+        character, or too long: `WorkloadSubmission`), which Serve does not refuse, by digest."""
+        name = f"{self.app}/{self.deployment}"
+        if len(name) > MAX_WORKLOAD_ID_CHARS // 2 or not name.isprintable():
+            name = "sha256-" + hashlib.sha256(name.encode("utf-8", "surrogatepass")).hexdigest()[:24]
+        return f"{WORKLOAD_PREFIX}{name}/{self.unique_id}"
 
 
 def is_pool_workload(workload_id: str) -> bool:
@@ -450,7 +456,7 @@ class ServePool:
             workload_class=WorkloadClass.INFERENCE,
             priority_class=INFERENCE_PRIORITY,
             bundles=(replica.gpus,),
-            description=replica.replica_id,
+            description=replica.replica_id[:MAX_DESCRIPTION_CHARS],
         )
 
     @staticmethod

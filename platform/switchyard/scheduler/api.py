@@ -20,6 +20,8 @@ from switchyard.scheduler.core.model import GangRequest, PlacementStrategy, Work
 from switchyard.scheduler.preemption_channel import PreemptionNotice
 
 NO_CONTROLS = r"^[^\x00-\x1f\x7f-\x9f]*$"
+MAX_WORKLOAD_ID_CHARS = 256
+MAX_DESCRIPTION_CHARS = 4096
 
 
 class WorkloadSubmission(BaseModel):
@@ -30,7 +32,10 @@ class WorkloadSubmission(BaseModel):
     # An id names the workload in logs, the event journal, metrics and its Ray job's id: no
     # control character (a newline would forge a log line), and short.
     workload_id: str = Field(
-        default_factory=lambda: f"wl-{uuid.uuid4().hex[:10]}", min_length=1, max_length=256, pattern=NO_CONTROLS
+        default_factory=lambda: f"wl-{uuid.uuid4().hex[:10]}",
+        min_length=1,
+        max_length=MAX_WORKLOAD_ID_CHARS,
+        pattern=NO_CONTROLS,
     )
     team: str
     workload_class: WorkloadClass = WorkloadClass.TRAINING
@@ -40,7 +45,7 @@ class WorkloadSubmission(BaseModel):
     same_node_group: bool = False
     node_group: str | None = None
     checkpoint_interval_s: float | None = Field(default=None, gt=0, allow_inf_nan=False)
-    description: str = Field(default="", max_length=4096)
+    description: str = Field(default="", max_length=MAX_DESCRIPTION_CHARS)
     # When set, the scheduler launches the workload itself through the Ray Jobs API on admission;
     # otherwise the caller (a running job) polls `lease()` and starts when granted.
     entrypoint: str | None = None
