@@ -132,3 +132,41 @@ async def test_the_shipped_lease_settings_outlive_the_longest_flow() -> None:
     check_lease_bound(LeaseConfig(), longest_deadline_s(ps))
     with pytest.raises(ValueError, match="ttl_s=30 must be at least"):
         check_lease_bound(LeaseConfig(ttl_s=30), longest_deadline_s(ps))
+
+
+async def test_a_ledger_clock_stepped_forward_expires_no_live_replicas_hold(ledger_db: Database) -> None:
+    """The ledger's wall clock jumps an hour ahead (an NTP step, its VM resumed): every stored
+    hold expiry is in the past at once. Before stop 47 the ledger released every live
+    replica's holds and gave their money to others while the replicas went on spending their
+    leases. Now it keeps the holds of replicas it heard from within their TTL (monotonic)."""
+    ps = with_limits(
+        shipped(), team="support", team_rate=RateLimit(), flow_budget=("reply", BudgetLimits(day_usd=LIMIT_USD))
+    )
+    clock = FixedClock(NOON)  # the replicas' clocks, and the ledger's monotonic timer
+    ledger_wall = ReplicaClock(clock)
+    service = LedgerService(BudgetLedger(ledger_db, ledger_wall), ledger_wall, timer=clock)
+    config = LeaseConfig()
+    a = LeasedBudgetGate(Admissions(lambda: ps, clock=clock), InProcessLedgerClient(service), "a", config, timer=clock)
+    b = LeasedBudgetGate(Admissions(lambda: ps, clock=clock), InProcessLedgerClient(service), "b", config, timer=clock)
+
+    assert await _spend(a, ps, clock, 3) == 3  # A takes a lease
+    await a.maintain()
+    ledger_wall.step_s = 3_600.0
+    clock.now += 2
+    assert service.expire_due() == [], "a live replica's hold was expired by a step of the ledger's clock"
+    await _spend(b, ps, clock, 10_000)  # B spends what is left
+    await _spend(a, ps, clock, 10_000)  # A goes on spending its lease
+    await a.aclose()
+    await b.aclose()
+
+    line = next(s for s in service.lines() if s.key.startswith("flow:support/reply:day:"))
+    limit = round(LIMIT_USD * 1e9)
+    assert line.spent_nanos <= limit, f"spent {line.spent_nanos / limit:.2f}x the day limit"
+
+    # A replica that stops renewing still loses its holds, after their TTL on the timer.
+    c = LeasedBudgetGate(Admissions(lambda: ps, clock=clock), InProcessLedgerClient(service), "c", config, timer=clock)
+    clock.now += 86_400  # the next day: a fresh budget
+    assert await _spend(c, ps, clock, 1) == 1 and service.ledger.open_holds() == 1
+    clock.now += config.ttl_s + 1
+    service.expire_due()
+    assert service.ledger.open_holds() == 0

@@ -32,3 +32,15 @@ def test_all_or_nothing_across_keys_and_batches() -> None:
 def test_more_than_a_minute_of_tokens_never_fits() -> None:
     refused = TokenBuckets().take((PermitDemand("flow:t/f:tpm", 100, 101, 101),), 0.0)
     assert isinstance(refused, PermitsRefused)
+
+
+@pytest.mark.parametrize("step_s", [-1.0, -3_600.0, -86_400.0])
+def test_a_clock_stepped_back_drains_no_bucket(step_s: float) -> None:
+    """Stop 47: the ledger's wall clock stepping back an hour (NTP) drained a bucket by an
+    hour's refill, so its key was refused for the next hour (`retry_after_s` 3,542)."""
+    b = TokenBuckets()
+    assert isinstance(b.take((PermitDemand("team:t:rpm", 60, 1, 1),), 1000.0), PermitsGranted)
+    after_step = b.take((PermitDemand("team:t:rpm", 60, 1, 1),), 1000.0 + step_s)
+    assert after_step == PermitsGranted({"team:t:rpm": 1}, {"team:t:rpm": 58})
+    assert isinstance(b.take((PermitDemand("team:t:rpm", 60, 58, 58),), 1000.0 + step_s), PermitsGranted)
+    assert isinstance(b.take((PermitDemand("team:t:rpm", 60, 1, 1),), 1000.0 + step_s + 1), PermitsGranted)

@@ -349,16 +349,18 @@ class BudgetLedger:
                 (self._clock() + ttl_s, holder),
             ).rowcount
 
-    def expire(self) -> list[str]:
-        """Release the holds of replicas that stopped renewing them (died or hung)."""
+    def expire(self, spare: Callable[[str], bool] = lambda holder: False) -> list[str]:
+        """Release the holds of replicas that stopped renewing them (died or hung); `spare`:
+        holders known to be alive whatever the stored expiry says (`LedgerService.expire_due`)."""
         with self.db.transaction() as tx:
-            stale = [
-                str(r[0])
-                for r in tx.execute(
-                    "SELECT hold_id FROM holds WHERE is_open = 1 AND expires_at < ?",
-                    (self._clock(),),
-                ).rows
-            ]
+            due = tx.execute(
+                "SELECT hold_id, holder FROM holds WHERE is_open = 1 AND expires_at < ?", (self._clock(),)
+            ).rows
+        stale = [str(hold_id) for hold_id, holder in due if not spare(str(holder))]
+        if len(stale) < len(due):
+            log.warning(
+                "%d holds past their expiry kept: their replicas renewed them within their TTL", len(due) - len(stale)
+            )
         for hold_id in stale:
             log.warning("hold %s expired: its replica stopped renewing it; releasing the rest", hold_id)
             self.settle(hold_id, (), close=True)

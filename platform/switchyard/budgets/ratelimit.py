@@ -50,7 +50,9 @@ class TokenBuckets:
         if b is None:
             b = self._buckets[key] = _Bucket(float(per_minute), now)
         else:
-            b.level = min(float(per_minute), b.level + (now - b.at) * per_minute / 60.0)
+            # Never less for time gone backwards: a wall-clock step back (NTP) drained a bucket
+            # by the step's worth of refill, refusing the key for as long as the step.
+            b.level = min(float(per_minute), b.level + max(now - b.at, 0.0) * per_minute / 60.0)
             b.at = now
         return b
 

@@ -47,12 +47,17 @@ class LedgerService:
         ledger: BudgetLedger,
         clock: Callable[[], float] = time.time,
         expire_every_s: float = 1.0,
+        timer: Callable[[], float] = time.monotonic,
     ) -> None:
+        """`clock`: the wall clock (rate buckets). `timer`, monotonic: when expiry last ran, and
+        when each holder was last heard from in this process (see `expire_due`)."""
         self.ledger = ledger
         self.buckets = TokenBuckets()
         self._clock = clock
+        self._timer = timer
         self._expire_every_s = expire_every_s
-        self._last_expiry = 0.0
+        self._last_expiry: float | None = None
+        self._heard_until: dict[str, float] = {}  # holder -> timer reading its last hold or renewal lasts to
 
     def admit(self, permits: tuple[PermitDemand, ...], hold: HoldRequest | None) -> Admission:
         """Rate-limit permits and a budget hold, all or nothing."""
@@ -63,6 +68,7 @@ class LedgerService:
             return taken
         if hold is None:
             return Admitted(taken.granted, None, taken.left)
+        self._heard_from(hold.holder, hold.ttl_s)
         held = self.ledger.hold(hold)
         if isinstance(held, HoldRefused):
             self.give_back(taken.granted, {d.key: d.per_minute for d in permits})
@@ -82,14 +88,24 @@ class LedgerService:
 
     def renew(self, holder: str, ttl_s: float) -> int:
         self.expire_due()
+        self._heard_from(holder, ttl_s)
         return self.ledger.renew(holder, ttl_s)
 
+    def _heard_from(self, holder: str, ttl_s: float) -> None:
+        self._heard_until[holder] = self._timer() + ttl_s
+
     def expire_due(self) -> list[str]:
-        now = self._clock()
-        if now - self._last_expiry < self._expire_every_s:
+        """Release the holds whose expiry (on the wall clock, stored with them) has passed,
+        except those of a holder this process heard from within its TTL on the monotonic timer:
+        a wall clock stepped forward past the TTL (NTP, a resumed VM) would otherwise expire
+        every live replica's holds at once and hand their money to others while they spend it.
+        A restarted ledger has heard from no one yet, and goes by the stored expiry."""
+        now = self._timer()
+        if self._last_expiry is not None and now - self._last_expiry < self._expire_every_s:
             return []
         self._last_expiry = now
-        return self.ledger.expire()
+        self._heard_until = {h: until for h, until in self._heard_until.items() if until > now}
+        return self.ledger.expire(spare=self._heard_until.__contains__)
 
     def lines(self, key_prefixes: Sequence[str] | None = None) -> list[LineStatus]:
         return self.ledger.lines(key_prefixes)
