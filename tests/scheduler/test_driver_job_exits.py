@@ -6,6 +6,7 @@ such a lease stayed `running`, holding its GPUs, until someone cancelled the wor
 
 from __future__ import annotations
 
+import pytest
 from driver_support import details, driver, journal, of, submission
 
 from switchyard.scheduler.driver import Driver, inputs, views
@@ -85,3 +86,25 @@ def test_a_job_exit_is_a_logged_event_that_replays() -> None:
         inputs.apply(replayed, record)
     assert live.lease("j") is None and replayed.lease("j") is None
     assert replayed.state.finished_at.keys() == {"j"}
+
+
+def test_a_job_of_an_earlier_attempt_cannot_claim_the_current_lease() -> None:
+    """Stop 47: an attempt that started after its grant was taken back (its launch was slow,
+    or reported lost) claimed the workload's current lease, which its next attempt was using:
+    the claim moved to it, and the two jobs ran on the same GPUs. A launched job now names the
+    lease it was launched for, and a lease another Ray job claimed is not claimed again."""
+    d = driver({"a": 8}, claim_timeout_s=10)
+    d.submit(submission("j", "a", 8, entrypoint="python train.py"), 0)
+    [first] = of(d.tick(0), LaunchJob)
+    d.job_launched("j", "j-1")
+    d.tick(11)  # never claimed: taken back and requeued
+    [second] = of(d.tick(12), LaunchJob)
+    d.job_launched("j", "j-2")
+    grant, _ = d.claim("j", "raylet-job-2", second.lease_id)
+    assert grant is not None and grant.lease_id == second.lease_id
+    with pytest.raises(ValueError, match=f"launched for lease {first.lease_id}, which is over"):
+        d.claim("j", "raylet-job-1", first.lease_id)  # the first attempt, late
+    with pytest.raises(ValueError, match="is claimed by Ray job raylet-job-2"):
+        d.claim("j", "raylet-job-3")  # a job started by hand with the workload's id
+    assert d.state.claims["j"] == "raylet-job-2"
+    assert d.claim("j", "raylet-job-2", second.lease_id) == (grant, [])  # a retried claim: answered

@@ -97,7 +97,11 @@ def _call(data: st.DataObject, now: float) -> inputs.Record:
     if kind == "cancel":
         return inputs.cancel(workload, now, arg(None))
     if kind == "claim":
-        return inputs.claim(workload, arg("job-1"))
+        return inputs.claim(
+            workload,
+            arg(data.draw(st.sampled_from(["job-1", "job-2"]))),
+            arg(data.draw(st.sampled_from([None, None, "w0#1", "w1#1", "w0#2"]))),
+        )
     if kind == "checkpoint":
         return inputs.checkpoint_reported(workload, now, arg(None))
     if kind == "resume":

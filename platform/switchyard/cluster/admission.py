@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import ray
 
-from switchyard.cluster.job_launcher import WORKLOAD_ENV
+from switchyard.cluster.job_launcher import LEASE_ENV, WORKLOAD_ENV
 from switchyard.cluster.record import NAMESPACE, SCHEDULER_ACTOR
 from switchyard.cluster.scheduler_client import SchedulerClient, platform_scheduler
 from switchyard.scheduler.api import LeaseGrant, WorkloadSubmission
@@ -68,6 +68,11 @@ def launched_workload() -> str | None:
     return os.environ.get(WORKLOAD_ENV)
 
 
+def launched_lease() -> str | None:
+    """The lease this job was launched for by the scheduler, if it was."""
+    return os.environ.get(LEASE_ENV)
+
+
 def submit(submission: WorkloadSubmission) -> str:
     """Queue a workload with the scheduler without waiting; `admit(None, workload_id=...)` waits."""
     return scheduler_client().submit(submission)
@@ -86,6 +91,9 @@ def admit(
     preemption), else the one the scheduler launched this job for, else `submission`, queued now."""
     scheduler = scheduler_client()
     ray_job = ray.get_runtime_context().get_job_id()
+    # A launched job names its lease: one that started after that grant was taken back is
+    # refused rather than run beside the workload's next attempt.
+    lease_id = launched_lease() if workload_id is None and launched_workload() is not None else None
     workload_id = workload_id or launched_workload()
     if workload_id is None:
         if submission is None:
@@ -94,7 +102,7 @@ def admit(
         log.info("submitted as workload %s; waiting for admission", workload_id)
     started = time.monotonic()
     while True:
-        grant = scheduler.claim(workload_id, ray_job)
+        grant = scheduler.claim(workload_id, ray_job, lease_id)
         if grant is not None:
             log.info(
                 "admitted after %.1fs: lease %s on %s",

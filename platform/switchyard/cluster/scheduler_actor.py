@@ -195,9 +195,10 @@ class SchedulerActor:
         self._wal.wait_durable(seen)
         return grant
 
-    def claim(self, workload_id: str, ray_job_id: str) -> LeaseGrant | None:
-        """A job says it is using its lease (so its GPU use is accounted to the lease)."""
-        grant = self._record(inputs.claim(workload_id, ray_job_id))
+    def claim(self, workload_id: str, ray_job_id: str, lease_id: str | None = None) -> LeaseGrant | None:
+        """A job says it is using its lease (so its GPU use is accounted to the lease); a job the
+        scheduler launched names the lease it was launched for (`Driver.claim`)."""
+        grant = self._record(inputs.claim(workload_id, ray_job_id, lease_id))
         assert grant is None or isinstance(grant, LeaseGrant)
         return grant
 

@@ -109,8 +109,8 @@ class SchedulerClient:
     def cancel(self, workload_id: str) -> None:
         self._call("cancel", workload_id, _request_id())
 
-    def claim(self, workload_id: str, ray_job_id: str) -> LeaseGrant | None:
-        grant: LeaseGrant | None = self._call("claim", workload_id, ray_job_id)
+    def claim(self, workload_id: str, ray_job_id: str, lease_id: str | None = None) -> LeaseGrant | None:
+        grant: LeaseGrant | None = self._call("claim", workload_id, ray_job_id, lease_id)
         return grant
 
     def release(self, lease_id: str, finished: bool = True) -> bool:

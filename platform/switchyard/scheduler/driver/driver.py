@@ -142,12 +142,29 @@ class Driver:
         cancelled = JournalEvent(EventKind.CANCELLED, workload_id, s.team_of(workload_id), now)
         return self._tallied(now, [SaveState(), cancelled])
 
-    def claim(self, workload_id: str, ray_job_id: str) -> tuple[LeaseGrant | None, list[Effect]]:
-        """A job says it is using its lease (so its GPU use is accounted to the lease)."""
+    def claim(
+        self, workload_id: str, ray_job_id: str, lease_id: str | None = None
+    ) -> tuple[LeaseGrant | None, list[Effect]]:
+        """A job says it is using its lease (so its GPU use is accounted to the lease).
+        `lease_id`: the lease a launched job was launched for. Raises ValueError for a job that
+        would share GPUs with another: one launched for a lease that is over (an attempt that
+        started after its grant was taken back and granted again), or a second Ray job claiming
+        a lease another one claimed."""
         s = self._state
         grant = s.grants.get(workload_id)
+        if lease_id is not None and (grant is None or grant.lease_id != lease_id):
+            now = "is waiting for its next grant" if grant is None else f"holds lease {grant.lease_id}"
+            raise ValueError(
+                f"workload {workload_id!r}: this job was launched for lease {lease_id}, which is over; "
+                f"the workload {now}, which a later attempt runs"
+            )
         if grant is None or s.claims.get(workload_id) == ray_job_id:
             return grant, []
+        if workload_id in s.claims:
+            raise ValueError(
+                f"workload {workload_id!r}: lease {grant.lease_id} is claimed by Ray job {s.claims[workload_id]}; "
+                f"Ray job {ray_job_id} would run on the same GPUs"
+            )
         s.claims[workload_id] = ray_job_id
         s.claim_timeouts.pop(workload_id, None)  # its launch works
         return grant, [SaveState()]

@@ -51,8 +51,8 @@ def cancel(workload_id: str, now: float, request_id: str | None) -> Record:
     return {"event": "cancel", "now": now, "request_id": request_id, "workload_id": workload_id}
 
 
-def claim(workload_id: str, ray_job_id: str) -> Record:
-    return {"event": "claim", "workload_id": workload_id, "ray_job_id": ray_job_id}
+def claim(workload_id: str, ray_job_id: str, lease_id: str | None = None) -> Record:
+    return {"event": "claim", "workload_id": workload_id, "ray_job_id": ray_job_id, "lease_id": lease_id}
 
 
 def release(lease_id: str, finished: bool, now: float) -> Record:
@@ -171,7 +171,8 @@ def _dispatch(
     if event == "cancel":
         return None, driver.cancel(f.text("workload_id"), f.now(), f.request_id())
     if event == "claim":
-        return driver.claim(f.text("workload_id"), f.text("ray_job_id"))
+        lease = f.optional_text("lease_id")  # records from before launched jobs named it have none
+        return driver.claim(f.text("workload_id"), f.text("ray_job_id"), lease)
     if event == "release":
         return driver.release(f.text("lease_id"), f.flag("finished"), f.now())
     if event == "checkpoint_reported":  # records from before request ids have none
@@ -219,6 +220,12 @@ class Fields:
         value = self._r[key]
         if not isinstance(value, str):
             self._refuse(key, "a string")
+        return value
+
+    def optional_text(self, key: str) -> str | None:
+        value = self._r.get(key)
+        if value is not None and not isinstance(value, str):
+            self._refuse(key, "a string or null")
         return value
 
     def flag(self, key: str) -> bool:
