@@ -50,7 +50,8 @@ def test_a_job_that_exits_under_a_notice_is_requeued_and_launched_again() -> Non
     assert again.workload_id == "j" and again.lease_id != launch.lease_id
 
 
-def test_a_job_of_an_earlier_attempt_ending_leaves_the_current_lease_alone() -> None:
+def _relaunched() -> tuple[Driver, LaunchJob, LaunchJob]:
+    """Workload j launched as j-1, never claimed, taken back, and launched again as j-2."""
     d = driver({"a": 8}, claim_timeout_s=10)
     d.submit(submission("j", "a", 8, entrypoint="python train.py"), 0)
     [first] = of(d.tick(0), LaunchJob)
@@ -59,6 +60,11 @@ def test_a_job_of_an_earlier_attempt_ending_leaves_the_current_lease_alone() -> 
     [second] = of(d.tick(12), LaunchJob)
     assert second.attempt == 2 and "j" not in d.state.launched  # the old job is not this lease's
     d.job_launched("j", "j-2")
+    return d, first, second
+
+
+def test_a_job_of_an_earlier_attempt_ending_leaves_the_current_lease_alone() -> None:
+    d, first, second = _relaunched()
     d.claim("j", "raylet-job-2")
     assert d.job_exited("j", "j-1", "STOPPED", 13) == []  # the first attempt's job, stopped
     assert d.lease("j") is not None and d.lease("j").lease_id == second.lease_id  # type: ignore[union-attr]
@@ -93,13 +99,7 @@ def test_a_job_of_an_earlier_attempt_cannot_claim_the_current_lease() -> None:
     or reported lost) claimed the workload's current lease, which its next attempt was using:
     the claim moved to it, and the two jobs ran on the same GPUs. A launched job now names the
     lease it was launched for, and a lease another Ray job claimed is not claimed again."""
-    d = driver({"a": 8}, claim_timeout_s=10)
-    d.submit(submission("j", "a", 8, entrypoint="python train.py"), 0)
-    [first] = of(d.tick(0), LaunchJob)
-    d.job_launched("j", "j-1")
-    d.tick(11)  # never claimed: taken back and requeued
-    [second] = of(d.tick(12), LaunchJob)
-    d.job_launched("j", "j-2")
+    d, first, second = _relaunched()
     grant, _ = d.claim("j", "raylet-job-2", second.lease_id)
     assert grant is not None and grant.lease_id == second.lease_id
     with pytest.raises(ValueError, match=f"launched for lease {first.lease_id}, which is over"):
