@@ -104,6 +104,11 @@ class LedgerService:
         if self._last_expiry is not None and now - self._last_expiry < self._expire_every_s:
             return []
         self._last_expiry = now
+        return self.expire_now()
+
+    def expire_now(self) -> list[str]:
+        """`expire_due` without its pacing."""
+        now = self._timer()
         self._heard_until = {h: until for h, until in self._heard_until.items() if until > now}
         return self.ledger.expire(spare=self._heard_until.__contains__)
 
