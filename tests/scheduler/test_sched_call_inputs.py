@@ -29,13 +29,13 @@ import pytest
 from driver_support import driver, submission
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from pydantic import ValidationError
 
 from switchyard.cluster.scheduler_wal import WriteAheadLog, read_records
 from switchyard.scheduler.api import ReleaseOutcome, WorkloadSubmission
 from switchyard.scheduler.core.state_codec import encode_state
 from switchyard.scheduler.driver import Driver, inputs
 from switchyard.scheduler.driver.inputs import InputRecordError
+from switchyard.scheduler.driver.snapshot import from_document, to_document
 from tests.examples import examples
 
 GUARANTEES = {"a": 16, "b": 16}
@@ -141,11 +141,14 @@ def test_every_call_is_refused_by_name_changing_nothing_or_applied_and_logged(da
 def test_a_submission_the_log_cannot_hold_is_refused_before_it_is_queued(tmp_path: Path) -> None:
     d, wal = _new_driver(), WriteAheadLog(tmp_path, 0)
     forever = submission("w", "a").model_copy(update={"checkpoint_interval_s": math.inf})
+    with pytest.raises(ValueError, match="checkpoint_interval_s must be a finite number"):
+        inputs.submit(forever, 1.0, None)
+    # The record as the code before built it: the driver takes it, the log cannot hold it.
+    # Sealed first, it is refused before it changes anything.
+    record = {"event": "submit", "now": 1.0, "request_id": None, "submission": forever.model_dump(mode="json")}
     with pytest.raises(ValueError, match="cannot hold"):
-        inputs.apply_logged(d, wal, inputs.submit(forever, 1.0, None))
+        inputs.apply_logged(d, wal, record)
     assert "w" not in d.state.submissions and wal.last_seq == 0
-    with pytest.raises(ValidationError, match="checkpoint_interval_s"):
-        WorkloadSubmission(team="a", bundles=(8,), checkpoint_interval_s=math.inf)
 
 
 @pytest.mark.parametrize(
@@ -155,12 +158,30 @@ def test_a_submission_the_log_cannot_hold_is_refused_before_it_is_queued(tmp_pat
         ("runtime_env", {"env_vars": {"A": b"\xff"}}, "only JSON"),  # was a UnicodeDecodeError from model_dump
         ("workload_id", "w\nINFO forged log line", "workload_id"),
         ("workload_id", "", "workload_id"),
+        ("workload_id", "w" * 257, "workload_id"),
         ("description", "x" * 5000, "description"),
     ],
 )
 def test_a_submission_field_the_platform_cannot_carry_is_refused_by_name(field: str, value: Any, named: str) -> None:
-    with pytest.raises(ValidationError, match=named):
-        WorkloadSubmission(team="a", bundles=(8,), **{field: value})
+    with pytest.raises(ValueError, match=named):
+        inputs.submit(WorkloadSubmission(team="a", bundles=(8,), **{field: value}), 1.0, None)
+
+
+def test_a_log_written_before_these_checks_still_replays(tmp_path: Path) -> None:
+    """The checks are on new submissions only: a record or snapshot the code before wrote,
+    with an id, a description or an interval they now refuse, is read back as it was (the
+    scheduler would not start otherwise)."""
+    d = _new_driver()
+    odd = submission("w" * 300 + "\n", "a").model_copy(
+        update={"description": "x" * 5000, "checkpoint_interval_s": math.inf}
+    )
+    record = {"event": "submit", "now": 1.0, "request_id": None, "submission": odd.model_dump(mode="json")}
+    inputs.apply(d, record)
+    inputs.apply(d, inputs.tick(2.0))
+    assert d.lease(odd.workload_id) is not None
+    document = to_document(d.state, 2, 2.0)
+    restored = from_document(json.loads(json.dumps(document)), "snapshot")
+    assert restored.state.submissions[odd.workload_id] == odd
 
 
 def test_a_flag_of_another_type_is_refused_not_read_as_true(tmp_path: Path) -> None:

@@ -336,9 +336,9 @@ def test_a_placed_replica_takes_the_grant_of_a_waiting_one_of_its_deployment() -
 
 
 def test_a_serve_name_a_workload_id_cannot_carry_is_queued_by_digest(tmp_path: Path) -> None:
-    """Serve refuses only `#` in a name; the scheduler's workload ids refuse control characters
-    and more than 256 characters (stop 47). A replica of such a deployment is still queued,
-    under a digest of its name, and the pool's pass goes on for the others."""
+    """Serve refuses only `#` in a name; the scheduler refuses a workload id with a control
+    character or more than 256 characters (stop 47). A replica of such a deployment is queued
+    under a digest of its name, beside the others."""
     policy = _policy()
     node = Node("n1", 8, "a", "r")
     state = LiveState(Scheduler(policy, (node,), 0), nodes={"n1": node})

@@ -66,8 +66,9 @@ class ServeReplica:
 
     @property
     def workload_id(self) -> str:
-        """`serve:<app>/<deployment>/<unique id>`; a name a workload id cannot carry (a control
-        character, or too long: `WorkloadSubmission`), which Serve does not refuse, by digest."""
+        """`serve:<app>/<deployment>/<unique id>`. A name the scheduler refuses in a workload id
+        (`WorkloadSubmission.check_new`: a control character, which would forge a log line, or
+        too long), and which Serve does not refuse, is carried as a digest."""
         name = f"{self.app}/{self.deployment}"
         if len(name) > MAX_WORKLOAD_ID_CHARS // 2 or not name.isprintable():
             name = "sha256-" + hashlib.sha256(name.encode("utf-8", "surrogatepass")).hexdigest()[:24]

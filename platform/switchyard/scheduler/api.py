@@ -10,33 +10,31 @@ job's preemption channel carries too.
 from __future__ import annotations
 
 import json
+import math
+import re
 import uuid
 from enum import StrEnum
 from typing import Any, Protocol
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field
 
 from switchyard.scheduler.core.model import GangRequest, PlacementStrategy, WorkloadClass
 from switchyard.scheduler.preemption_channel import PreemptionNotice
 
-NO_CONTROLS = r"^[^\x00-\x1f\x7f-\x9f]*$"
 MAX_WORKLOAD_ID_CHARS = 256
 MAX_DESCRIPTION_CHARS = 4096
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 
 
 class WorkloadSubmission(BaseModel):
-    """A request for a gang of GPUs: every bundle on one node, all bundles or none."""
+    """A request for a gang of GPUs: every bundle on one node, all bundles or none.
+
+    What a new submission must also be is `check_new` (the live scheduler's submit): the model
+    itself stays as permissive as the logs and snapshots written before those checks."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    # An id names the workload in logs, the event journal, metrics and its Ray job's id: no
-    # control character (a newline would forge a log line), and short.
-    workload_id: str = Field(
-        default_factory=lambda: f"wl-{uuid.uuid4().hex[:10]}",
-        min_length=1,
-        max_length=MAX_WORKLOAD_ID_CHARS,
-        pattern=NO_CONTROLS,
-    )
+    workload_id: str = Field(default_factory=lambda: f"wl-{uuid.uuid4().hex[:10]}")
     team: str
     workload_class: WorkloadClass = WorkloadClass.TRAINING
     priority_class: str = "training"
@@ -44,24 +42,42 @@ class WorkloadSubmission(BaseModel):
     strategy: PlacementStrategy = PlacementStrategy.PACK
     same_node_group: bool = False
     node_group: str | None = None
-    checkpoint_interval_s: float | None = Field(default=None, gt=0, allow_inf_nan=False)
-    description: str = Field(default="", max_length=MAX_DESCRIPTION_CHARS)
+    checkpoint_interval_s: float | None = Field(default=None, gt=0)
+    description: str = ""
     # When set, the scheduler launches the workload itself through the Ray Jobs API on admission;
     # otherwise the caller (a running job) polls `lease()` and starts when granted.
     entrypoint: str | None = None
     runtime_env: dict[str, Any] | None = None
 
-    @field_validator("runtime_env")
-    @classmethod
-    def _json_only(cls, env: dict[str, Any] | None) -> dict[str, Any] | None:
-        """The scheduler logs a submission as JSON and launches its job from the log after a
-        restart: a value JSON cannot hold (bytes, NaN) would be refused by the log or read back
-        as another."""
+    def check_new(self) -> None:
+        """Raises ValueError naming the field a new submission cannot carry:
+        - a `workload_id` empty, longer than 256 characters or with a control character: it names
+          the workload in logs (a newline would forge a line), the journal, metrics and its Ray
+          job;
+        - a non-finite `checkpoint_interval_s`, or a `runtime_env` that is not plain JSON: the
+          log is JSON, so the one would be refused by it and the other read back as another;
+        - a description longer than 4,096 characters."""
+        # Type-checked too: a model built with `model_construct` or `model_copy(update=...)`
+        # holds whatever its caller put there.
+        wid = self.workload_id
+        if not isinstance(wid, str) or not wid or len(wid) > MAX_WORKLOAD_ID_CHARS or _CONTROL.search(wid):
+            raise ValueError(
+                f"workload_id {str(wid)[:60]!r}: expected 1 to {MAX_WORKLOAD_ID_CHARS} characters, "
+                "none of them a control character"
+            )
+        interval = self.checkpoint_interval_s
+        if interval is not None and not (isinstance(interval, int | float) and math.isfinite(interval)):
+            raise ValueError(f"workload {wid!r}: checkpoint_interval_s must be a finite number of seconds")
+        if not isinstance(self.description, str) or len(self.description) > MAX_DESCRIPTION_CHARS:
+            raise ValueError(
+                f"workload {wid!r}: description must be text of at most {MAX_DESCRIPTION_CHARS} characters"
+            )
         try:
-            json.dumps(env, allow_nan=False)
+            json.dumps(self.runtime_env, allow_nan=False)
         except (TypeError, ValueError) as exc:
-            raise ValueError(f"must hold only JSON (strings, finite numbers, lists, objects): {exc}") from None
-        return env
+            raise ValueError(
+                f"workload {wid!r}: runtime_env must hold only JSON (strings, finite numbers, lists, objects): {exc}"
+            ) from None
 
     def gang(self) -> GangRequest:
         return GangRequest(

@@ -41,8 +41,10 @@ class InputRecordError(ValueError):
 
 
 def submit(submission: WorkloadSubmission, now: float, request_id: str | None) -> Record:
-    """Raises ValueError for a submission whose values do not fit its fields (one built with
+    """The record of a new submission. Raises ValueError for one the platform cannot carry
+    (`WorkloadSubmission.check_new`), or whose values do not fit its fields (built with
     `model_construct` or `model_copy(update=...)`, which pydantic does not check)."""
+    submission.check_new()
     document = submission.model_dump(mode="json", warnings="error")
     return {"event": "submit", "now": now, "request_id": request_id, "submission": document}
 
