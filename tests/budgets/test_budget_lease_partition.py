@@ -88,7 +88,7 @@ class ReplicaClock(FixedClock):
         return self.ledger.now + self.step_s
 
 
-# A's monotonic timer moves with the ledger's clock and never steps. A's wall clock stepping
+# A's monotonic timer is the ledger's clock, which never steps. A's wall clock stepping
 # back an hour as it is cut off (stop 47): the lease's age was measured on the wall clock, so
 # it looked renewed for another hour and A went on spending what the ledger gave B.
 @pytest.mark.parametrize("wall_step_s", [0.0, -3_600.0], ids=["steady", "wall-clock-steps-back"])
@@ -101,11 +101,10 @@ async def test_a_partitioned_replica_stops_spending_before_its_hold_can_expire(
     )
     clock = FixedClock(NOON)
     a_wall = ReplicaClock(clock)
-    a_timer = ReplicaClock(clock)  # never stepped
     service = LedgerService(BudgetLedger(ledger_db, clock), clock)
     config = LeaseConfig()
     a_client, b_client = PartitionableClient(service), PartitionableClient(service)
-    a = LeasedBudgetGate(Admissions(lambda: ps, clock=a_wall), a_client, "replica-a", config, timer=a_timer)
+    a = LeasedBudgetGate(Admissions(lambda: ps, clock=a_wall), a_client, "replica-a", config, timer=clock)
     b = LeasedBudgetGate(Admissions(lambda: ps, clock=clock), b_client, "replica-b", config, timer=clock)
 
     assert await _spend(a, ps, clock, 3) == 3  # A takes a lease

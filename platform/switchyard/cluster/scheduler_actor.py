@@ -397,9 +397,9 @@ class SchedulerActor:
     def _log(
         self, record: inputs.Record, on_decisions: Callable[[Decisions], None] | None = None
     ) -> tuple[inputs.Answer, list[ClusterAction], int]:
-        """Lock held: apply the event, append it to the log, and do its bookkeeping. Returns the
-        answer, the cluster actions (for after the log is durable and the lock released) and
-        the record's sequence number."""
+        """Lock held: log and apply the event (`inputs.apply_logged`), and do its bookkeeping.
+        Returns the answer, the cluster actions (for after the log is durable and the lock
+        released) and the record's sequence number."""
         answer, effects, seq = inputs.apply_logged(self._driver, self._wal, record, on_decisions)
         return answer, self._commit(effects, seq), seq
 

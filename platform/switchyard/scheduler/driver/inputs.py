@@ -22,6 +22,7 @@ from switchyard.scheduler.driver.node_cordons import DrainReport
 from switchyard.scheduler.driver.serve_replicas import ReplicaChange
 
 Record = dict[str, Any]
+Answer = str | LeaseGrant | ReleaseOutcome | DrainReport | dict[str, str] | None
 Line = TypeVar("Line")
 
 
@@ -31,9 +32,6 @@ class EventLog(Protocol[Line]):
     def seal(self, record: Record) -> Line: ...
 
     def write(self, line: Line) -> int: ...
-
-
-Answer = str | LeaseGrant | ReleaseOutcome | DrainReport | dict[str, str] | None
 
 
 class InputRecordError(ValueError):
@@ -169,25 +167,29 @@ def _dispatch(
     f = Fields(r)
     if event == "submit":
         sub = WorkloadSubmission.model_validate(r["submission"])
-        return sub.workload_id, driver.submit(sub, f.now(), f.request_id())
+        return sub.workload_id, driver.submit(sub, f.now(), f.optional_text("request_id"))
     if event == "cancel":
-        return None, driver.cancel(f.text("workload_id"), f.now(), f.request_id())
+        return None, driver.cancel(f.text("workload_id"), f.now(), f.optional_text("request_id"))
     if event == "claim":
-        lease = f.optional_text("lease_id")  # records from before launched jobs named it have none
+        lease = f.optional_text("lease_id", required=False)  # records from before it have none
         return driver.claim(f.text("workload_id"), f.text("ray_job_id"), lease)
     if event == "release":
         return driver.release(f.text("lease_id"), f.flag("finished"), f.now())
     if event == "checkpoint_reported":  # records from before request ids have none
-        return None, driver.checkpoint_reported(f.text("workload_id"), f.now(), f.request_id(required=False))
+        return None, driver.checkpoint_reported(
+            f.text("workload_id"), f.now(), f.optional_text("request_id", required=False)
+        )
     if event == "resume_reported":
         step, checkpoint = f.count("step"), f.text("checkpoint")
-        return None, driver.resume_reported(f.text("workload_id"), step, checkpoint, f.now(), f.request_id())
+        return None, driver.resume_reported(
+            f.text("workload_id"), step, checkpoint, f.now(), f.optional_text("request_id")
+        )
     if event == "cordon":
-        return driver.cordon(f.text("node"), f.now(), f.request_id())
+        return driver.cordon(f.text("node"), f.now(), f.optional_text("request_id"))
     if event == "uncordon":
-        return driver.uncordon(f.text("node"), f.now(), f.request_id())
+        return driver.uncordon(f.text("node"), f.now(), f.optional_text("request_id"))
     if event == "drain":
-        return driver.drain(f.text("node"), f.flag("force"), f.now(), f.request_id())
+        return driver.drain(f.text("node"), f.flag("force"), f.now(), f.optional_text("request_id"))
     # The rest come from the actor's own watchers (Ray's node set, its job and Serve state).
     if event == "nodes_seen":
         return None, driver.nodes_seen([Node(**n) for n in r["nodes"]], r["now"])
@@ -224,8 +226,12 @@ class Fields:
             self._refuse(key, "a string")
         return value
 
-    def optional_text(self, key: str) -> str | None:
-        value = self._r.get(key)
+    def optional_text(self, key: str, required: bool = True) -> str | None:
+        """A string or null; `required=False`: a record without the field (written before it
+        existed) reads as null."""
+        if not required and key not in self._r:
+            return None
+        value = self._r[key]
         if value is not None and not isinstance(value, str):
             self._refuse(key, "a string or null")
         return value
@@ -247,14 +253,6 @@ class Fields:
         if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
             self._refuse("now", "a finite time")
         return value  # as given: replay must rebuild the very values the live state took
-
-    def request_id(self, required: bool = True) -> str | None:
-        if not required and "request_id" not in self._r:
-            return None
-        value = self._r["request_id"]
-        if value is not None and not isinstance(value, str):
-            self._refuse("request_id", "a string or null")
-        return value
 
 
 def apply_logged(
