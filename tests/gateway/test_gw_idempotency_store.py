@@ -9,9 +9,11 @@ the store instance, and (Postgres) a server restart between a completion and its
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import random
 import subprocess
+import sys
 import threading
 import time
 from collections import Counter
@@ -307,6 +309,59 @@ def test_randomized_claims_keep_one_owner_and_one_answer_per_key(database: Datab
     assert log.outcomes["owner"] > KEYS and log.outcomes["wait"] and log.outcomes["replay"]
 
 
+# ------------------------------------------------------------ replicas on hosts whose clocks disagree
+
+# A gateway replica on another host, its wall clock `skew` seconds off: set before the store is
+# imported, as the host's clock would be. It claims the keys named on its command line.
+_SKEWED_REPLICA = """
+import asyncio, json, sys, time
+url, skew, keys = sys.argv[1], float(sys.argv[2]), sys.argv[3:]
+wall = time.time
+time.time = lambda: wall() + skew
+from switchyard.db.engine import open_database
+from switchyard.gateway.idempotency_sql import SqlIdempotencyStore
+store = SqlIdempotencyStore(open_database(url))
+async def claims():
+    return [(await store.claim("t", key, "h")).outcome for key in keys]
+print(json.dumps(asyncio.run(claims())))
+store.close()
+"""
+
+
+def claims_on_a_skewed_host(url: str, skew_s: float, *keys: str) -> list[str]:
+    done = subprocess.run(
+        [sys.executable, "-c", _SKEWED_REPLICA, url, str(skew_s), *keys],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=REPO,
+    )
+    assert done.returncode == 0, done.stderr
+    outcomes: list[str] = json.loads(done.stdout)
+    return outcomes
+
+
+@pytest.mark.parametrize("skew_s", [600.0, 2 * 86400.0, -600.0], ids=["10min-ahead", "2days-ahead", "10min-behind"])
+def test_a_replica_whose_clock_is_off_takes_over_no_claim_and_sweeps_no_answer(
+    database: Database, skew_s: float
+) -> None:
+    """Stop 48: claims lapsed, and answers expired, by the wall clock of whichever replica
+    looked. A replica 10 minutes ahead took over a request still in flight on another (a second
+    upstream call, charged twice); 2 days ahead, its first claim swept every stored answer; 10
+    minutes behind, its own claims looked lapsed to every other replica at once."""
+    here = SqlIdempotencyStore(open_database(database.url))  # the default: as the gateway opens it
+    try:
+        assert asyncio.run(here.claim("t", "in-flight-here", "h")).outcome == "owner"
+        assert asyncio.run(here.claim("t", "answered", "h")).outcome == "owner"
+        asyncio.run(here.complete("t", "answered", ANSWER))
+        there = claims_on_a_skewed_host(database.url, skew_s, "in-flight-here", "answered", "in-flight-there")
+        assert there == ["wait", "replay", "owner"]
+        assert asyncio.run(here.claim("t", "in-flight-there", "h")).outcome == "wait"
+        assert asyncio.run(here.claim("t", "answered", "h")).response == ANSWER
+    finally:
+        here.close()
+
+
 # ------------------------------------------------------------ durability
 
 
@@ -403,6 +458,7 @@ class RecordingDatabase:
         self.url = db.url
         self.dialect: Dialect = db.dialect
         self.lock_rows = db.lock_rows
+        self.clock_sql = db.clock_sql
         self.statements: list[str] = []
 
     @contextmanager

@@ -56,6 +56,9 @@ class Database(Protocol):
     url: str
     dialect: Dialect
     lock_rows: str  # " FOR UPDATE" where the dialect has row locks, else ""
+    # A query of the database's own clock, in seconds since the epoch: the one clock every
+    # process sharing the store agrees on, whatever the clocks of their hosts say.
+    clock_sql: str
 
     def transaction(self) -> AbstractContextManager[Transaction]: ...
 
@@ -112,6 +115,7 @@ class SqliteDatabase:
 
     dialect: Dialect = "sqlite"
     lock_rows = ""
+    clock_sql = "SELECT (julianday('now') - 2440587.5) * 86400.0"  # unixepoch('subsec') needs 3.42
 
     def __init__(self, path: Path, *, secure_delete: bool = False) -> None:
         self.url = SQLITE_PREFIX + str(path)
@@ -166,6 +170,7 @@ class _PostgresTx:
 class PostgresDatabase:
     dialect: Dialect = "postgres"
     lock_rows = " FOR UPDATE"
+    clock_sql = "SELECT extract(epoch FROM clock_timestamp())::double precision"
 
     def __init__(self, url: str, connect_timeout_s: float = 10.0) -> None:
         import psycopg  # imported here: SQLite deployments never load it

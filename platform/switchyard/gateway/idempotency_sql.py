@@ -11,6 +11,12 @@ Lock order on Postgres, so that no two operations deadlock: the subject's lock (
 a subject, a purge), then the bulk lock (a sweep, a purge), then entry rows. Only the holders
 of the bulk lock lock more than one row.
 
+Time: claims lapse, answers expire and erasure markers end by the database's clock
+(`Database.clock_sql`), read in each operation's transaction. Replicas on several hosts share
+the store, and a replica whose clock ran ahead by more than the claim timeout (a resumed VM, a
+host NTP has not reached) took over the claims of requests still in flight elsewhere, and so
+ran and charged them twice; one ahead by more than the TTL swept every stored answer (stop 48).
+
 Expiry: an answer is kept at least its TTL. At most once every `sweep_every_s` (per store), a
 claim deletes the expired entries and markers by their expiry index, never a scan per request.
 """
@@ -20,7 +26,6 @@ from __future__ import annotations
 import asyncio
 import json
 import math
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, ParamSpec, TypeVar
@@ -105,9 +110,10 @@ class SqlIdempotencyStore:
         db: Database,
         ttl_s: float = 24 * 3600,
         claim_timeout_s: float = 300.0,
-        clock: Callable[[], float] = time.time,
+        clock: Callable[[], float] | None = None,
         sweep_every_s: float = 60.0,
     ) -> None:
+        """`clock`: None (the database's clock) except in tests, which move time by hand."""
         self.db = db
         self.ttl_s = ttl_s
         self.claim_timeout_s = claim_timeout_s  # a crashed owner's claim lapses after this
@@ -157,8 +163,8 @@ class SqlIdempotencyStore:
     # ------------------------------------------------------------ one transaction each
 
     def _claim(self, scope: str, key: str, body_hash: str) -> Claim:
-        now = self._clock()
         with self.db.transaction() as tx:
+            now = self._now(tx)
             self._sweep_if_due(tx, now)
             for _ in range(_CLAIM_ROUNDS):
                 entry = self._locked(tx, scope, key)
@@ -168,8 +174,8 @@ class SqlIdempotencyStore:
         raise IdempotencyUnavailable(f"idempotency key {key!r} of {scope}: too contended to claim; retry")
 
     def _complete(self, scope: str, key: str, response: StoredResponse) -> None:
-        now = self._clock()
         with self.db.transaction() as tx:
+            now = self._now(tx)
             if response.subject is not None:
                 # Before the row (the lock order): a purge of this subject runs wholly before
                 # this, and its marker is seen, or wholly after, and it deletes this answer.
@@ -190,8 +196,8 @@ class SqlIdempotencyStore:
             self._keep(tx, scope, key, entry, after_abandon(entry))
 
     def _purge_subject(self, scope: str, subject: str) -> int:
-        now = self._clock()
         with self.db.transaction() as tx:
+            now = self._now(tx)
             tx.lock(_subject_lock(scope, subject))
             tx.lock(_BULK_LOCK)
             tx.execute(
@@ -210,6 +216,13 @@ class SqlIdempotencyStore:
             return len(doomed)
 
     # ------------------------------------------------------------ rows
+
+    def _now(self, tx: Transaction) -> float:
+        if self._clock is not None:
+            return self._clock()
+        row = tx.execute(self.db.clock_sql).one()
+        assert row is not None  # a SELECT of one value
+        return float(row[0])
 
     def _locked(self, tx: Transaction, scope: str, key: str) -> IdempotencyEntry | None:
         row = tx.execute(
