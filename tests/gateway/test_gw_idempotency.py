@@ -11,7 +11,13 @@ import pytest
 from gw_fakes import FakeUpstreams, Fault
 from gw_harness import Harness, build_harness
 
-from switchyard.gateway.idempotency import IdempotencyTable, InMemoryIdempotencyStore
+from switchyard.gateway.idempotency import (
+    CLAIM_TIMEOUT_S,
+    IdempotencyTable,
+    InMemoryIdempotencyStore,
+    check_claim_bound,
+)
+from switchyard.policy.models import MAX_DEADLINE_MS
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 BODY = {"model": "auto", "messages": [{"role": "user", "content": "charge me once"}]}
@@ -94,3 +100,12 @@ async def test_streaming_with_a_key_is_refused(gw: Harness) -> None:
     resp = await gw.raw().post("/v1/chat/completions", json={**BODY, "stream": True}, headers=headers(gw, "k-stream"))
     assert resp.status_code == 400
     _ = httpx  # the raw client is httpx
+
+
+async def test_a_claim_outlives_the_longest_request_and_the_storing_of_its_answer() -> None:
+    """An owner's claim must not lapse while its request runs (up to the longest deadline any
+    policy set may give, `MAX_DEADLINE_MS`) or while its answer waits to be stored: a retry
+    would run, and be charged, again. The gateway's store checks it when it opens."""
+    check_claim_bound(CLAIM_TIMEOUT_S, MAX_DEADLINE_MS / 1000)
+    with pytest.raises(ValueError, match=r"claim_timeout_s=130 must be at least .* = 151.75"):
+        check_claim_bound(130.0, MAX_DEADLINE_MS / 1000)

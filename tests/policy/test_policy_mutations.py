@@ -21,16 +21,17 @@ import yaml
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
+from switchyard.budgets.leased_gate import LeaseConfig, check_lease_bound
 from switchyard.budgets.pricing import price_on
 from switchyard.budgets.resolve import flow_limits
 from switchyard.gateway.capabilities import Needs
 from switchyard.gateway.evals import EvalVerdict, load_suite, suite_path
+from switchyard.gateway.idempotency import CLAIM_TIMEOUT_S, check_claim_bound
 from switchyard.gateway.planning import FlowCache
 from switchyard.gateway.prompting import CompiledPrompts, choose_version
 from switchyard.gateway.routing import pick_primary, plan_route
 from switchyard.paths import repo_root
 from switchyard.policy.errors import PolicyError
-from switchyard.policy.layering import longest_deadline_s
 from switchyard.policy.loader import load_policy_set, policy_files
 from switchyard.policy.published import published
 from switchyard.scheduler.core.config import SchedulerFile
@@ -52,12 +53,13 @@ def _use(root: Path) -> None:
                 entry.context_window, entry.context_window
             )
             assert largest < 2**63, f"{model}: a call may cost {largest} n$, past the ledger's 64-bit columns"
-    longest_deadline_s(ps)
     Scheduler(SchedulerFile.model_validate(ps.scheduler).to_policy())
     flows, prompts = FlowCache(), CompiledPrompts()
     for team, policy in ps.teams.items():
         for name in policy.flows:
             flow = flows.get(ps, team, name)
+            check_lease_bound(LeaseConfig(), flow.deadline_ms / 1000)  # or no gateway replica starts on it
+            check_claim_bound(CLAIM_TIMEOUT_S, flow.deadline_ms / 1000)
             primary = pick_primary(ps, flow, "auto")
             needs = Needs(embedding=ps.providers.models[primary].task == "embedding")
             plan_route(ps, flow, primary, lambda *_: EvalVerdict(True, "eval_passed"), needs)

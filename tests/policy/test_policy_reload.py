@@ -37,3 +37,17 @@ def test_invalid_change_keeps_the_last_valid_set(policies_copy: Path, tmp_path: 
     # Fixing the file clears the error.
     team.write_text(team.read_text().replace("month_usd: 60000", "month_usd: 6000"))
     assert store.refresh() is True and store.last_error is None
+
+
+def test_a_deadline_no_replica_could_start_on_is_not_reloaded(policies_copy: Path, tmp_path: Path) -> None:
+    """Stop 48: a running gateway reloaded a set whose flow ran 10 minutes, past what its budget
+    holds and idempotency claims outlive; only a replica starting on it refused it."""
+    store = PolicyStore(policies_copy, tmp_path)
+    valid = store.current
+    org = policies_copy / "org.yaml"
+    org.write_text(org.read_text().replace("deadline_ms: {max: 120000}", "deadline_ms: {max: 900000}"))
+    team = policies_copy / "teams/legal.yaml"
+    team.write_text(team.read_text().replace("deadline_ms: 60000", "deadline_ms: 600000"))
+    assert store.refresh() is False
+    assert store.current is valid and store.degraded
+    assert store.last_error is not None and "teams/legal.yaml: flows.clause-review.deadline_ms" in store.last_error

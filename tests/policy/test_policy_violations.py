@@ -9,6 +9,7 @@ import pytest
 from switchyard.cli import main
 from switchyard.policy.errors import PolicyError
 from switchyard.policy.loader import load_policy_set
+from switchyard.policy.models import MAX_DEADLINE_MS
 
 
 def violations(root: Path) -> list[str]:
@@ -141,3 +142,23 @@ def test_a_floor_above_the_ceiling_is_an_error(policies_copy: Path) -> None:
     edit(policies_copy / "org.yaml", "  max_tokens: {max: 8192}", "  max_tokens: {max: 8192, min: 9000}")
     found = violations(policies_copy)
     assert any("org.yaml: guardrails.max_tokens" in v and "min (9000.0) is above max" in v for v in found), found
+
+
+def test_a_deadline_longer_than_any_request_may_run_is_named_at_its_layer(policies_copy: Path) -> None:
+    """Stop 48: with the org's guardrail raised, `policy check` passed a flow deadline of 10
+    minutes (and the org's defaults have no guardrail at all), and a running gateway reloaded
+    it, though a budget hold expires, and an idempotency claim lapses, before such a request
+    ends; a replica restarted on it refused to start."""
+    edit(policies_copy / "org.yaml", "deadline_ms: {max: 120000}", "deadline_ms: {max: 900000}")
+    edit(policies_copy / "org.yaml", "  deadline_ms: 30000", "  deadline_ms: 200000")
+    edit(policies_copy / "teams/legal.yaml", "deadline_ms: 60000", "deadline_ms: 600000")
+    found = violations(policies_copy)
+    why = "ms is longer than any request may run (120000 ms): the gateway's budget holds and idempotency claims"
+    assert f"org.yaml: defaults.deadline_ms: 200000 {why}" in "\n".join(found)
+    assert f"teams/legal.yaml: flows.clause-review.deadline_ms: 600000 {why}" in "\n".join(found)
+    assert len(found) == 2
+
+
+def test_the_longest_deadline_allowed_loads(policies_copy: Path) -> None:
+    edit(policies_copy / "teams/legal.yaml", "deadline_ms: 60000", f"deadline_ms: {MAX_DEADLINE_MS}")
+    assert load_policy_set(policies_copy).teams["legal"].flows["clause-review"].deadline_ms == MAX_DEADLINE_MS

@@ -38,7 +38,7 @@ from switchyard.cluster.record import NAMESPACE
 from switchyard.db.engine import open_database
 from switchyard.db.location import ledger_url
 from switchyard.gateway.seams import BudgetUnavailable
-from switchyard.policy.layering import longest_deadline_s
+from switchyard.policy.models import MAX_DEADLINE_MS
 from switchyard.policy.store import PolicySource
 
 log = logging.getLogger(__name__)
@@ -210,7 +210,7 @@ def gateway_budget_gate(
     holder = holder or replica_holder()
     journal = ChargeJournal(journal_dir(state_dir), holder)
     config = LeaseConfig()
-    check_lease_bound(config, longest_deadline_s(policies.current))  # or the replica does not start
+    check_lease_bound(config, MAX_DEADLINE_MS / 1000)  # every set the loader takes, reloads included
     admissions = Admissions(lambda: policies.current, pseudonym=pseudonym)
     return LeasedBudgetGate(admissions, ActorLedgerClient(actor), holder, config, journal=journal)
 

@@ -29,6 +29,10 @@ from typing import Any, Literal, Protocol
 log = logging.getLogger(__name__)
 
 
+ANSWER_TTL_S = 24 * 3600.0  # how long a stored answer is replayed
+CLAIM_TIMEOUT_S = 300.0  # how long a crashed owner's claim blocks its key (`check_claim_bound`)
+
+
 class IdempotencyUnavailable(Exception):
     """The store cannot be reached. Before a claim: 503, nothing run or charged. After a
     charged success: the answer is still returned, and storing it is retried."""
@@ -129,7 +133,10 @@ class IdempotencyTable:
     """The store's logic without I/O; the in-memory store and the actor both wrap it."""
 
     def __init__(
-        self, ttl_s: float = 24 * 3600, claim_timeout_s: float = 300.0, clock: Callable[[], float] = time.time
+        self,
+        ttl_s: float = ANSWER_TTL_S,
+        claim_timeout_s: float = CLAIM_TIMEOUT_S,
+        clock: Callable[[], float] = time.time,
     ) -> None:
         self.ttl_s = ttl_s
         self.claim_timeout_s = claim_timeout_s  # a crashed owner's claim lapses after this
@@ -204,15 +211,28 @@ async def forget_claim(store: IdempotencyStore, team: str, key: str) -> None:
         log.warning("could not release idempotency claim of team %s; it will lapse: %s", team, exc)
 
 
-async def complete_later(
-    store: IdempotencyStore, team: str, key: str, stored: StoredResponse, attempts: int = 8
-) -> None:
-    delay = 0.25
-    for _ in range(attempts):
+# How `complete_later` waits between its tries to store an answer: 0.25 s doubling to 8 s, 8 tries.
+STORE_RETRY_DELAYS_S = tuple(min(0.25 * 2**i, 8.0) for i in range(8))
+
+
+def check_claim_bound(claim_timeout_s: float, longest_request_s: float) -> None:
+    """Refuse a claim timeout under which an owner's claim could lapse while its request still
+    runs, or while its answer waits to be stored: a retry would then run (and pay) again."""
+    needed = longest_request_s + sum(STORE_RETRY_DELAYS_S)
+    if claim_timeout_s < needed:
+        raise ValueError(
+            f"idempotency claim_timeout_s={claim_timeout_s:g} must be at least the longest flow deadline"
+            f" ({longest_request_s:g}) + the time an answer may wait to be stored ({sum(STORE_RETRY_DELAYS_S):g})"
+            f" = {needed:g}"
+        )
+
+
+async def complete_later(store: IdempotencyStore, team: str, key: str, stored: StoredResponse) -> None:
+    for delay in STORE_RETRY_DELAYS_S:
         await asyncio.sleep(delay)
         try:
             await store.complete(team, key, stored)
             return
         except IdempotencyUnavailable:
-            delay = min(delay * 2, 8.0)
+            continue
     log.error("an idempotent answer of team %s was never stored; a retry of it will run again", team)

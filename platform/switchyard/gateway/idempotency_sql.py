@@ -34,16 +34,20 @@ from switchyard.db.engine import Database, Transaction, database_errors, redacte
 from switchyard.db.location import Store, open_store
 from switchyard.db.migrations import Migration, Schema, prepare
 from switchyard.gateway.idempotency import (
+    ANSWER_TTL_S,
+    CLAIM_TIMEOUT_S,
     Claim,
     IdempotencyEntry,
     IdempotencyUnavailable,
     StoredResponse,
     after_abandon,
     after_complete,
+    check_claim_bound,
     decide_claim,
     erased_by,
     erasure_until,
 )
+from switchyard.policy.models import MAX_DEADLINE_MS
 
 _V1 = (
     """CREATE TABLE IF NOT EXISTS idempotency_entries (
@@ -108,8 +112,8 @@ class SqlIdempotencyStore:
     def __init__(
         self,
         db: Database,
-        ttl_s: float = 24 * 3600,
-        claim_timeout_s: float = 300.0,
+        ttl_s: float = ANSWER_TTL_S,
+        claim_timeout_s: float = CLAIM_TIMEOUT_S,
         clock: Callable[[], float] | None = None,
         sweep_every_s: float = 60.0,
     ) -> None:
@@ -124,8 +128,11 @@ class SqlIdempotencyStore:
         prepare(db, SCHEMA)
 
     @classmethod
-    def in_state_dir(cls, state: Path, ttl_s: float = 24 * 3600, claim_timeout_s: float = 300.0) -> SqlIdempotencyStore:
+    def in_state_dir(
+        cls, state: Path, ttl_s: float = ANSWER_TTL_S, claim_timeout_s: float = CLAIM_TIMEOUT_S
+    ) -> SqlIdempotencyStore:
         """`<state>/idempotency.db`, or the shared database of `$SWITCHYARD_DATABASE_URL`."""
+        check_claim_bound(claim_timeout_s, MAX_DEADLINE_MS / 1000)  # every set the loader takes
         db = open_store(state, Store.IDEMPOTENCY)
         try:
             return cls(db, ttl_s, claim_timeout_s)

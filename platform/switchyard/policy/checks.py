@@ -28,8 +28,8 @@ from pydantic import BaseModel
 from switchyard.policy.errors import PolicyViolation
 from switchyard.policy.eval_suites import SUITES_FOLDER
 from switchyard.policy.keys import PLATFORM_TEAM
-from switchyard.policy.layering import Layer, ResolvedFlow, flow_layers, resolve_flow
-from switchyard.policy.models import Bound, BudgetLimits, EffectiveFlow, Priority
+from switchyard.policy.layering import Layer, ResolvedFlow, explicit_fields, flow_layers, resolve_flow
+from switchyard.policy.models import MAX_DEADLINE_MS, Bound, BudgetLimits, EffectiveFlow, Priority
 from switchyard.policy.policy_set import PolicySet
 
 
@@ -42,6 +42,7 @@ def check_policy_set(ps: PolicySet, today: date | None = None) -> list[PolicyVio
     violations += _check_admission(ps)
     violations += _check_budget_nulls(ps)
     violations += _check_guardrail_classes(ps)
+    violations += _check_deadlines(ps)
     unpriced: dict[str, list[str]] = {}  # model -> where a flow reaches it
     for team_name, team in ps.teams.items():
         if team_name == PLATFORM_TEAM:
@@ -75,6 +76,32 @@ def check_policy_set(ps: PolicySet, today: date | None = None) -> list[PolicyVio
                     unpriced.setdefault(model, []).append(where)
     violations += [_no_price(ps, model, day, unpriced[model]) for model in sorted(unpriced)]
     return violations
+
+
+# ---------------------------------------------------------------- deadlines
+
+
+def _check_deadlines(ps: PolicySet) -> list[PolicyViolation]:
+    """No layer may set a deadline past `MAX_DEADLINE_MS`, the org's defaults included (no
+    guardrail covers them). Before stop 48 `policy check` passed such a set and a running
+    gateway reloaded it, though no replica could start on it: a budget hold could expire, and
+    an idempotency claim lapse, while one of its requests still ran."""
+    layers = [Layer("org.yaml", "defaults.", explicit_fields(ps.org.defaults))]
+    for team_name, team in ps.teams.items():
+        file = ps.team_file(team_name)
+        layers.append(Layer(file, "defaults.", explicit_fields(team.defaults)))
+        layers += [Layer(file, f"flows.{name}.", explicit_fields(flow)) for name, flow in team.flows.items()]
+    return [
+        PolicyViolation(
+            layer.file,
+            f"{layer.prefix}deadline_ms",
+            f"{deadline} ms is longer than any request may run ({MAX_DEADLINE_MS} ms): the gateway's budget "
+            "holds and idempotency claims are sized to outlive every request, so a longer one could be "
+            "charged past its team's budget, or run twice when its client retries",
+        )
+        for layer in layers
+        if (deadline := layer.values.get("deadline_ms")) is not None and deadline > MAX_DEADLINE_MS
+    ]
 
 
 # ---------------------------------------------------------------- guardrails

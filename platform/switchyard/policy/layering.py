@@ -33,7 +33,7 @@ class Layer:
         return f"{self.file}: {self.prefix}{field}"
 
 
-def _explicit(policy: FlowPolicy) -> dict[str, Any]:
+def explicit_fields(policy: FlowPolicy) -> dict[str, Any]:
     return {k: getattr(policy, k) for k in policy.model_fields_set}
 
 
@@ -43,10 +43,10 @@ def flow_layers(ps: PolicySet, team: str, flow: str) -> list[Layer]:
     team_file = ps.team_file(team)
     team_wide = {f: getattr(t, f) for f in TEAM_WIDE_FLOW_FIELDS if f in t.model_fields_set}
     return [
-        Layer("org.yaml", "defaults.", _explicit(ps.org.defaults)),
+        Layer("org.yaml", "defaults.", explicit_fields(ps.org.defaults)),
         Layer(team_file, "", team_wide),
-        Layer(team_file, "defaults.", _explicit(t.defaults)),
-        Layer(team_file, f"flows.{flow}.", _explicit(t.flows[flow])),
+        Layer(team_file, "defaults.", explicit_fields(t.defaults)),
+        Layer(team_file, f"flows.{flow}.", explicit_fields(t.flows[flow])),
     ]
 
 
@@ -79,15 +79,3 @@ def resolve_flow(ps: PolicySet, team: str, flow: str) -> ResolvedFlow | list[Pol
             for err in exc.errors(include_input=False, include_url=False)
         ]
     return ResolvedFlow(policy, provenance)
-
-
-def longest_deadline_s(ps: PolicySet) -> float:
-    """The longest deadline any flow of the set may run for, in seconds (a client's header only
-    shortens it): what a budget lease must outlive."""
-    deadlines = [ps.org.defaults.deadline_ms or 0]
-    for team, policy in ps.teams.items():
-        for flow in policy.flows:
-            resolved = resolve_flow(ps, team, flow)
-            if not isinstance(resolved, list):
-                deadlines.append(resolved.policy.deadline_ms)
-    return max(deadlines) / 1000

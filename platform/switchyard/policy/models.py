@@ -97,6 +97,11 @@ MAX_CONTEXT_TOKENS = 100_000_000
 """Far above any model's price and context window, and low enough that the largest call's
 cost in nano-dollars fits the ledger's 64-bit columns: 10^8 tokens at 10^9 n$/token is 10^17."""
 
+MAX_DEADLINE_MS = 120_000
+"""The longest any request may run (a flow's `deadline_ms`, at every layer): the gateway's
+budget holds (`LeaseConfig.ttl_s`) and idempotency claims (`claim_timeout_s`) are sized to
+outlive it, and each checks that it does when a replica starts."""
+
 
 class Price(Strict):
     """USD per million tokens, effective from a UTC date until the next entry's date."""
