@@ -77,6 +77,23 @@ def test_recovery_from_a_snapshot_and_the_records_after_it(tmp_path: Path) -> No
     got.wal.close()
 
 
+def test_recovery_reports_the_latest_time_the_snapshot_or_the_log_holds(tmp_path: Path) -> None:
+    """What a restarted scheduler's clock may not start behind (`SchedulerClock`): the last
+    record's time (a claim, which carries none, comes before the last tick at 16), or the
+    snapshot's when no later record holds a time."""
+    run_events(tmp_path)
+    journal = SchedulerJournal(tmp_path / "scheduler.db")
+    got = recover(tmp_path, journal, lambda s: driver({"a": 8, "b": 8}, node_count=3))
+    assert got.last_time == 16.0
+    document, seq = snapshot_document(got.driver, got.wal, 99.0)
+    write_snapshot(SnapshotFiles(tmp_path), document, seq)
+    got.wal.wait_durable(got.wal.append(inputs.claim("w3", "job-3")))
+    got.wal.close()
+    again = recover(tmp_path, journal, lambda s: Driver(s))
+    assert (again.replayed, again.last_time) == (1, 99.0)
+    again.wal.close()
+
+
 def test_a_torn_last_line_is_dropped_and_the_log_carries_on(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     run_events(tmp_path)
     segment = next(tmp_path.glob("wal-*.jsonl"))

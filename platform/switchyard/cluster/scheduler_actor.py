@@ -4,7 +4,8 @@ The rules live in the pure driver (`switchyard.scheduler.driver`): it keeps the 
 the cluster and the grants, notices, claims and launched jobs around it, takes events, and
 returns effects. This actor is the shell around it: a lock around every driver call, a tick
 thread and an audit thread, and the Ray I/O. It feeds the driver Ray's GPU nodes (and their
-`switchyard/node-group` labels), calls from jobs and the CLI, and `time.time()`; it carries out
+`switchyard/node-group` labels), calls from jobs and the CLI, and the time (`SchedulerClock`:
+the wall clock, never stepping); it carries out
 the effects with Ray's own primitives (a grant is picked up by the waiting job or launched
 through the Jobs API, a notice goes through the training preemption channel, a stop stops the
 Ray job).
@@ -50,6 +51,7 @@ from switchyard.scheduler.claims import CLAIM_TIMEOUT_S, ClaimPolicy
 from switchyard.scheduler.core import Decisions, Node
 from switchyard.scheduler.core.config import load_policy_file
 from switchyard.scheduler.driver import Driver, LiveState, inputs, views
+from switchyard.scheduler.driver.clock import SchedulerClock
 from switchyard.scheduler.driver.driver import HISTORY_RETENTION_S
 from switchyard.scheduler.driver.effects import (
     ClearNotice,
@@ -125,9 +127,11 @@ class SchedulerActor:
         snapshot_every_s: float = 30.0,
         snapshot_every_records: int = 20_000,
         fixed_nodes: list[dict[str, Any]] | None = None,
+        wall_clock: Callable[[], float] = time.time,
     ) -> None:
         """`fixed_nodes`: `Node` fields of a logical cluster to schedule instead of Ray's GPU
-        nodes (the benchmark's 1,250 nodes on one machine); never set on a real cluster."""
+        nodes (the benchmark's 1,250 nodes on one machine); never set on a real cluster.
+        `wall_clock`: the host's clock, read once at start (tests step it)."""
         claims = ClaimPolicy(timeout_s=claim_timeout_s)
         self._policy = load_policy_file(Path(policies_dir) / "scheduler.yaml").to_policy()
         self._state_dir = state_dir
@@ -145,24 +149,25 @@ class SchedulerActor:
         self._lock = threading.Lock()
         self._nodes_lock = threading.Lock()  # one node refresh at a time: a stale list must not undo a newer one
         self._node_refresh = NodeRefresh()  # cheap "same nodes as before" on every release
-        self._started_at = time.time()
+        self._started_at, started = wall_clock(), time.monotonic()  # which incarnation; how long recovery took
 
         def driver_of(state: LiveState | None) -> Driver:
             if state is None:
-                return Driver.empty(self._policy, time.time(), claims, history_retention_s)
+                return Driver.empty(self._policy, wall_clock(), claims, history_retention_s)
             return Driver(state, claims, history_retention_s)
 
         wal_dir = Path(state_dir) / "scheduler-wal"
         self._snapshots = SnapshotFiles(wal_dir)
         recovered = recover(wal_dir, self._journal, driver_of)
         self._driver, self._wal = recovered.driver, recovered.wal
+        self._clock = SchedulerClock(recovered.last_time, wall_clock)  # never behind what the log holds
         self._wal.on_broken = _fail_stop
         self._last_snapshot = (time.monotonic(), recovered.wal.last_seq)
         state = self._driver.state
         if recovered.snapshot_seq or recovered.replayed or recovered.migrated_legacy:
             log.warning(
                 "scheduler restored in %.2f s: snapshot after record %d, %d records replayed; %d leases, %d queued",
-                time.time() - self._started_at,
+                time.monotonic() - started,
                 recovered.snapshot_seq,
                 recovered.replayed,
                 len(state.grants),
@@ -186,7 +191,7 @@ class SchedulerActor:
     # the log is synced past what it saw. `request_id`: a retried call (the typed client's, or
     # Ray's after a restart) with the same id is answered, not done twice.
     def submit(self, submission: WorkloadSubmission, request_id: str | None = None) -> str:
-        self._record(inputs.submit(submission, time.time(), request_id))
+        self._record(inputs.submit(submission, self._clock.now(), request_id))
         return submission.workload_id
 
     def lease(self, workload_id: str) -> LeaseGrant | None:
@@ -205,8 +210,8 @@ class SchedulerActor:
     def release(self, lease_id: str, finished: bool = True) -> bool:
         # A job whose run failed because a node died releases as finished (it crashed). Ray knows
         # the node is gone by then: handle the loss first, so the workload is requeued, not ended.
-        self._refresh_nodes(time.time())
-        return self._record(inputs.release(lease_id, finished, time.time())) is ReleaseOutcome.REQUEUED
+        self._refresh_nodes(self._clock.now())
+        return self._record(inputs.release(lease_id, finished, self._clock.now())) is ReleaseOutcome.REQUEUED
 
     def preemption_notice(self, workload_id: str) -> PreemptionNotice | None:
         with self._lock:
@@ -217,25 +222,25 @@ class SchedulerActor:
     def report_resume(self, workload_id: str, step: int, checkpoint: str, request_id: str | None = None) -> None:
         """The job restored `checkpoint` at `step`: the event log shows where a preempted or
         requeued job picked up (operators, and the demo's cause chain)."""
-        self._record(inputs.resume_reported(workload_id, step, checkpoint, time.time(), request_id))
+        self._record(inputs.resume_reported(workload_id, step, checkpoint, self._clock.now(), request_id))
 
     def report_checkpoint(self, workload_id: str, request_id: str | None = None) -> None:
-        self._record(inputs.checkpoint_reported(workload_id, time.time(), request_id))
+        self._record(inputs.checkpoint_reported(workload_id, self._clock.now(), request_id))
 
     # Operators' node commands (`switchyard nodes ...`): `node` is an id or a prefix of one; an
     # unknown or ambiguous one raises `NodeLookupError` (one line for the CLI).
     def cordon(self, node: str, request_id: str | None = None) -> str:
-        found = self._record(inputs.cordon(node, time.time(), request_id))
+        found = self._record(inputs.cordon(node, self._clock.now(), request_id))
         assert isinstance(found, str)
         return found
 
     def uncordon(self, node: str, request_id: str | None = None) -> str:
-        found = self._record(inputs.uncordon(node, time.time(), request_id))
+        found = self._record(inputs.uncordon(node, self._clock.now(), request_id))
         assert isinstance(found, str)
         return found
 
     def drain(self, node: str, force: bool = False, request_id: str | None = None) -> DrainReport:
-        report = self._record(inputs.drain(node, force, time.time(), request_id))
+        report = self._record(inputs.drain(node, force, self._clock.now(), request_id))
         assert isinstance(report, DrainReport)
         return report
 
@@ -246,11 +251,11 @@ class SchedulerActor:
         return rows
 
     def cancel(self, workload_id: str, request_id: str | None = None) -> None:
-        self._record(inputs.cancel(workload_id, time.time(), request_id))
+        self._record(inputs.cancel(workload_id, self._clock.now(), request_id))
 
     def list_workloads(self) -> list[dict[str, Any]]:
         with self._lock:
-            rows, seen = views.workload_rows(self._driver.state, time.time()), self._wal.last_seq
+            rows, seen = views.workload_rows(self._driver.state, self._clock.now()), self._wal.last_seq
         self._wal.wait_durable(seen)
         return rows
 
@@ -258,7 +263,7 @@ class SchedulerActor:
         return self._journal.events(workload_id)
 
     def status(self) -> dict[str, Any]:
-        now = time.time()
+        now = self._clock.now()
         with self._lock:
             state = self._driver.state
             cluster = views.cluster_view(state, now)
@@ -295,7 +300,7 @@ class SchedulerActor:
     def _run(self) -> None:
         while not self._stopping.wait(self.TICK_S):
             try:
-                self._tick(time.time())
+                self._tick(self._clock.now())
             except Exception:  # a bad tick must not kill the scheduler; it is logged with its traceback
                 log.exception("scheduler tick failed")
 
@@ -313,7 +318,7 @@ class SchedulerActor:
         with self._lock:
             watched = views.launched_jobs_on_claimed_leases(self._driver.state)
         for ended in self._audit.ended_jobs(watched):  # Jobs API: unlocked
-            self._record(inputs.job_exited(ended.workload_id, ended.submission_id, ended.status, time.time()))
+            self._record(inputs.job_exited(ended.workload_id, ended.submission_id, ended.status, self._clock.now()))
 
     def _tick(self, now: float) -> None:
         if now - self._last_nodes >= self.NODE_REFRESH_S:
@@ -409,13 +414,13 @@ class SchedulerActor:
             return
         if time.monotonic() - at >= self._snapshot_every_s or self._wal.last_seq - seq >= self._snapshot_every_records:
             with self._lock:
-                document, seq = snapshot_document(self._driver, self._wal, time.time())
+                document, seq = snapshot_document(self._driver, self._wal, self._clock.now())
             write_snapshot(self._snapshots, document, seq)  # the document is a copy: no lock needed
             self._last_snapshot = (time.monotonic(), seq)
 
     def _snapshot(self) -> None:
         """Lock held: a snapshot now, written before the lock is released."""
-        document, seq = snapshot_document(self._driver, self._wal, time.time())
+        document, seq = snapshot_document(self._driver, self._wal, self._clock.now())
         write_snapshot(self._snapshots, document, seq)
         self._last_snapshot = (time.monotonic(), seq)
 
@@ -468,7 +473,7 @@ class SchedulerActor:
 
     def _job_stopped(self, workload_id: str, team: str, submission_id: str, reason: StopReason) -> None:
         log.info("workload %s: stopped Ray job %s (%s)", workload_id, submission_id, reason)
-        self._journal.event("job_stopped", workload_id, team, time.time(), ray_job=submission_id)
+        self._journal.event("job_stopped", workload_id, team, self._clock.now(), ray_job=submission_id)
 
     def _launch(self, action: LaunchJob) -> None:
         """Submit the job; its outcome goes back to the driver (a failed one is journaled, and its
@@ -490,7 +495,7 @@ class SchedulerActor:
             else:
                 self._record(inputs.job_launched(action.workload_id, job.submission_id))
                 return
-        self._record(inputs.launch_failed(action.workload_id, action.lease_id, error, time.time()))
+        self._record(inputs.launch_failed(action.workload_id, action.lease_id, error, self._clock.now()))
 
     # ------------------------------------------------------------------ autoscaler and audit
     def _request_capacity(self) -> None:

@@ -10,6 +10,7 @@ back a grant whose launch never happened; the grace period stops a job that miss
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,6 +36,7 @@ class Recovered:
     snapshot_seq: int
     replayed: int
     migrated_legacy: bool
+    last_time: float  # the latest time the snapshot or a replayed record holds (-inf: none)
 
 
 def recover(directory: Path, journal: SchedulerJournal, driver_of: Callable[[LiveState | None], Driver]) -> Recovered:
@@ -42,9 +44,10 @@ def recover(directory: Path, journal: SchedulerJournal, driver_of: Callable[[Liv
     files = SnapshotFiles(directory)
     latest = files.latest()
     legacy = False
+    last_time = -math.inf
     if latest is not None:
         snap = from_document(latest[1], str(latest[0]))
-        driver, seq = driver_of(snap.state), snap.wal_seq
+        driver, seq, last_time = driver_of(snap.state), snap.wal_seq, snap.taken_at
     else:
         restored = journal.legacy_state()
         legacy = restored is not None
@@ -57,11 +60,20 @@ def recover(directory: Path, journal: SchedulerJournal, driver_of: Callable[[Liv
         except (ValueError, KeyError) as exc:
             raise ReplayDivergedError(f"{directory}: replay of record {record['seq']} failed: {exc!r}") from exc
         seq, replayed = record["seq"], replayed + 1
+        last_time = max(last_time, _time_of(record))
         if seq > journaled:
             for e in effects:
                 if isinstance(e, JournalEvent):
                     journal.event(e.kind.value, e.workload_id, e.team, e.at, wal_seq=seq, **e.details)
-    return Recovered(driver, WriteAheadLog(directory, seq), base, replayed, legacy)
+    return Recovered(driver, WriteAheadLog(directory, seq), base, replayed, legacy, last_time)
+
+
+def _time_of(record: dict[str, object]) -> float:
+    """The time a record was taken at (-inf for the few that carry none: a claim)."""
+    now = record.get("now")
+    if isinstance(now, int | float) and not isinstance(now, bool) and math.isfinite(now):
+        return float(now)
+    return -math.inf
 
 
 def write_snapshot(files: SnapshotFiles, document: dict[str, object], seq: int) -> Path:
