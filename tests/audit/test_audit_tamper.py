@@ -11,13 +11,16 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 from _audit_helpers import make_exchange
 
-from switchyard.audit.builder import RecordBuilder
+from switchyard.audit.builder import DAY_S, RecordBuilder
 from switchyard.audit.chain import link_hash
 from switchyard.audit.export import S3Target, export_sealed
 from switchyard.audit.redaction import TextScrubber
@@ -231,3 +234,37 @@ def test_an_anchor_the_disk_cut_short_leaves_no_false_alarm(
     anchors, unreadable = store.anchors.read()
     assert unreadable == [] and anchors[-1].seq == 2, (anchors, unreadable)
     assert _reopen(store, audit_state).verify() == []
+
+
+# `switchyard` on a host whose wall clock is `argv[1]` seconds off: set before the CLI is
+# imported, as the host's clock would be.
+_ON_A_SKEWED_HOST = """
+import sys, time
+wall = time.time
+time.time = lambda: wall() + float(sys.argv[1])
+from switchyard.cli import main
+sys.exit(main(sys.argv[2:]))
+"""
+
+
+def test_a_purge_on_a_host_whose_clock_runs_ahead_keeps_bodies_inside_their_retention(
+    audit_state: Path, data_policies: DataPolicies, scrubber: TextScrubber
+) -> None:
+    """Stop 48: `switchyard audit purge` (cron), and every gateway replica's retention task,
+    deleted the bodies whose retention had ended by the clock of the host it ran on. On a host
+    2 days ahead it deleted a body with a day of its 30 left, and `audit verify` on a host
+    whose clock is right reported it as tampering ("deleted before its retention ended").
+    Both now go by the database's clock."""
+    store = AuditStore.in_state_dir(audit_state)
+    builder = RecordBuilder(data_policies, scrubber, SubjectKeyring.in_state_dir(audit_state))
+    exchange = make_exchange(received_at=time.time() - 29 * DAY_S)  # personal data: kept 30 days
+    store.append([builder.build(exchange)])
+    key, _ = KeyStore.in_state_dir(audit_state).create(PLATFORM_TEAM, Role.PLATFORM_ADMIN)
+    purge = ["audit", "purge", "--json", "--state-dir", str(audit_state), "--api-key", key]
+    done = subprocess.run(
+        [sys.executable, "-c", _ON_A_SKEWED_HOST, str(2 * DAY_S), *purge], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == {"bodies_removed": 0}
+    assert store.body(exchange.ctx.request_id, "input") is not None
+    assert store.verify() == []

@@ -42,7 +42,7 @@ from switchyard.audit.record import (
     parse_entry,
 )
 from switchyard.audit.subject_keys import plain_digest
-from switchyard.db.engine import Database, Transaction
+from switchyard.db.engine import Database, Transaction, database_time
 from switchyard.db.location import Store, open_store
 from switchyard.db.migrations import Migration, Schema, prepare
 from switchyard.policy.models import BodyStorage
@@ -217,11 +217,13 @@ class AuditStore:
         return tuple(removed)
 
     def purge_expired_bodies(self, now: float | None = None) -> int:
-        """Delete bodies past their class's retention; records (and the chain) stay."""
+        """Delete bodies past their class's retention; records (and the chain) stay. `now`:
+        the database's clock unless given. By the clock of the host that purged (a gateway
+        replica, a cron job), one running ahead deleted bodies before their retention ended,
+        and `verify` on a right clock called that tampering (stop 48)."""
         with self.db.transaction() as tx:
-            return tx.execute(
-                "DELETE FROM bodies WHERE expires_at <= ?", (time.time() if now is None else now,)
-            ).rowcount
+            cutoff = database_time(self.db, tx) if now is None else now
+            return tx.execute("DELETE FROM bodies WHERE expires_at <= ?", (cutoff,)).rowcount
 
     # ------------------------------------------------------------ segments
 
@@ -290,7 +292,7 @@ class AuditStore:
                 )
         entries, unreadable = self._read_entries(rows)
         findings.extend(unreadable)
-        findings.extend(self._verify_bodies(entries, time.time() if now is None else now))
+        findings.extend(self._verify_bodies(entries, now))
         return distinct(findings)
 
     def _verify_anchors(self, by_seq: dict[int, ChainRow], segments: list[Segment]) -> list[Finding]:
@@ -340,10 +342,12 @@ class AuditStore:
                     )
         return entries, findings
 
-    def _verify_bodies(self, entries: list[tuple[int, AuditEntry]], now: float) -> list[Finding]:
+    def _verify_bodies(self, entries: list[tuple[int, AuditEntry]], now: float | None) -> list[Finding]:
         findings = []
         with self.db.read() as tx:
             stored = {(r[0], r[1]): bytes(r[2]) for r in tx.execute("SELECT request_id, part, data FROM bodies").rows}
+            # After the read, on the clock purges use: a purge this read saw ran at or before it.
+            now = database_time(self.db, tx) if now is None else now
         erased = {rid for _, e in entries if isinstance(e, ErasureRecord) for rid in e.bodies_removed}
         for seq, entry in entries:
             if not isinstance(entry, RequestRecord) or entry.request_id in erased:

@@ -71,6 +71,13 @@ class Database(Protocol):
     def close(self) -> None: ...
 
 
+def database_time(db: Database, tx: Transaction) -> float:
+    """The database's clock (`Database.clock_sql`) in seconds since the epoch, read in `tx`."""
+    row = tx.execute(db.clock_sql).one()
+    assert row is not None  # a SELECT of one value
+    return float(row[0])
+
+
 class DatabaseUnavailable(RuntimeError):
     """A store's database could not be opened (unreachable, refused, not a database, no such
     directory); the message names it, without its password."""

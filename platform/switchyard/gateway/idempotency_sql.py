@@ -30,7 +30,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, ParamSpec, TypeVar
 
-from switchyard.db.engine import Database, Transaction, database_errors, redacted
+from switchyard.db.engine import Database, Transaction, database_errors, database_time, redacted
 from switchyard.db.location import Store, open_store
 from switchyard.db.migrations import Migration, Schema, prepare
 from switchyard.gateway.idempotency import (
@@ -225,11 +225,7 @@ class SqlIdempotencyStore:
     # ------------------------------------------------------------ rows
 
     def _now(self, tx: Transaction) -> float:
-        if self._clock is not None:
-            return self._clock()
-        row = tx.execute(self.db.clock_sql).one()
-        assert row is not None  # a SELECT of one value
-        return float(row[0])
+        return self._clock() if self._clock is not None else database_time(self.db, tx)
 
     def _locked(self, tx: Transaction, scope: str, key: str) -> IdempotencyEntry | None:
         row = tx.execute(
