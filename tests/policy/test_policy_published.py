@@ -8,6 +8,7 @@ replica runs.
 from __future__ import annotations
 
 import shutil
+import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -148,8 +149,22 @@ def test_a_published_path_outside_the_set_is_refused(head: Head, tmp_path: Path)
 
 def test_the_board_shows_silent_replicas_then_forgets_them() -> None:
     board = ReplicaBoard(stale_after_s=30)
-    board.record(ReplicaReport("r1", "n1", "abc", "ok", at=1000.0))
-    board.record(ReplicaReport("r2", "n2", "abc", "degraded", "cut off", at=1025.0))
+    board.record(ReplicaReport("r1", "n1", "abc", "ok"), now=1000.0)
+    board.record(ReplicaReport("r2", "n2", "abc", "degraded", "cut off"), now=1025.0)
     rows = board.rows(now=1040.0)
     assert [(r["replica"], r["state"]) for r in rows] == [("r1", "silent"), ("r2", "degraded")]
     assert [r["replica"] for r in board.rows(now=1310.0)] == ["r2"]
+
+
+def test_a_replica_is_timed_by_the_heads_clock_not_its_own(head: Head, tmp_path: Path) -> None:
+    """Stop 48: a report carried the replica's wall-clock time, which the head compared with
+    its own. A replica 10 minutes behind was listed "silent" and then forgotten each time it
+    reported; one 10 minutes ahead stayed "ok" for 10 minutes after it stopped asking. Now
+    the head times each report when it arrives."""
+    replica = PublishedPolicyStore(head.fetch, save_dir_for(tmp_path / "r"), "r-behind", "n1")
+    arrived = time.monotonic()
+    replica.refresh()
+    [row] = head.board.rows(now=arrived + 5.0)
+    assert (row["replica"], row["state"]) == ("r-behind", "ok") and 0 < row["seen_s_ago"] <= 5.0
+    [row] = head.board.rows(now=arrived + 60.0)
+    assert row["state"] == "silent"

@@ -51,7 +51,6 @@ class ReplicaReport:
     fingerprint: str | None  # the set it serves (None: none yet)
     state: str  # "ok" or "degraded"
     error: str | None = None
-    at: float = field(default_factory=time.time)
 
 
 class PolicyUnavailable(Exception):
@@ -144,29 +143,32 @@ class PublishedPolicyStore:
 
 @dataclass
 class ReplicaBoard:
-    """The head's view of who serves which set: the latest report of every replica."""
+    """The head's view of who serves which set: the latest report of every replica, timed on
+    the head's monotonic clock when it arrived. (Reports carried the replica's own wall-clock
+    time: a replica whose clock ran 5 minutes behind the head's was forgotten as soon as it
+    reported, and one ahead stayed "ok" for minutes after it went silent: stop 48.)"""
 
     stale_after_s: float = 30.0
-    reports: dict[str, ReplicaReport] = field(default_factory=dict)
+    reports: dict[str, tuple[ReplicaReport, float]] = field(default_factory=dict)  # replica -> report, when
 
-    def record(self, report: ReplicaReport) -> None:
-        self.reports[report.replica] = report
+    def record(self, report: ReplicaReport, now: float | None = None) -> None:
+        self.reports[report.replica] = (report, time.monotonic() if now is None else now)
 
     def rows(self, now: float | None = None) -> list[dict[str, Any]]:
-        now = time.time() if now is None else now
+        now = time.monotonic() if now is None else now
         # A replica that stopped asking is gone (or cut off): listed as such, then forgotten.
-        for gone in [r for r, rep in self.reports.items() if now - rep.at > 10 * self.stale_after_s]:
+        for gone in [r for r, (_, at) in self.reports.items() if now - at > 10 * self.stale_after_s]:
             del self.reports[gone]
         return [
             {
                 "replica": rep.replica,
                 "node": rep.node,
                 "fingerprint": rep.fingerprint,
-                "state": rep.state if now - rep.at <= self.stale_after_s else "silent",
+                "state": rep.state if now - at <= self.stale_after_s else "silent",
                 "error": rep.error,
-                "seen_s_ago": round(now - rep.at, 1),
+                "seen_s_ago": round(now - at, 1),
             }
-            for rep in sorted(self.reports.values(), key=lambda r: r.replica)
+            for rep, at in sorted(self.reports.values(), key=lambda r: r[0].replica)
         ]
 
 
