@@ -5,10 +5,9 @@ the cluster and the grants, notices, claims and launched jobs around it, takes e
 returns effects. This actor is the shell around it: a lock around every driver call, a tick
 thread and an audit thread, and the Ray I/O. It feeds the driver Ray's GPU nodes (and their
 `switchyard/node-group` labels), calls from jobs and the CLI, and the time (`SchedulerClock`:
-the wall clock, never stepping); it carries out
-the effects with Ray's own primitives (a grant is picked up by the waiting job or launched
-through the Jobs API, a notice goes through the training preemption channel, a stop stops the
-Ray job).
+the wall clock without its steps); it carries out the effects with Ray's own primitives (a
+grant is picked up by the waiting job or launched through the Jobs API, a notice goes through
+the training preemption channel, a stop stops the Ray job).
 
 Durability: every event the driver takes is appended to the write-ahead log inside the lock
 (`scheduler_wal`), and no call returns, and no cluster action is carried out, before the log

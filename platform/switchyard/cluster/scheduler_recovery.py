@@ -47,7 +47,7 @@ def recover(directory: Path, journal: SchedulerJournal, driver_of: Callable[[Liv
     last_time = -math.inf
     if latest is not None:
         snap = from_document(latest[1], str(latest[0]))
-        driver, seq, last_time = driver_of(snap.state), snap.wal_seq, snap.taken_at
+        driver, seq, last_time = driver_of(snap.state), snap.wal_seq, _finite(snap.taken_at)
     else:
         restored = journal.legacy_state()
         legacy = restored is not None
@@ -71,9 +71,11 @@ def recover(directory: Path, journal: SchedulerJournal, driver_of: Callable[[Liv
 def _time_of(record: dict[str, object]) -> float:
     """The time a record was taken at (-inf for the few that carry none: a claim)."""
     now = record.get("now")
-    if isinstance(now, int | float) and not isinstance(now, bool) and math.isfinite(now):
-        return float(now)
-    return -math.inf
+    return _finite(now) if isinstance(now, int | float) and not isinstance(now, bool) else -math.inf
+
+
+def _finite(time: float) -> float:
+    return float(time) if math.isfinite(time) else -math.inf
 
 
 def write_snapshot(files: SnapshotFiles, document: dict[str, object], seq: int) -> Path:
