@@ -4,6 +4,7 @@ body, one upstream call for concurrent duplicates, and a store shared by two rep
 from __future__ import annotations
 
 import asyncio
+import json
 from pathlib import Path
 
 import httpx
@@ -109,3 +110,27 @@ async def test_a_claim_outlives_the_longest_request_and_the_storing_of_its_answe
     check_claim_bound(CLAIM_TIMEOUT_S, MAX_DEADLINE_MS / 1000)
     with pytest.raises(ValueError, match=r"claim_timeout_s=130 must be at least .* = 151.75"):
         check_claim_bound(130.0, MAX_DEADLINE_MS / 1000)
+
+
+async def test_a_client_that_hangs_up_and_retries_with_its_key_pays_once(gw: Harness, upstreams: FakeUpstreams) -> None:
+    """Stop 48: a client that timed out waiting and retried with the same Idempotency-Key (what
+    the key is for) paid twice. Its hang-up cancelled the upstream call (charged what it may
+    have cost: the bound) and freed the key, so the retry called the provider again. Now the
+    owner's call runs on in a task the gateway owns, its answer is stored, and the retry
+    waits for it and replays it: one upstream call, one charge, one audit record."""
+    upstreams.openai.faults.append(Fault("latency", delay_s=0.3))
+    key = headers(gw, "k-hang-up")
+    raw = json.dumps(BODY).encode()  # the same bytes both times, as a client's retry sends them
+    first = asyncio.create_task(gw.pipeline.handle(raw, key))
+    await asyncio.sleep(0.1)  # the upstream call is in flight
+    first.cancel()  # as Serve does when the client disconnects
+    with pytest.raises(asyncio.CancelledError):
+        await first
+    retry = await gw.raw().post(
+        "/v1/chat/completions", content=raw, headers={**key, "content-type": "application/json"}
+    )
+    assert retry.status_code == 200 and retry.headers["x-switchyard-idempotent-replay"] == "true"
+    assert len(upstreams.openai.received) == 1
+    assert len(gw.budget.settled) == 1
+    [record] = [x for x in gw.audit.exchanges if x.ctx.idempotency_key == "k-hang-up"]
+    assert record.status_code == 200

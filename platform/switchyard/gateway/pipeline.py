@@ -18,7 +18,7 @@ import weakref
 from collections.abc import Callable, Coroutine, Iterator, Mapping
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, TypeVar
 
 from switchyard.budgets.money import nanos_to_usd, usd_to_nanos
 from switchyard.budgets.pricing import UnknownPrice, estimate_call
@@ -113,6 +113,7 @@ from switchyard.policy.models import RiskTier
 from switchyard.policy.policy_set import PolicySet
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 @dataclass
@@ -278,6 +279,15 @@ class ChatPipeline:
                 )
                 return self._answered_here(plan, error_result(late, hdr))
             await asyncio.sleep(self.parts.idempotency_poll_s)
+        # The owner's call runs in a task the pipeline owns: a client that hangs up (its handler
+        # cancelled) does not cut it short, and its answer is stored, so the client's retry with
+        # this key replays it instead of calling (and paying) again.
+        return await asyncio.shield(self.own(self._run_claimed(plan, hdr, store, key)))
+
+    async def _run_claimed(self, plan: Plan, hdr: dict[str, str], store: IdempotencyStore, key: str) -> Result:
+        """Run a request whose Idempotency-Key this replica claimed; store its answer, or free
+        the key for a retry when it failed."""
+        ctx = plan.ctx
         try:
             result = await self._execute(plan, hdr)
         except BaseException:
@@ -761,7 +771,7 @@ class ChatPipeline:
             plan.span.set_response(status, error)
             plan.span.end()
 
-    def own(self, work: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
+    def own(self, work: Coroutine[Any, Any, T]) -> asyncio.Task[T]:
         return self._owned.run(work)
 
     async def drain(self) -> None:
