@@ -6,7 +6,8 @@ Seeded scenarios drive the real pipeline with the leased budget gate on a real l
 fallbacks to pricier and cheaper models, per-attempt faults (timeout, 5xx, 429, an answer
 that breaks the contract, one without usage, a body that does not parse, a stream cut
 half-way, a stream whose end comes after the gateway gave up), clients that hang up at random
-points, idempotent replays and ledger outages. After each batch drains, per request:
+points, idempotent replays (of answers their clients waited for, or hung up on) and ledger
+outages. After each batch drains, per request:
 
 - the ledger's charge is what the provider billed, at the billing model's price, to the
   nano-dollar where the gateway read the usage the provider reported; between that and the
@@ -184,7 +185,7 @@ def generate(rng: random.Random, count: int) -> Iterator[Scenario]:
         key = f"k{n}" if not stream and rng.random() < 0.3 else None
         script = tuple(rng.choice(ACTIONS) for _ in range(rng.randint(0, 4)))
         s = Scenario(n, n, rng.choice(list(FLOWS)), stream, rng.randint(16, 96), script, disconnect, key, False)
-        if key is not None and disconnect == "none":
+        if key is not None and disconnect != "mid":  # a keyed client that hung up retries too
             done.append(s)
         yield s
 
@@ -195,7 +196,7 @@ async def play(h: Harness, s: Scenario, seen: dict[int, Seen]) -> None:
     if s.idempotency_key is not None:
         headers["idempotency-key"] = s.idempotency_key
     record = seen.setdefault(s.n, Seen())
-    if s.replay and seen[s.marker].status != 200:
+    if s.replay and seen[s.marker].status not in (200, None):
         return  # only an answer is stored: a failed original is simply retried, not replayed
     if s.disconnect == "cancel":
         task = asyncio.create_task(h.pipeline.handle(s.body(), headers))
@@ -310,7 +311,9 @@ def _check_batch(
         records = sink.records.get(user, [])
         bills: list[Billed] = upstream.bills.get(s.marker, [])
         if s.replay:
-            if seen[s.marker].status == 200:
+            # Answered, whether its client waited for the answer or hung up (the record says).
+            original = sink.records.get(user, [])[:1]
+            if seen[s.marker].status == 200 or [r.status_code for r in original] == [200]:
                 assert seen[s.n].replayed, f"{where}: a completed idempotent request ran again"
             continue
         assert len(records) <= 1, f"{where}: {len(records)} audit records"
@@ -319,6 +322,8 @@ def _check_batch(
         if not records:
             continue
         record = records[0]
+        if s.idempotency_key is not None:  # its call runs on when its client hangs up, for the retry
+            assert record.error_code != "client_disconnected", f"{where}: a keyed request was cut short"
         charge = charged.get(record.ctx.request_id, 0)
         known = sum(
             price_on(catalog, by_version[(b.provider, b.model_version)], day).cost_nanos(b.usage)
