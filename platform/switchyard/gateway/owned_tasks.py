@@ -1,8 +1,8 @@
 """Work that must outlive the request that started it.
 
 A client that hangs up cancels its handler; the settle-and-audit work of its request must
-still run to the end, or money and records would be lost (and an idempotent request's call,
-whose answer the client's retry replays). Such work runs in tasks the
+still run to the end, or money and records would be lost, and so must the call of a request
+with an Idempotency-Key, whose answer the client's retry replays. Such work runs in tasks the
 pipeline owns, which shutdown awaits (`drain`) before the budget gate and audit sink close.
 """
 
