@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import re
 import shutil
+import subprocess
+import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -197,6 +200,45 @@ def test_sessions_expire_and_store_no_token(tmp_path: Path) -> None:
         now[0] += 61
         assert sessions.resolve(token) is None
         assert sessions.prune(older_than_s=0) == 1
+
+
+# A console replica on a host whose wall clock is `argv[2]` seconds off (set before switchyard
+# is imported, as the host's clock would be): does the session token `argv[3]` sign it in?
+_CONSOLE_ON_A_SKEWED_HOST = """
+import sys, time
+from pathlib import Path
+wall = time.time
+time.time = lambda: wall() + float(sys.argv[2])
+from switchyard.console.sessions import SessionStore
+from switchyard.policy.keys import KeyStore
+with KeyStore.in_state_dir(Path(sys.argv[1])) as keys:
+    print(SessionStore(keys).resolve(sys.argv[3]) is not None)
+"""
+
+
+@pytest.mark.parametrize("skew_s", [-600.0, 600.0], ids=["10min-behind", "10min-ahead"])
+def test_a_console_on_a_host_whose_clock_is_off_ends_sessions_on_time(tmp_path: Path, skew_s: float) -> None:
+    """Stop 48: sessions and the keys they name expired by the clock of the console replica
+    that looked. One 10 minutes ahead signed out a session opened a moment before (TTL 5
+    minutes); one 10 minutes behind kept the session of a key already past its expiry."""
+    with KeyStore.in_state_dir(tmp_path) as keys:
+        fresh_key, _ = keys.create(OWN, Role.MEMBER)
+        ending_key, _ = keys.create(OWN, Role.MEMBER, expires_at=time.time() + 1.0)
+        sessions = SessionStore(keys, ttl_s=300)
+        opened, ending = sessions.open(fresh_key), sessions.open(ending_key)
+        assert opened is not None and ending is not None
+    time.sleep(1.5)  # the second key has expired now; its session has not
+    seen = []
+    for token in (opened[0], ending[0]):
+        done = subprocess.run(
+            [sys.executable, "-c", _CONSOLE_ON_A_SKEWED_HOST, str(tmp_path), str(skew_s), token],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert done.returncode == 0, done.stderr
+        seen.append(done.stdout.strip())
+    assert seen == ["True", "False"]
 
 
 def test_a_bad_since_is_a_clear_400(platform: Any) -> None:

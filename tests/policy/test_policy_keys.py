@@ -4,7 +4,10 @@ behaves the same on SQLite and on a Postgres that several processes share."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import threading
+import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -299,3 +302,37 @@ def test_a_shared_database_that_was_never_migrated_is_refused(tmp_path: Path, mo
     monkeypatch.setenv(DATABASE_URL_ENV, postgres_url())
     with pytest.raises(SchemaError, match=r"the keys schema .* is at version 0, this code needs 3"):
         KeyStore.in_state_dir(tmp_path / "state")
+
+
+# A gateway replica or CLI on a host whose wall clock is `argv[2]` seconds off (set before
+# switchyard is imported, as the host's clock would be): does it take the key `argv[3]`?
+_ON_A_SKEWED_HOST = """
+import sys, time
+wall = time.time
+time.time = lambda: wall() + float(sys.argv[2])
+from switchyard.db.engine import open_database
+from switchyard.policy.keys import KeyStore
+store = KeyStore(open_database(sys.argv[1]))
+print(store.verifier().verify(sys.argv[3]) is not None, store.verify(sys.argv[3]) is not None)
+"""
+
+
+@pytest.mark.parametrize("skew_s", [-600.0, 600.0], ids=["10min-behind", "10min-ahead"])
+def test_a_host_whose_clock_is_off_judges_expiry_by_the_databases_clock(store: KeyStore, skew_s: float) -> None:
+    """Stop 48: a key's expiry was judged by the clock of the host checking it. A gateway
+    replica (its key snapshot) or a CLI 10 minutes behind accepted a key for 10 minutes after
+    it expired; one 10 minutes ahead refused a key 10 minutes before its expiry. Both now go
+    by the database's clock (the snapshot counts on from it monotonically)."""
+    expired, _ = store.create("search", Role.MEMBER, expires_at=time.time() - 300)
+    valid, _ = store.create("search", Role.MEMBER, expires_at=time.time() + 300)
+    seen = {}
+    for name, key in (("expired", expired), ("valid", valid)):
+        done = subprocess.run(
+            [sys.executable, "-c", _ON_A_SKEWED_HOST, store.db.url, str(skew_s), key],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert done.returncode == 0, done.stderr
+        seen[name] = done.stdout.split()
+    assert seen == {"expired": ["False", "False"], "valid": ["True", "True"]}

@@ -1,5 +1,5 @@
 """The live scheduler's time when its host's wall clock steps (an NTP correction, a VM resumed
-after a pause, an operator setting the date). The actor feeds the driver `SchedulerClock`'s
+after a pause, an operator setting the date). The actor feeds the driver `scheduler_clock`'s
 time: the wall clock read once at start, then a monotonic timer. Before stop 48 it fed
 `time.time()` as it read: a step forward of an hour ended every grace period (and every
 min-runtime protection and claim timeout) at once, and a step back held the GPUs of a job
@@ -12,7 +12,7 @@ import math
 import pytest
 from driver_support import GRACE_S, driver, of, submission
 
-from switchyard.scheduler.driver.clock import SchedulerClock
+from switchyard.scheduler.driver.clock import scheduler_clock
 from switchyard.scheduler.driver.effects import StopClaimedJob
 
 TICK_S = 1.0
@@ -41,17 +41,17 @@ class Host:
 @pytest.mark.parametrize("step_s", [3600.0, -3600.0, 10.0, -10.0])
 def test_the_scheduler_clock_follows_no_step_of_the_wall_clock(step_s: float) -> None:
     host = Host(wall=1_000.0)
-    clock = SchedulerClock(-math.inf, host.wall, host.timer)
+    clock = scheduler_clock(-math.inf, host.wall, host.timer)
     host.run(5.0)
     host.step(step_s)
     host.run(2.0)
-    assert clock.now() == 1_007.0
+    assert clock() == 1_007.0
 
 
 def test_a_restarted_scheduler_starts_from_the_later_of_its_log_and_its_host() -> None:
     host = Host(wall=1_000.0)
-    assert SchedulerClock(5_000.0, host.wall, host.timer).now() == 5_000.0  # the host's clock went back meanwhile
-    assert SchedulerClock(900.0, host.wall, host.timer).now() == 1_000.0
+    assert scheduler_clock(5_000.0, host.wall, host.timer)() == 5_000.0  # the host's clock went back meanwhile
+    assert scheduler_clock(900.0, host.wall, host.timer)() == 1_000.0
 
 
 @pytest.mark.parametrize("step_s", [3600.0, -3600.0, 60.0, -60.0])
@@ -62,22 +62,22 @@ def test_a_grace_period_ends_when_it_is_due_whatever_the_wall_clock_does(step_s:
     tick after a step forward (a0 had no time to checkpoint), not after a step back has passed
     again (b0 waited for as long as the step)."""
     host = Host()
-    clock = SchedulerClock(-math.inf, host.wall, host.timer)
+    clock = scheduler_clock(-math.inf, host.wall, host.timer)
     d = driver({"a": 0, "b": 8})
-    d.submit(submission("a0", "a", 8), clock.now())
-    d.tick(clock.now())
+    d.submit(submission("a0", "a", 8), clock())
+    d.tick(clock())
     d.claim("a0", "raysubmit_a0")
     host.run(50.0)
-    d.submit(submission("b0", "b", 8, "exploratory"), clock.now())
-    d.tick(clock.now())
+    d.submit(submission("b0", "b", 8, "exploratory"), clock())
+    d.tick(clock())
     assert d.notice("a0") is not None
     host.run(30.0)
     host.step(step_s)
     stopped_at = None
     while stopped_at is None and host.elapsed < 50.0 + GRACE_S + abs(step_s) + 10 * TICK_S:
         host.run(TICK_S)
-        if of(d.tick(clock.now()), StopClaimedJob):
+        if of(d.tick(clock()), StopClaimedJob):
             stopped_at = host.elapsed
     assert stopped_at == 50.0 + GRACE_S, f"a0 stopped {stopped_at} s in, its grace period ends at {50.0 + GRACE_S}"
-    d.tick(clock.now())
+    d.tick(clock())
     assert d.lease("b0") is not None

@@ -78,7 +78,7 @@ def test_recovery_from_a_snapshot_and_the_records_after_it(tmp_path: Path) -> No
 
 
 def test_recovery_reports_the_latest_time_the_snapshot_or_the_log_holds(tmp_path: Path) -> None:
-    """What a restarted scheduler's clock may not start behind (`SchedulerClock`): the last
+    """What a restarted scheduler's clock may not start behind (`scheduler_clock`): the last
     record's time (a claim, which carries none, comes before the last tick at 16), or the
     snapshot's when no later record holds a time."""
     run_events(tmp_path)

@@ -4,7 +4,7 @@ The rules live in the pure driver (`switchyard.scheduler.driver`): it keeps the 
 the cluster and the grants, notices, claims and launched jobs around it, takes events, and
 returns effects. This actor is the shell around it: a lock around every driver call, a tick
 thread and an audit thread, and the Ray I/O. It feeds the driver Ray's GPU nodes (and their
-`switchyard/node-group` labels), calls from jobs and the CLI, and the time (`SchedulerClock`:
+`switchyard/node-group` labels), calls from jobs and the CLI, and the time (`scheduler_clock`:
 the wall clock without its steps); it carries out the effects with Ray's own primitives (a
 grant is picked up by the waiting job or launched through the Jobs API, a notice goes through
 the training preemption channel, a stop stops the Ray job).
@@ -50,7 +50,7 @@ from switchyard.scheduler.claims import CLAIM_TIMEOUT_S, ClaimPolicy
 from switchyard.scheduler.core import Decisions, Node
 from switchyard.scheduler.core.config import load_policy_file
 from switchyard.scheduler.driver import Driver, LiveState, inputs, views
-from switchyard.scheduler.driver.clock import SchedulerClock
+from switchyard.scheduler.driver.clock import scheduler_clock
 from switchyard.scheduler.driver.driver import HISTORY_RETENTION_S
 from switchyard.scheduler.driver.effects import (
     ClearNotice,
@@ -159,7 +159,7 @@ class SchedulerActor:
         self._snapshots = SnapshotFiles(wal_dir)
         recovered = recover(wal_dir, self._journal, driver_of)
         self._driver, self._wal = recovered.driver, recovered.wal
-        self._clock = SchedulerClock(recovered.last_time, wall_clock)  # never behind what the log holds
+        self._clock = scheduler_clock(recovered.last_time, wall_clock)  # never behind what the log holds
         self._wal.on_broken = _fail_stop
         self._last_snapshot = (time.monotonic(), recovered.wal.last_seq)
         state = self._driver.state
@@ -190,7 +190,7 @@ class SchedulerActor:
     # the log is synced past what it saw. `request_id`: a retried call (the typed client's, or
     # Ray's after a restart) with the same id is answered, not done twice.
     def submit(self, submission: WorkloadSubmission, request_id: str | None = None) -> str:
-        self._record(inputs.submit(submission, self._clock.now(), request_id))
+        self._record(inputs.submit(submission, self._clock(), request_id))
         return submission.workload_id
 
     def lease(self, workload_id: str) -> LeaseGrant | None:
@@ -209,8 +209,8 @@ class SchedulerActor:
     def release(self, lease_id: str, finished: bool = True) -> bool:
         # A job whose run failed because a node died releases as finished (it crashed). Ray knows
         # the node is gone by then: handle the loss first, so the workload is requeued, not ended.
-        self._refresh_nodes(self._clock.now())
-        return self._record(inputs.release(lease_id, finished, self._clock.now())) is ReleaseOutcome.REQUEUED
+        self._refresh_nodes(self._clock())
+        return self._record(inputs.release(lease_id, finished, self._clock())) is ReleaseOutcome.REQUEUED
 
     def preemption_notice(self, workload_id: str) -> PreemptionNotice | None:
         with self._lock:
@@ -221,25 +221,25 @@ class SchedulerActor:
     def report_resume(self, workload_id: str, step: int, checkpoint: str, request_id: str | None = None) -> None:
         """The job restored `checkpoint` at `step`: the event log shows where a preempted or
         requeued job picked up (operators, and the demo's cause chain)."""
-        self._record(inputs.resume_reported(workload_id, step, checkpoint, self._clock.now(), request_id))
+        self._record(inputs.resume_reported(workload_id, step, checkpoint, self._clock(), request_id))
 
     def report_checkpoint(self, workload_id: str, request_id: str | None = None) -> None:
-        self._record(inputs.checkpoint_reported(workload_id, self._clock.now(), request_id))
+        self._record(inputs.checkpoint_reported(workload_id, self._clock(), request_id))
 
     # Operators' node commands (`switchyard nodes ...`): `node` is an id or a prefix of one; an
     # unknown or ambiguous one raises `NodeLookupError` (one line for the CLI).
     def cordon(self, node: str, request_id: str | None = None) -> str:
-        found = self._record(inputs.cordon(node, self._clock.now(), request_id))
+        found = self._record(inputs.cordon(node, self._clock(), request_id))
         assert isinstance(found, str)
         return found
 
     def uncordon(self, node: str, request_id: str | None = None) -> str:
-        found = self._record(inputs.uncordon(node, self._clock.now(), request_id))
+        found = self._record(inputs.uncordon(node, self._clock(), request_id))
         assert isinstance(found, str)
         return found
 
     def drain(self, node: str, force: bool = False, request_id: str | None = None) -> DrainReport:
-        report = self._record(inputs.drain(node, force, self._clock.now(), request_id))
+        report = self._record(inputs.drain(node, force, self._clock(), request_id))
         assert isinstance(report, DrainReport)
         return report
 
@@ -250,11 +250,11 @@ class SchedulerActor:
         return rows
 
     def cancel(self, workload_id: str, request_id: str | None = None) -> None:
-        self._record(inputs.cancel(workload_id, self._clock.now(), request_id))
+        self._record(inputs.cancel(workload_id, self._clock(), request_id))
 
     def list_workloads(self) -> list[dict[str, Any]]:
         with self._lock:
-            rows, seen = views.workload_rows(self._driver.state, self._clock.now()), self._wal.last_seq
+            rows, seen = views.workload_rows(self._driver.state, self._clock()), self._wal.last_seq
         self._wal.wait_durable(seen)
         return rows
 
@@ -262,7 +262,7 @@ class SchedulerActor:
         return self._journal.events(workload_id)
 
     def status(self) -> dict[str, Any]:
-        now = self._clock.now()
+        now = self._clock()
         with self._lock:
             state = self._driver.state
             cluster = views.cluster_view(state, now)
@@ -299,7 +299,7 @@ class SchedulerActor:
     def _run(self) -> None:
         while not self._stopping.wait(self.TICK_S):
             try:
-                self._tick(self._clock.now())
+                self._tick(self._clock())
             except Exception:  # a bad tick must not kill the scheduler; it is logged with its traceback
                 log.exception("scheduler tick failed")
 
@@ -317,7 +317,7 @@ class SchedulerActor:
         with self._lock:
             watched = views.launched_jobs_on_claimed_leases(self._driver.state)
         for ended in self._audit.ended_jobs(watched):  # Jobs API: unlocked
-            self._record(inputs.job_exited(ended.workload_id, ended.submission_id, ended.status, self._clock.now()))
+            self._record(inputs.job_exited(ended.workload_id, ended.submission_id, ended.status, self._clock()))
 
     def _tick(self, now: float) -> None:
         if now - self._last_nodes >= self.NODE_REFRESH_S:
@@ -413,13 +413,13 @@ class SchedulerActor:
             return
         if time.monotonic() - at >= self._snapshot_every_s or self._wal.last_seq - seq >= self._snapshot_every_records:
             with self._lock:
-                document, seq = snapshot_document(self._driver, self._wal, self._clock.now())
+                document, seq = snapshot_document(self._driver, self._wal, self._clock())
             write_snapshot(self._snapshots, document, seq)  # the document is a copy: no lock needed
             self._last_snapshot = (time.monotonic(), seq)
 
     def _snapshot(self) -> None:
         """Lock held: a snapshot now, written before the lock is released."""
-        document, seq = snapshot_document(self._driver, self._wal, self._clock.now())
+        document, seq = snapshot_document(self._driver, self._wal, self._clock())
         write_snapshot(self._snapshots, document, seq)
         self._last_snapshot = (time.monotonic(), seq)
 
@@ -472,7 +472,7 @@ class SchedulerActor:
 
     def _job_stopped(self, workload_id: str, team: str, submission_id: str, reason: StopReason) -> None:
         log.info("workload %s: stopped Ray job %s (%s)", workload_id, submission_id, reason)
-        self._journal.event("job_stopped", workload_id, team, self._clock.now(), ray_job=submission_id)
+        self._journal.event("job_stopped", workload_id, team, self._clock(), ray_job=submission_id)
 
     def _launch(self, action: LaunchJob) -> None:
         """Submit the job; its outcome goes back to the driver (a failed one is journaled, and its
@@ -494,7 +494,7 @@ class SchedulerActor:
             else:
                 self._record(inputs.job_launched(action.workload_id, job.submission_id))
                 return
-        self._record(inputs.launch_failed(action.workload_id, action.lease_id, error, self._clock.now()))
+        self._record(inputs.launch_failed(action.workload_id, action.lease_id, error, self._clock()))
 
     # ------------------------------------------------------------------ autoscaler and audit
     def _request_capacity(self) -> None:

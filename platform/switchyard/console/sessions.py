@@ -12,10 +12,10 @@ from __future__ import annotations
 import hashlib
 import hmac
 import secrets
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from switchyard.db.engine import Transaction, database_time
 from switchyard.policy.keys import KeyStore, Principal
 
 DEFAULT_TTL_S = 8 * 3600.0  # a working day; a longer-lived view is a Grafana dashboard, not a session
@@ -38,10 +38,15 @@ class Session:
 class SessionStore:
     """Opens, resolves and ends sessions in the key store's database (SQLite or Postgres)."""
 
-    def __init__(self, keys: KeyStore, ttl_s: float = DEFAULT_TTL_S, clock: Callable[[], float] = time.time) -> None:
+    def __init__(self, keys: KeyStore, ttl_s: float = DEFAULT_TTL_S, clock: Callable[[], float] | None = None) -> None:
+        """`clock`: tests inject one. Without one, sessions open, expire and end by the
+        database's clock, as keys expire (`KeyStore`): every console replica agrees on it."""
         self.keys = keys
         self.ttl_s = ttl_s
         self.clock = clock
+
+    def _now(self, tx: Transaction) -> float:
+        return self.clock() if self.clock is not None else database_time(self.keys.db, tx)
 
     def open(self, key: str) -> tuple[str, Session] | None:
         """Sign in with an API key: a new session token and its session, or None when the key
@@ -49,8 +54,9 @@ class SessionStore:
         principal = self.keys.verify(key)
         if principal is None:
             return None
-        token, csrf, now = secrets.token_urlsafe(32), secrets.token_urlsafe(32), self.clock()
+        token, csrf = secrets.token_urlsafe(32), secrets.token_urlsafe(32)
         with self.keys.db.transaction() as tx:
+            now = self._now(tx)
             tx.execute(
                 "INSERT INTO console_sessions (token_hash, key_id, csrf, created_at, expires_at)"
                 " VALUES (?, ?, ?, ?, ?)",
@@ -68,7 +74,7 @@ class SessionStore:
                 "SELECT key_id, csrf, expires_at, ended_at FROM console_sessions WHERE token_hash = ?",
                 (_digest(token),),
             ).one()
-        now = self.clock()
+            now = self._now(tx)
         if row is None or row[3] is not None or row[2] <= now:
             return None
         record = self.keys.get(row[0])
@@ -80,13 +86,13 @@ class SessionStore:
         with self.keys.db.transaction() as tx:
             tx.execute(
                 "UPDATE console_sessions SET ended_at = ? WHERE token_hash = ? AND ended_at IS NULL",
-                (self.clock(), _digest(token)),
+                (self._now(tx), _digest(token)),
             )
 
     def prune(self, older_than_s: float = 7 * 86_400.0) -> int:
         """Delete sessions that expired or ended more than `older_than_s` ago; how many."""
-        cutoff = self.clock() - older_than_s
         with self.keys.db.transaction() as tx:
+            cutoff = self._now(tx) - older_than_s
             return tx.execute(
                 "DELETE FROM console_sessions WHERE expires_at < ? OR (ended_at IS NOT NULL AND ended_at < ?)",
                 (cutoff, cutoff),

@@ -32,10 +32,11 @@ from types import TracebackType
 from typing import Any, Literal, NamedTuple
 
 from switchyard.audit.chain import GENESIS, ChainRow, Finding, link_hash, verify_rows
-from switchyard.db.engine import Database, Transaction
+from switchyard.db.engine import Database, Transaction, database_time
 from switchyard.db.location import Store, open_store
 from switchyard.db.migrations import Migration, Schema, prepare
 from switchyard.policy.models import Role
+from switchyard.steady_clock import SteadyClock
 
 KEY_PREFIX = "sy"
 PLATFORM_TEAM = "platform"  # the team that auditor and platform-admin keys belong to; no policy team may use it
@@ -195,16 +196,21 @@ class KeyStore:
 
     Safe to use from several processes on either backend: every change is one transaction that
     first takes the changes' lock (SQLite's write transaction already is one), so two admins
-    rotating the same key cannot both succeed. `clock` stamps creation, revocation and events
-    and decides expiry; tests inject one."""
+    rotating the same key cannot both succeed.
 
-    def __init__(self, db: Database, clock: Clock = time.time) -> None:
+    `clock`: tests inject one, for stamps and expiry alike. Without one, changes are stamped
+    by this host's clock, and expiry is decided by the database's: the one clock every gateway
+    replica and CLI agrees on. (By each host's own, a replica 10 minutes behind accepted a key
+    for 10 minutes after it expired: stop 48.)"""
+
+    def __init__(self, db: Database, clock: Clock | None = None) -> None:
         self.db = db
-        self.clock = clock
+        self.clock = clock or time.time
+        self._expiry_by_database = clock is None
         prepare(db, SCHEMA)
 
     @classmethod
-    def in_state_dir(cls, state: Path, clock: Clock = time.time) -> KeyStore:
+    def in_state_dir(cls, state: Path, clock: Clock | None = None) -> KeyStore:
         """`<state>/keys.db`, or the shared database where `$SWITCHYARD_DATABASE_URL` names one."""
         db = open_store(state, Store.KEYS)
         try:
@@ -386,7 +392,8 @@ class KeyStore:
                 "SELECT team, role, secret_hash, expires_at FROM api_keys WHERE key_id = ? AND revoked_at IS NULL",
                 (key_id,),
             ).one()
-        if row is None or not hmac.compare_digest(row[2], _hash(secret)) or _expired(row[3], self.clock()):
+            now = database_time(self.db, tx) if self._expiry_by_database else self.clock()
+        if row is None or not hmac.compare_digest(row[2], _hash(secret)) or _expired(row[3], now):
             return None
         return Principal(key_id, row[0], Role(row[1]))
 
@@ -396,7 +403,9 @@ class KeyStore:
             rows = tx.execute(
                 "SELECT key_id, team, role, secret_hash, expires_at FROM api_keys WHERE revoked_at IS NULL"
             ).rows
-        return KeyVerifier({r[0]: KeyEntry(r[1], Role(r[2]), r[3], r[4]) for r in rows}, self.clock)
+            # The snapshot may live for days: the database's time now, counted on monotonically.
+            clock = SteadyClock(database_time(self.db, tx)) if self._expiry_by_database else self.clock
+        return KeyVerifier({r[0]: KeyEntry(r[1], Role(r[2]), r[3], r[4]) for r in rows}, clock)
 
     # ------------------------------------------------------------ the platform's own secrets
 

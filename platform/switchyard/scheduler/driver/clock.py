@@ -19,17 +19,13 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
+from switchyard.steady_clock import SteadyClock
 
-class SchedulerClock:
-    def __init__(
-        self,
-        not_before: float,
-        wall: Callable[[], float] = time.time,
-        timer: Callable[[], float] = time.monotonic,
-    ) -> None:
-        """`not_before`: the last time the scheduler's log holds (-inf: an empty log)."""
-        self._timer = timer
-        self._origin = max(wall(), not_before) - timer()
 
-    def now(self) -> float:
-        return self._origin + self._timer()
+def scheduler_clock(
+    not_before: float,
+    wall: Callable[[], float] = time.time,
+    timer: Callable[[], float] = time.monotonic,
+) -> SteadyClock:
+    """`not_before`: the last time the scheduler's log holds (-inf: an empty log)."""
+    return SteadyClock(max(wall(), not_before), timer)
