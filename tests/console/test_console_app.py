@@ -241,6 +241,22 @@ def test_a_console_on_a_host_whose_clock_is_off_ends_sessions_on_time(tmp_path: 
     assert seen == ["True", "False"]
 
 
+def test_a_console_whose_clock_runs_ahead_gives_the_session_cookie_its_whole_ttl(tmp_path: Path) -> None:
+    """Sessions expire by the database's clock since stop 48, so the cookie's max-age may not
+    be their expiry less this host's clock: on a host 10 minutes ahead that came out at -300,
+    and the browser dropped the cookie at once (signed in, then out)."""
+    migrate_stores(tmp_path)
+    with KeyStore.in_state_dir(tmp_path) as keys:
+        key, _ = keys.create(OWN, Role.MEMBER)
+        sessions = SessionStore(keys, ttl_s=300)
+        reader = PlatformReader(tmp_path, REPO / "policies", FakeScheduler, gateway_url=None)
+        c = client(create_console(reader, sessions, clock=lambda: time.time() + 600))
+        answer = sign_in(c, key)
+    assert answer.status_code == 303
+    cookie = next(v for k, v in answer.headers.multi_items() if k == "set-cookie" and SESSION_COOKIE in v)
+    assert "Max-Age=300" in cookie, cookie
+
+
 def test_a_bad_since_is_a_clear_400(platform: Any) -> None:
     app, _, keys, _ = platform
     c = client(app)

@@ -137,7 +137,9 @@ def create_console(reader: PlatformReader, sessions: SessionStore, clock: Callab
         token, session = opened
         log.info("console sign-in: key %s (%s)", session.principal.key_id, session.principal.role.value)
         response = RedirectResponse(f"{root(request)}/", status_code=303, headers=HEADERS)
-        _set_cookie(request, response, SESSION_COOKIE, token, max_age=int(session.expires_at - clock()))
+        # The session's whole TTL (it was just opened), not its expiry less this host's clock:
+        # the expiry is by the database's clock, and a host ahead of it made the max-age negative.
+        _set_cookie(request, response, SESSION_COOKIE, token, max_age=int(sessions.ttl_s))
         response.delete_cookie(SIGN_IN_COOKIE, path=_cookie_path(request))
         return response
 
