@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from pathlib import Path
 
 import httpx
@@ -12,12 +13,16 @@ import pytest
 from gw_fakes import FakeUpstreams, Fault
 from gw_harness import Harness, build_harness
 
+from switchyard.db.engine import SqliteDatabase
 from switchyard.gateway.idempotency import (
     CLAIM_TIMEOUT_S,
+    Claim,
     IdempotencyTable,
     InMemoryIdempotencyStore,
     check_claim_bound,
 )
+from switchyard.gateway.idempotency_sql import SqlIdempotencyStore
+from switchyard.gateway.planning import DEADLINE_HEADER
 from switchyard.policy.models import MAX_DEADLINE_MS
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
@@ -134,3 +139,41 @@ async def test_a_client_that_hangs_up_and_retries_with_its_key_pays_once(gw: Har
     assert len(gw.budget.settled) == 1
     [record] = [x for x in gw.audit.exchanges if x.ctx.idempotency_key == "k-hang-up"]
     assert record.status_code == 200
+
+
+class SlowClaims(SqlIdempotencyStore):
+    """The durable store on a database that takes 0.2 s per claim: a claim is still being made
+    (in the store's worker thread, which a cancelled caller does not stop) after its client
+    has gone."""
+
+    def _claim(self, scope: str, key: str, body_hash: str) -> Claim:
+        time.sleep(0.2)
+        return super()._claim(scope, key, body_hash)
+
+
+async def test_a_client_that_hangs_up_while_its_key_is_claimed_does_not_block_its_retry(
+    gw_dirs: tuple[Path, Path, dict[str, str]], upstreams: FakeUpstreams, tmp_path: Path
+) -> None:
+    """Stop 48: a client that hung up while its key was being claimed left the claim made
+    (the store's transaction runs on) and owned by no one: its retry waited on it until its
+    own deadline (504), and would have until the claim lapsed (5 minutes). Now the claim is
+    freed once made, and the retry runs."""
+    upstreams.reset()
+    policies, state, keys = gw_dirs
+    store = SlowClaims(SqliteDatabase(tmp_path / "idempotency.db"))
+    h = build_harness(policies, state, keys, idempotency=store)
+    try:
+        hdr = {"authorization": f"Bearer {keys['qa']}", "idempotency-key": "k-claiming", DEADLINE_HEADER: "2000"}
+        raw = json.dumps(BODY).encode()
+        first = asyncio.create_task(h.pipeline.handle(raw, hdr))
+        await asyncio.sleep(0.1)  # inside the claim
+        first.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await first
+        await asyncio.sleep(0.2)  # the claim is made by now
+        retry = await h.pipeline.handle(raw, hdr)
+        assert retry.status == 200, retry
+        assert len(upstreams.openai.received) == 1
+    finally:
+        await h.aclose()
+        store.close()

@@ -49,6 +49,7 @@ from switchyard.gateway.errors import (
 from switchyard.gateway.evalbook import EvalBook
 from switchyard.gateway.failures import chain_error
 from switchyard.gateway.idempotency import (
+    Claim,
     IdempotencyStore,
     IdempotencyUnavailable,
     StoredResponse,
@@ -243,8 +244,15 @@ class ChatPipeline:
         store = self.parts.idempotency
         digest = body_fingerprint(ctx.flow.flow, raw)
         while True:
+            claiming = asyncio.ensure_future(store.claim(ctx.team, key, digest))
             try:
-                claim = await store.claim(ctx.team, key, digest)
+                claim = await asyncio.shield(claiming)
+            except asyncio.CancelledError:
+                # The client left while the key was being claimed. The claim is made anyway (the
+                # store's transaction runs on): free it once made, or the client's own retry
+                # would wait on it until it lapsed.
+                claiming.add_done_callback(self._free_if_owned(ctx.team, key))
+                raise
             except IdempotencyUnavailable as exc:
                 log.error("request %s: %s", ctx.request_id, exc)
                 down = Unavailable(
@@ -283,6 +291,16 @@ class ChatPipeline:
         # cancelled) does not cut it short, and its answer is stored, so the client's retry with
         # this key replays it instead of calling (and paying) again.
         return await asyncio.shield(self.own(self._run_claimed(plan, hdr, store, key)))
+
+    def _free_if_owned(self, team: str, key: str) -> Callable[[asyncio.Future[Claim]], None]:
+        def free(claiming: asyncio.Future[Claim]) -> None:
+            # `exception()` also marks a failed claim's error as seen: nobody is left to handle it.
+            if claiming.cancelled() or claiming.exception() is not None:
+                return
+            if claiming.result().outcome == "owner":
+                self.own(forget_claim(self.parts.idempotency, team, key))
+
+        return free
 
     async def _run_claimed(self, plan: Plan, hdr: dict[str, str], store: IdempotencyStore, key: str) -> Result:
         """Run a request whose Idempotency-Key this replica claimed; store its answer, or free
