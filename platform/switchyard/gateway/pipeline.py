@@ -37,10 +37,8 @@ from switchyard.gateway.billing import bill, billed_attempts, chain_bound, total
 from switchyard.gateway.circuit import CircuitBoard
 from switchyard.gateway.contracts import OutputContracts
 from switchyard.gateway.errors import (
-    BadRequest,
     DeadlineExceeded,
     GatewayError,
-    IdempotencyConflict,
     PaymentRequired,
     TooManyRequests,
     Unavailable,
@@ -49,15 +47,10 @@ from switchyard.gateway.errors import (
 from switchyard.gateway.evalbook import EvalBook
 from switchyard.gateway.failures import chain_error
 from switchyard.gateway.idempotency import (
-    Claim,
     IdempotencyStore,
-    IdempotencyUnavailable,
-    StoredResponse,
-    body_fingerprint,
-    complete_later,
-    forget_claim,
 )
 from switchyard.gateway.image_fetch import ImageFetcher
+from switchyard.gateway.keyed_requests import KeyedRequests
 from switchyard.gateway.messages import Message
 from switchyard.gateway.metrics import GatewayMetrics
 from switchyard.gateway.outcome import Outcome, cut_short
@@ -74,7 +67,6 @@ from switchyard.gateway.results import (
     H_MODEL,
     H_PROMPT,
     H_PROVIDER,
-    H_REPLAY,
     H_REQUEST_ID,
     H_SDK_REQUEST_ID,
     JSONResult,
@@ -101,7 +93,6 @@ from switchyard.gateway.seams import (
     Redacted,
     RedactionSummary,
     Redactor,
-    RequestContext,
     Reservation,
     Usage,
 )
@@ -153,6 +144,7 @@ class ChatPipeline:
         self.redaction = RedactionPool(parts.redaction_workers)
         self._images: ImageFetcher | None = None  # made when a flow first fetches an image
         self._owned = OwnedTasks()  # settle-and-audit work a client's hang-up cannot cut short
+        self.keyed = KeyedRequests(self.own, parts.timer, parts.idempotency_poll_s, parts.pseudonym)
         self.runner = AttemptRunner(
             parts.providers.get,
             parts.circuits,
@@ -221,108 +213,17 @@ class ChatPipeline:
             )
             plan = replace(plan, span=span)
         if plan.ctx.idempotency_key is not None:
-            return await self._idempotent(plan, raw, hdr)
+            return await self.keyed.run(
+                self.parts.idempotency,
+                plan.ctx,
+                raw,
+                hdr,
+                lambda: self._execute(plan, hdr),
+                lambda result: self._answered_here(plan, result),
+            )
         return await self._execute(plan, hdr)
 
     # ------------------------------------------------------------ idempotency
-
-    async def _idempotent(self, plan: Plan, raw: bytes, hdr: dict[str, str]) -> Result:
-        ctx = plan.ctx
-        key = ctx.idempotency_key or ""
-        if len(key) > 255:
-            invalid = BadRequest(
-                "invalid_idempotency_key", "Idempotency-Key is longer than 255 characters", param="Idempotency-Key"
-            )
-            return self._answered_here(plan, error_result(invalid, hdr))
-        if ctx.stream:
-            unsupported = BadRequest(
-                "idempotent_stream_unsupported",
-                "Idempotency-Key is supported on non-streaming requests only",
-                param="stream",
-            )
-            return self._answered_here(plan, error_result(unsupported, hdr))
-        store = self.parts.idempotency
-        digest = body_fingerprint(ctx.flow.flow, raw)
-        while True:
-            claiming = asyncio.ensure_future(store.claim(ctx.team, key, digest))
-            try:
-                claim = await asyncio.shield(claiming)
-            except asyncio.CancelledError:
-                # The client left while the key was being claimed. The claim is made anyway (the
-                # store's transaction runs on): free it once made, or the client's own retry
-                # would wait on it until it lapsed.
-                claiming.add_done_callback(self._free_if_owned(ctx.team, key))
-                raise
-            except IdempotencyUnavailable as exc:
-                log.error("request %s: %s", ctx.request_id, exc)
-                down = Unavailable(
-                    "idempotency_unavailable",
-                    "the idempotency store cannot be reached right now; the request was not run",
-                    headers={"retry-after": "1"},
-                )
-                return self._answered_here(plan, error_result(down, hdr))
-            if claim.outcome == "owner":
-                break
-            if claim.outcome == "replay" and claim.response is not None:
-                stored = claim.response
-                replayed = {
-                    **stored.headers,
-                    H_REPLAY: "true",
-                    H_REQUEST_ID: ctx.request_id,
-                    H_SDK_REQUEST_ID: ctx.request_id,
-                    "x-switchyard-original-request-id": stored.headers.get(H_REQUEST_ID, ""),
-                }
-                return self._answered_here(plan, JSONResult(stored.status, stored.body, replayed))
-            if claim.outcome == "conflict":
-                conflict = IdempotencyConflict(
-                    "idempotency_key_reused",
-                    "this Idempotency-Key was used with a different request body",
-                    param="Idempotency-Key",
-                )
-                return self._answered_here(plan, error_result(conflict, hdr))
-            if self.parts.timer() >= ctx.deadline:
-                late = DeadlineExceeded(
-                    "deadline_exceeded",
-                    "a request with this Idempotency-Key is still in flight and the deadline passed",
-                )
-                return self._answered_here(plan, error_result(late, hdr))
-            await asyncio.sleep(self.parts.idempotency_poll_s)
-        # The owner's call runs in a task the pipeline owns: a client that hangs up (its handler
-        # cancelled) does not cut it short, and its answer is stored, so the client's retry with
-        # this key replays it instead of calling (and paying) again.
-        return await asyncio.shield(self.own(self._run_claimed(plan, hdr, store, key)))
-
-    def _free_if_owned(self, team: str, key: str) -> Callable[[asyncio.Future[Claim]], None]:
-        def free(claiming: asyncio.Future[Claim]) -> None:
-            # `exception()` also marks a failed claim's error as seen: nobody is left to handle it.
-            if claiming.cancelled() or claiming.exception() is not None:
-                return
-            if claiming.result().outcome == "owner":
-                self.own(forget_claim(self.parts.idempotency, team, key))
-
-        return free
-
-    async def _run_claimed(self, plan: Plan, hdr: dict[str, str], store: IdempotencyStore, key: str) -> Result:
-        """Run a request whose Idempotency-Key this replica claimed; store its answer, or free
-        the key for a retry when it failed."""
-        ctx = plan.ctx
-        try:
-            result = await self._execute(plan, hdr)
-        except BaseException:
-            self.own(forget_claim(store, ctx.team, key))
-            raise
-        if isinstance(result, JSONResult) and result.status == 200:
-            stored = StoredResponse(result.status, result.body, result.headers, await self._subject(ctx))
-            try:
-                await store.complete(ctx.team, key, stored)
-            except IdempotencyUnavailable as exc:
-                # Answered and charged: the answer goes out, and it is stored once the store is
-                # back, so a retry meanwhile waits on the claim rather than running (and paying) again.
-                log.error("request %s: storing the answer failed, retrying in the background: %s", ctx.request_id, exc)
-                self.own(complete_later(store, ctx.team, key, stored))
-        else:
-            self.own(forget_claim(store, ctx.team, key))  # failures are not stored: a retry may succeed
-        return result
 
     def _answered_here(self, plan: Plan, result: JSONResult) -> JSONResult:
         """A request the idempotency store answered (a replay, a conflict, a refusal) without
@@ -330,12 +231,6 @@ class ChatPipeline:
         the replayed answer's own record is its audit)."""
         self._count(plan, result.status, result.headers.get(H_PROVIDER) if result.status == 200 else None)
         return result
-
-    async def _subject(self, ctx: RequestContext) -> str | None:
-        """The end user's pseudonym (what erasure finds stored answers by), if there is one."""
-        if ctx.user is None or self.parts.pseudonym is None:
-            return None
-        return await asyncio.to_thread(self.parts.pseudonym, ctx.team, ctx.user)
 
     # ------------------------------------------------------------ admission control
 
