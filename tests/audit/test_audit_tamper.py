@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -29,6 +27,7 @@ from switchyard.audit.subject_keys import SubjectKeyring
 from switchyard.cli import main
 from switchyard.policy.keys import PLATFORM_TEAM, KeyStore
 from switchyard.policy.models import DataPolicies, Role
+from tests.skewed_host import on_a_skewed_host
 
 
 def _filled(state: Path, data_policies: DataPolicies, scrubber: TextScrubber, n: int) -> AuditStore:
@@ -236,15 +235,7 @@ def test_an_anchor_the_disk_cut_short_leaves_no_false_alarm(
     assert _reopen(store, audit_state).verify() == []
 
 
-# `switchyard` on a host whose wall clock is `argv[1]` seconds off: set before the CLI is
-# imported, as the host's clock would be.
-_ON_A_SKEWED_HOST = """
-import sys, time
-wall = time.time
-time.time = lambda: wall() + float(sys.argv[1])
-from switchyard.cli import main
-sys.exit(main(sys.argv[2:]))
-"""
+_CLI = "import sys\nfrom switchyard.cli import main\nsys.exit(main(sys.argv[1:]))\n"
 
 
 def test_a_purge_on_a_host_whose_clock_runs_ahead_keeps_bodies_inside_their_retention(
@@ -261,10 +252,6 @@ def test_a_purge_on_a_host_whose_clock_runs_ahead_keeps_bodies_inside_their_rete
     store.append([builder.build(exchange)])
     key, _ = KeyStore.in_state_dir(audit_state).create(PLATFORM_TEAM, Role.PLATFORM_ADMIN)
     purge = ["audit", "purge", "--json", "--state-dir", str(audit_state), "--api-key", key]
-    done = subprocess.run(
-        [sys.executable, "-c", _ON_A_SKEWED_HOST, str(2 * DAY_S), *purge], capture_output=True, text=True, timeout=120
-    )
-    assert done.returncode == 0, done.stderr
-    assert json.loads(done.stdout) == {"bodies_removed": 0}
+    assert json.loads(on_a_skewed_host(2 * DAY_S, _CLI, *purge)) == {"bodies_removed": 0}
     assert store.body(exchange.ctx.request_id, "input") is not None
     assert store.verify() == []

@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import re
 import shutil
-import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -24,6 +22,7 @@ from switchyard.console.sources import PlatformReader
 from switchyard.db.schemas import migrate_stores
 from switchyard.policy.keys import PLATFORM_TEAM, KeyStore
 from switchyard.policy.models import Role
+from tests.skewed_host import on_a_skewed_host
 
 REPO = Path(__file__).resolve().parents[2]
 OWN, OTHER = "demo", "search"
@@ -202,17 +201,15 @@ def test_sessions_expire_and_store_no_token(tmp_path: Path) -> None:
         assert sessions.prune(older_than_s=0) == 1
 
 
-# A console replica on a host whose wall clock is `argv[2]` seconds off (set before switchyard
-# is imported, as the host's clock would be): does the session token `argv[3]` sign it in?
-_CONSOLE_ON_A_SKEWED_HOST = """
-import sys, time
+# A console replica on another host (`on_a_skewed_host`): does the session token `argv[2]`
+# sign it in?
+_SIGNS_IN = """
+import sys
 from pathlib import Path
-wall = time.time
-time.time = lambda: wall() + float(sys.argv[2])
 from switchyard.console.sessions import SessionStore
 from switchyard.policy.keys import KeyStore
 with KeyStore.in_state_dir(Path(sys.argv[1])) as keys:
-    print(SessionStore(keys).resolve(sys.argv[3]) is not None)
+    print(SessionStore(keys).resolve(sys.argv[2]) is not None)
 """
 
 
@@ -228,16 +225,7 @@ def test_a_console_on_a_host_whose_clock_is_off_ends_sessions_on_time(tmp_path: 
         opened, ending = sessions.open(fresh_key), sessions.open(ending_key)
         assert opened is not None and ending is not None
     time.sleep(1.5)  # the second key has expired now; its session has not
-    seen = []
-    for token in (opened[0], ending[0]):
-        done = subprocess.run(
-            [sys.executable, "-c", _CONSOLE_ON_A_SKEWED_HOST, str(tmp_path), str(skew_s), token],
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
-        assert done.returncode == 0, done.stderr
-        seen.append(done.stdout.strip())
+    seen = [on_a_skewed_host(skew_s, _SIGNS_IN, str(tmp_path), token).strip() for token in (opened[0], ending[0])]
     assert seen == ["True", "False"]
 
 

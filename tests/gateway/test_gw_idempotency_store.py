@@ -13,7 +13,6 @@ import json
 import os
 import random
 import subprocess
-import sys
 import threading
 import time
 from collections import Counter
@@ -30,6 +29,7 @@ from switchyard.db.engine import Database, Dialect, Result, open_database
 from switchyard.gateway.idempotency import IdempotencyUnavailable, StoredResponse
 from switchyard.gateway.idempotency_sql import SCHEMA, SqlIdempotencyStore
 from tests.shared_db import fresh_postgres, postgres_url, store_database
+from tests.skewed_host import on_a_skewed_host
 
 REPO = Path(__file__).resolve().parents[2]
 SEED_ENV = "SWITCHYARD_IDEMPOTENCY_SEED"
@@ -311,33 +311,22 @@ def test_randomized_claims_keep_one_owner_and_one_answer_per_key(database: Datab
 
 # ------------------------------------------------------------ replicas on hosts whose clocks disagree
 
-# A gateway replica on another host, its wall clock `skew` seconds off: set before the store is
-# imported, as the host's clock would be. It claims the keys named on its command line.
-_SKEWED_REPLICA = """
-import asyncio, json, sys, time
-url, skew, keys = sys.argv[1], float(sys.argv[2]), sys.argv[3:]
-wall = time.time
-time.time = lambda: wall() + skew
+# A gateway replica on another host (`on_a_skewed_host`): it claims the keys named on its
+# command line.
+_REPLICA_CLAIMS = """
+import asyncio, json, sys
 from switchyard.db.engine import open_database
 from switchyard.gateway.idempotency_sql import SqlIdempotencyStore
-store = SqlIdempotencyStore(open_database(url))
+store = SqlIdempotencyStore(open_database(sys.argv[1]))
 async def claims():
-    return [(await store.claim("t", key, "h")).outcome for key in keys]
+    return [(await store.claim("t", key, "h")).outcome for key in sys.argv[2:]]
 print(json.dumps(asyncio.run(claims())))
 store.close()
 """
 
 
 def claims_on_a_skewed_host(url: str, skew_s: float, *keys: str) -> list[str]:
-    done = subprocess.run(
-        [sys.executable, "-c", _SKEWED_REPLICA, url, str(skew_s), *keys],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=REPO,
-    )
-    assert done.returncode == 0, done.stderr
-    outcomes: list[str] = json.loads(done.stdout)
+    outcomes: list[str] = json.loads(on_a_skewed_host(skew_s, _REPLICA_CLAIMS, url, *keys))
     return outcomes
 
 

@@ -4,8 +4,6 @@ behaves the same on SQLite and on a Postgres that several processes share."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -23,6 +21,7 @@ from switchyard.policy.keys import SCHEMA, KeyStore, UnknownKeyError
 from switchyard.policy.models import Role
 from switchyard.policy.roles import Action, Forbidden, allowed, authorize
 from tests.shared_db import fresh_postgres, postgres_url, shared_state_env, store_database
+from tests.skewed_host import on_a_skewed_host
 
 
 @pytest.fixture
@@ -304,16 +303,14 @@ def test_a_shared_database_that_was_never_migrated_is_refused(tmp_path: Path, mo
         KeyStore.in_state_dir(tmp_path / "state")
 
 
-# A gateway replica or CLI on a host whose wall clock is `argv[2]` seconds off (set before
-# switchyard is imported, as the host's clock would be): does it take the key `argv[3]`?
-_ON_A_SKEWED_HOST = """
-import sys, time
-wall = time.time
-time.time = lambda: wall() + float(sys.argv[2])
+# A gateway replica or CLI on another host (`on_a_skewed_host`): does its key snapshot, and
+# the store itself, take the key `argv[2]`?
+_TAKES_THE_KEY = """
+import sys
 from switchyard.db.engine import open_database
 from switchyard.policy.keys import KeyStore
 store = KeyStore(open_database(sys.argv[1]))
-print(store.verifier().verify(sys.argv[3]) is not None, store.verify(sys.argv[3]) is not None)
+print(store.verifier().verify(sys.argv[2]) is not None, store.verify(sys.argv[2]) is not None)
 """
 
 
@@ -327,12 +324,5 @@ def test_a_host_whose_clock_is_off_judges_expiry_by_the_databases_clock(store: K
     valid, _ = store.create("search", Role.MEMBER, expires_at=time.time() + 300)
     seen = {}
     for name, key in (("expired", expired), ("valid", valid)):
-        done = subprocess.run(
-            [sys.executable, "-c", _ON_A_SKEWED_HOST, store.db.url, str(skew_s), key],
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
-        assert done.returncode == 0, done.stderr
-        seen[name] = done.stdout.split()
+        seen[name] = on_a_skewed_host(skew_s, _TAKES_THE_KEY, store.db.url, key).split()
     assert seen == {"expired": ["False", "False"], "valid": ["True", "True"]}
