@@ -9,11 +9,13 @@ crashed platform's record, are in test_platform_up_down.py).
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -23,6 +25,7 @@ from switchyard.cli._auth import ensure_admin_key
 from switchyard.cluster.record import PlatformRecord, read_record, write_record
 from switchyard.cluster.supervisor import (
     HEAD_MODULE,
+    LOCK_FILE,
     StateDirTaken,
     Supervisor,
     claim_state_dir,
@@ -292,3 +295,19 @@ def test_up_attaching_to_an_address_where_no_cluster_answers_fails_at_once_and_c
     assert f"refusing to attach: the Ray cluster at 127.0.0.1:{port} does not answer" in up.stderr, up.stderr
     assert "nothing was started" in up.stderr and "Traceback" not in up.stderr, up.stderr
     assert not (state / "keys.db").exists() and not (state / "admin.key").exists()
+
+
+def test_a_second_up_at_the_same_moment_names_the_first_by_its_pid(tmp_path: Path) -> None:
+    """Two `up`s at once: the second found the lock taken before the first had written its PID
+    into it, and said "PID ?" (a flaky CI run of test_local_platform_up_status_down, stop 48).
+    It now waits a moment for the PID."""
+    fd = os.open(tmp_path / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o600)
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # the first `up` holds the lock; no PID yet
+    writes_its_pid = threading.Timer(0.1, lambda: os.pwrite(fd, b"4242", 0))
+    writes_its_pid.start()
+    try:
+        with pytest.raises(StateDirTaken, match=r"another switchyard supervisor \(PID 4242\) already serves"):
+            claim_state_dir(tmp_path)
+    finally:
+        writes_its_pid.join()
+        os.close(fd)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -104,9 +105,20 @@ def claim_state_dir(state: Path) -> int:
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
-        holder = os.pread(fd, 32, 0).decode(errors="replace").strip()
+        holder = _holder_pid(fd)
         os.close(fd)
         raise StateDirTaken(state, holder) from None
     os.ftruncate(fd, 0)
     os.pwrite(fd, str(os.getpid()).encode(), 0)
     return fd
+
+
+def _holder_pid(fd: int, within_s: float = 1.0) -> str:
+    """The PID the lock's holder wrote. It writes it just after taking the lock: a second `up`
+    started at the same moment read the file before that and said "PID ?" (a flaky CI run)."""
+    deadline = time.monotonic() + within_s
+    while True:
+        holder = os.pread(fd, 32, 0).decode(errors="replace").strip()
+        if holder or time.monotonic() >= deadline:
+            return holder
+        time.sleep(0.01)
