@@ -5,25 +5,33 @@ from __future__ import annotations
 
 import asyncio
 import json
+import sqlite3
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import httpx
+import psycopg
 import pytest
 from gw_fakes import FakeUpstreams, Fault
 from gw_harness import Harness, build_harness
 
-from switchyard.db.engine import SqliteDatabase
+from switchyard.db.engine import Database, SqliteDatabase
 from switchyard.gateway.idempotency import (
     CLAIM_TIMEOUT_S,
     Claim,
     IdempotencyTable,
     InMemoryIdempotencyStore,
+    StoredResponse,
     check_claim_bound,
 )
-from switchyard.gateway.idempotency_sql import SqlIdempotencyStore
+from switchyard.gateway.idempotency_sql import SCHEMA, SqlIdempotencyStore
 from switchyard.gateway.planning import DEADLINE_HEADER
+from switchyard.gateway.results import JSONResult
 from switchyard.policy.models import MAX_DEADLINE_MS
+from tests.shared_db import postgres_url, store_database
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 BODY = {"model": "auto", "messages": [{"role": "user", "content": "charge me once"}]}
@@ -173,6 +181,94 @@ async def test_a_client_that_hangs_up_while_its_key_is_claimed_does_not_block_it
         await asyncio.sleep(0.2)  # the claim is made by now
         retry = await h.pipeline.handle(raw, hdr)
         assert retry.status == 200, retry
+        assert len(upstreams.openai.received) == 1
+    finally:
+        await h.aclose()
+        store.close()
+
+
+@contextmanager
+def a_stuck_writer(backend: str, db: Database) -> Iterator[None]:
+    """Another session holds the idempotency table's write lock and does not go on, as a replica
+    stopped mid-transaction (a long GC pause, a paused VM) or an operator's open session does.
+    SQLite makes a writer wait `BUSY_TIMEOUT_S` for it; Postgres, for as long as it is held."""
+    if backend == "sqlite":
+        assert isinstance(db, SqliteDatabase)
+        holder: Any = sqlite3.connect(db.path, isolation_level=None)
+        holder.execute("BEGIN IMMEDIATE")
+    else:
+        holder = psycopg.connect(postgres_url(), autocommit=True)
+        holder.execute("BEGIN")
+        holder.execute("LOCK TABLE idempotency_entries IN EXCLUSIVE MODE")
+    try:
+        yield
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
+
+
+async def test_a_keyed_request_whose_store_is_stuck_is_answered_by_its_deadline(
+    backend: str, gw_dirs: tuple[Path, Path, dict[str, str]], upstreams: FakeUpstreams, tmp_path: Path
+) -> None:
+    """Stop 49: the claim of a key waited on the store with no bound. Behind a writer that did
+    not go on, a request with a 2 s deadline was answered after SQLite's 10 s busy timeout, and
+    on Postgres not at all while the lock was held. Now the store gets until the deadline: then
+    503 (nothing was run), and the claim, if it is made later, is freed for the retry."""
+    upstreams.reset()
+    policies, state, keys = gw_dirs
+    db = store_database(backend, tmp_path / "idempotency.db", SCHEMA)
+    store = SqlIdempotencyStore(db)
+    h = build_harness(policies, state, keys, idempotency=store)
+    hdr = {"authorization": f"Bearer {keys['qa']}", "idempotency-key": "k-stuck", DEADLINE_HEADER: "2000"}
+    raw = json.dumps(BODY).encode()
+    try:
+        with a_stuck_writer(backend, db):
+            started = time.monotonic()
+            try:
+                stuck = await asyncio.wait_for(h.pipeline.handle(raw, hdr), timeout=8)
+            except TimeoutError:
+                pytest.fail("a keyed request waited on a stuck idempotency store past its deadline, 8 s and on")
+            took = time.monotonic() - started
+        assert isinstance(stuck, JSONResult) and stuck.status == 503, stuck
+        assert stuck.body["error"]["code"] == "idempotency_unavailable", stuck.body
+        assert took < 3.0, took  # its 2 s deadline, and no more than a second's slack
+        assert len(upstreams.openai.received) == 0  # not run: the key was never claimed in time
+        retry = await h.pipeline.handle(raw, hdr)
+        assert retry.status == 200, retry  # the claim made once the writer let go was freed
+        assert len(upstreams.openai.received) == 1
+    finally:
+        await h.aclose()
+        store.close()
+
+
+class SlowAnswers(SqlIdempotencyStore):
+    """The durable store on a database that takes 4 s to store an answer."""
+
+    def _complete(self, scope: str, key: str, response: StoredResponse) -> None:
+        time.sleep(4)
+        super()._complete(scope, key, response)
+
+
+async def test_an_answer_does_not_wait_past_its_deadline_for_a_slow_store(
+    gw_dirs: tuple[Path, Path, dict[str, str]], upstreams: FakeUpstreams, tmp_path: Path
+) -> None:
+    """Stop 49: the answer of a keyed request waited for its storing with no bound (4 s here,
+    past a 2 s deadline). Now it goes out by the deadline, is stored meanwhile, and a retry
+    replays it."""
+    upstreams.reset()
+    policies, state, keys = gw_dirs
+    store = SlowAnswers(SqliteDatabase(tmp_path / "idempotency.db"))
+    h = build_harness(policies, state, keys, idempotency=store)
+    hdr = {"authorization": f"Bearer {keys['qa']}", "idempotency-key": "k-slow-store", DEADLINE_HEADER: "2000"}
+    raw = json.dumps(BODY).encode()
+    try:
+        started = time.monotonic()
+        answer = await h.pipeline.handle(raw, hdr)
+        took = time.monotonic() - started
+        assert answer.status == 200 and took < 3.0, (answer, took)
+        patient = {**hdr, DEADLINE_HEADER: "10000"}
+        retry = await h.pipeline.handle(raw, patient)  # waits on the claim until the answer is stored
+        assert retry.status == 200 and retry.headers.get("x-switchyard-idempotent-replay") == "true", retry
         assert len(upstreams.openai.received) == 1
     finally:
         await h.aclose()

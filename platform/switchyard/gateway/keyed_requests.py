@@ -6,6 +6,9 @@ runs in a task the pipeline owns: a client that hangs up (its handler cancelled)
 it short, and its answer is stored, so the client's retry with the key replays it instead of
 calling (and paying) again. A claim still being made when its client hangs up is freed once
 made, or that client's retry would wait on it until it lapsed (stop 48).
+
+The store gets until the request's deadline, as the budget ledger does: a store stuck behind
+another session's lock answers 503 in time, and the claim it makes later is freed (stop 49).
 """
 
 from __future__ import annotations
@@ -76,12 +79,21 @@ class KeyedRequests:
         while True:
             claiming = asyncio.ensure_future(store.claim(ctx.team, key, digest))
             try:
-                claim = await asyncio.shield(claiming)
-            except asyncio.CancelledError:
-                # The client left while the key was being claimed. The claim is made anyway (the
-                # store's transaction runs on): free it once made.
+                async with asyncio.timeout(max(ctx.deadline - self._timer(), 0.0)):
+                    claim = await asyncio.shield(claiming)
+            except (asyncio.CancelledError, TimeoutError) as exc:
+                # The client left, or its deadline passed, while the key was being claimed. The
+                # claim is made anyway (the store's transaction runs on): free it once made.
                 claiming.add_done_callback(self._free_if_owned(store, ctx.team, key))
-                raise
+                if isinstance(exc, asyncio.CancelledError):
+                    raise
+                log.error("request %s: the idempotency store did not answer before the deadline", ctx.request_id)
+                slow = Unavailable(
+                    "idempotency_unavailable",
+                    "the idempotency store did not answer before the request's deadline; the request was not run",
+                    headers={"retry-after": "1"},
+                )
+                return answered_here(error_result(slow, hdr))
             except IdempotencyUnavailable as exc:
                 log.error("request %s: %s", ctx.request_id, exc)
                 down = Unavailable(
@@ -140,17 +152,25 @@ class KeyedRequests:
             self._own(forget_claim(store, ctx.team, key))
             raise
         if isinstance(result, JSONResult) and result.status == 200:
-            stored = StoredResponse(result.status, result.body, result.headers, await self._subject(ctx))
-            try:
-                await store.complete(ctx.team, key, stored)
-            except IdempotencyUnavailable as exc:
-                # Answered and charged: the answer goes out, and it is stored once the store is
-                # back, so a retry meanwhile waits on the claim rather than running (and paying) again.
-                log.error("request %s: storing the answer failed, retrying in the background: %s", ctx.request_id, exc)
-                self._own(complete_later(store, ctx.team, key, stored))
+            storing = self._own(self._store(store, ctx, key, result))
+            try:  # the answer waits for its storing until the deadline, not for a stuck store
+                async with asyncio.timeout(max(ctx.deadline - self._timer(), 0.0)):
+                    await asyncio.shield(storing)
+            except TimeoutError:
+                log.error("request %s: the idempotency store is slow: the answer is stored meanwhile", ctx.request_id)
         else:
             self._own(forget_claim(store, ctx.team, key))  # failures are not stored: a retry may succeed
         return result
+
+    async def _store(self, store: IdempotencyStore, ctx: RequestContext, key: str, result: JSONResult) -> None:
+        stored = StoredResponse(result.status, result.body, result.headers, await self._subject(ctx))
+        try:
+            await store.complete(ctx.team, key, stored)
+        except IdempotencyUnavailable as exc:
+            # Answered and charged: the answer goes out, and it is stored once the store is
+            # back, so a retry meanwhile waits on the claim rather than running (and paying) again.
+            log.error("request %s: storing the answer failed, retrying in the background: %s", ctx.request_id, exc)
+            self._own(complete_later(store, ctx.team, key, stored))
 
     async def _subject(self, ctx: RequestContext) -> str | None:
         """The end user's pseudonym (what erasure finds stored answers by), if there is one."""
