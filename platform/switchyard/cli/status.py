@@ -79,6 +79,8 @@ def render(info: dict[str, Any]) -> None:
             ],
         )
         print(f"  leases: {len(sched['leases'])}   pending: {len(sched['pending'])}")
+        if sched.get("jobs_api_backlog"):  # launches and stops waiting on a slow dashboard
+            print(f"  Jobs API calls waiting: {sched['jobs_api_backlog']} (the Ray dashboard is slow to answer)")
         render_cordoned(sched.get("cordoned_nodes", []))
         render_waits(sched.get("waits", {}))
         render_fairness(sched.get("fairness"))

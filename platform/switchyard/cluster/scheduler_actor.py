@@ -3,11 +3,12 @@
 The rules live in the pure driver (`switchyard.scheduler.driver`): it keeps the core's view of
 the cluster and the grants, notices, claims and launched jobs around it, takes events, and
 returns effects. This actor is the shell around it: a lock around every driver call, a tick
-thread and an audit thread, and the Ray I/O. It feeds the driver Ray's GPU nodes (and their
+thread, and the Ray I/O. It feeds the driver Ray's GPU nodes (and their
 `switchyard/node-group` labels), calls from jobs and the CLI, and the time (`scheduler_clock`:
 the wall clock without its steps); it carries out the effects with Ray's own primitives (a
 grant is picked up by the waiting job or launched through the Jobs API, a notice goes through
-the training preemption channel, a stop stops the Ray job).
+the training preemption channel, a stop stops the Ray job). What goes through Ray's dashboard (the
+state API, the Jobs API) runs off the tick thread: a slow or hung dashboard delays no decision.
 
 Durability: every event the driver takes is appended to the write-ahead log inside the lock
 (`scheduler_wal`), and no call returns, and no cluster action is carried out, before the log
@@ -39,6 +40,7 @@ from switchyard.cluster.enforcement import GpuAccounting, summarize
 from switchyard.cluster.gpu_audit import GpuAudit
 from switchyard.cluster.grant_holds import GrantHolds
 from switchyard.cluster.job_launcher import JobLauncher, LaunchedJob
+from switchyard.cluster.jobs_api_outbox import JobsApiOutbox
 from switchyard.cluster.preemption_channel import GcsPreemptionChannel
 from switchyard.cluster.scheduler_journal import SchedulerJournal
 from switchyard.cluster.scheduler_metrics import SchedulerMetrics
@@ -139,6 +141,7 @@ class SchedulerActor:
         self._snapshot_every_s = snapshot_every_s
         self._snapshot_every_records = snapshot_every_records
         self._launcher = JobLauncher(dashboard_url) if dashboard_url else None
+        self._jobs_api = JobsApiOutbox()  # launches and stops, in order, off the deciding threads
         self._metrics = SchedulerMetrics()
         self._serve_pool = ServePool(self._policy, self._journal)  # Serve's GPU replicas as inference workloads
         # Granted GPUs held against Serve (none on a logical cluster: no Ray nodes to hold on).
@@ -181,9 +184,10 @@ class SchedulerActor:
         self._capacity_requested: CapacityRequest | None = None  # None: not asked yet in this incarnation
         self._stopping = threading.Event()
         threading.Thread(target=self._run, name="scheduler-tick", daemon=True).start()
-        # The audit reads Ray's state API (slow under load): on its own thread, so it never
-        # delays an admission or the handling of a lost node.
+        # The audit and the Serve pool read Ray's state API (the dashboard: slow under load, or
+        # hung): each on its own thread, so neither delays an admission or a lost node's handling.
         threading.Thread(target=self._run_audit, name="scheduler-audit", daemon=True).start()
+        threading.Thread(target=self._run_serve_pool, name="scheduler-serve-pool", daemon=True).start()
 
     # ------------------------------------------------------------------ interface
     # Each call that changes state is one logged event (`_record`); each call returns only once
@@ -280,6 +284,7 @@ class SchedulerActor:
             "waits": waits,
             "cordoned_nodes": cordoned,
             "fairness": fairness,
+            "jobs_api_backlog": self._jobs_api.backlog,
         }
 
     def ping(self) -> float:
@@ -311,6 +316,37 @@ class SchedulerActor:
             except Exception:  # as for a tick: logged, and the next audit runs
                 log.exception("GPU audit failed")
 
+    def _run_serve_pool(self) -> None:
+        while not self._stopping.wait(ServePool.REFRESH_S):
+            try:
+                self._reconcile_serve_pool()
+            except Exception:  # as for a tick: logged, and the next refresh runs
+                log.exception("Serve pool refresh failed")
+
+    def _reconcile_serve_pool(self) -> None:
+        """Adopt, queue and release Serve's GPU replicas as the scheduler's inference workloads
+        (`switchyard.cluster.serve_pool`)."""
+        replicas = self._serve_pool.read()  # the state API: unlocked
+        if replicas is None:
+            return
+        now = self._clock()  # after the read, which may have been slow
+        actions: list[ClusterAction] = []
+        seq = None
+        with self._lock:
+            state = self._driver.state
+
+            def log_changes(changes: list[ReplicaChange]) -> Mapping[str, str]:
+                nonlocal seq
+                refused, more, seq = self._log(inputs.serve_replicas(changes, now))
+                actions.extend(more)
+                assert isinstance(refused, dict)
+                return refused
+
+            self._serve_pool.reconcile(state, replicas, now, log_changes, self._driver.generation)
+        if seq is not None:
+            self._wal.wait_durable(seq)
+        self._carry_out(actions)
+
     def _watch_launched_jobs(self) -> None:
         """A launched job that ended while holding its claimed lease gives the lease back
         through the driver (`job_exited`): nothing else would."""
@@ -323,21 +359,10 @@ class SchedulerActor:
         if now - self._last_nodes >= self.NODE_REFRESH_S:
             self._refresh_nodes(now)
             self._last_nodes = now
-        replicas = self._serve_pool.observe(now)  # Ray's view of Serve's replicas, when due (I/O: unlocked)
         actions: list[ClusterAction] = []
         seq = None
         with self._lock:
             state = self._driver.state
-            if replicas is not None:
-
-                def log_changes(changes: list[ReplicaChange]) -> Mapping[str, str]:
-                    nonlocal seq
-                    refused, more, seq = self._log(inputs.serve_replicas(changes, now))
-                    actions.extend(more)
-                    assert isinstance(refused, dict)
-                    return refused
-
-                self._serve_pool.reconcile(state, replicas, now, log_changes, self._driver.generation)
             if self._driver.pass_due(now):  # event-driven: see `scheduler.driver.passes`
                 started = time.perf_counter()
 
@@ -454,31 +479,48 @@ class SchedulerActor:
         elif isinstance(action, SendNotice):
             GcsPreemptionChannel().post(action.notice)  # the notice `preemption_notice` answers with
         elif isinstance(action, StopLaunchedJob):
-            job = LaunchedJob(action.job.workload_id, action.job.submission_id)
-            if self._launcher is not None and self._launcher.stop(job):
-                self._job_stopped(job.workload_id, action.team, job.submission_id, action.reason)
+            self._jobs_api.put("StopLaunchedJob", lambda: self._stop_launched(action))
         elif isinstance(action, StopClaimedJob):
-            ray_job = action.ray_job_id
-            stopped = self._launcher.stop_ray_job(ray_job) if self._launcher is not None else None
-            if stopped is None:
-                # A driver started by hand: Ray offers no way to stop it from here. Its GPUs now
-                # count as use outside any lease (the audit reports and, if configured, frees them).
-                why = f"{action.reason}; not a submitted job"
-                log.warning("workload %s: cannot stop Ray job %s (%s)", action.workload_id, ray_job, why)
-            else:
-                self._job_stopped(action.workload_id, action.team, stopped, action.reason)
+            self._jobs_api.put("StopClaimedJob", lambda: self._stop_claimed(action))
         else:
             self._launch(action)
+
+    # Jobs API calls: on the outbox's thread (`_jobs_api`), in the order they were decided.
+    def _stop_launched(self, action: StopLaunchedJob) -> None:
+        job = LaunchedJob(action.job.workload_id, action.job.submission_id)
+        if self._launcher is not None and self._launcher.stop(job):
+            self._job_stopped(job.workload_id, action.team, job.submission_id, action.reason)
+
+    def _stop_claimed(self, action: StopClaimedJob) -> None:
+        ray_job = action.ray_job_id
+        stopped = self._launcher.stop_ray_job(ray_job) if self._launcher is not None else None
+        if stopped is None:
+            # A driver started by hand: Ray offers no way to stop it from here. Its GPUs now
+            # count as use outside any lease (the audit reports and, if configured, frees them).
+            why = f"{action.reason}; not a submitted job"
+            log.warning("workload %s: cannot stop Ray job %s (%s)", action.workload_id, ray_job, why)
+        else:
+            self._job_stopped(action.workload_id, action.team, stopped, action.reason)
 
     def _job_stopped(self, workload_id: str, team: str, submission_id: str, reason: StopReason) -> None:
         log.info("workload %s: stopped Ray job %s (%s)", workload_id, submission_id, reason)
         self._journal.event("job_stopped", workload_id, team, self._clock(), ray_job=submission_id)
 
     def _launch(self, action: LaunchJob) -> None:
-        """Submit the job; its outcome goes back to the driver (a failed one is journaled, and its
-        grant is the claim timeout's to take back)."""
+        """Submit the job once its grant's hold has formed, through the outbox."""
         if self._holds is not None and not self._holds.formed(action.lease_id):
             self._awaiting_hold[action.lease_id] = action  # launched by `_hold_grants` once it forms
+            return
+        self._jobs_api.put("LaunchJob", lambda: self._submit_job(action))
+
+    def _submit_job(self, action: LaunchJob) -> None:
+        """Its outcome goes back to the driver (a failed one is journaled, and its grant is the
+        claim timeout's to take back). A grant that ended while the launch waited behind a slow
+        Jobs API is not launched: nothing would stop its job."""
+        with self._lock:
+            granted = self._driver.state.workload_of(action.lease_id) == action.workload_id
+        if not granted:
+            log.info("workload %s: lease %s ended before its launch: not launched", action.workload_id, action.lease_id)
             return
         if self._launcher is None:
             error = "the scheduler has no dashboard address"

@@ -268,13 +268,12 @@ def reclaim_chains(events: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
 class ServePool:
     """The scheduler actor's reconciler of Serve's GPU replicas (its lock held while applying)."""
 
-    REFRESH_S = 1.0
+    REFRESH_S = 1.0  # how often the actor reads Serve's replicas (on a thread of its own)
     SETTLE_S = 2.0  # a replica waits this long before it is queued (see `plan`'s `starting`)
 
     def __init__(self, policy: SchedulerPolicy, journal: SchedulerJournal) -> None:
         self._teams = inference_teams(policy)
         self._journal = journal
-        self._last = 0.0
         self._unreadable = False  # the state API failed last time (logged once per outage)
         self._running: set[str] = set()  # workloads whose replica was seen on its lease
         self._waiting_since: dict[str, float] = {}  # replica workload -> first seen waiting
@@ -288,11 +287,9 @@ class ServePool:
             tag_keys=("state",),
         )
 
-    def observe(self, now: float) -> list[ServeReplica] | None:
-        """Ray's Serve replicas, every REFRESH_S (None between reads or when the state API fails)."""
-        if now - self._last < self.REFRESH_S:
-            return None
-        self._last = now
+    def read(self) -> list[ServeReplica] | None:
+        """Ray's Serve replicas (None when the state API fails). A read through the dashboard:
+        seconds when it is busy, its 30 s timeout when it hangs."""
         import ray
         from ray.util.state import list_actors
 
