@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import sqlite3
 import time
 from collections.abc import Iterator
@@ -18,6 +19,7 @@ import pytest
 from gw_fakes import FakeUpstreams, Fault
 from gw_harness import Harness, build_harness
 
+from switchyard.audit.sink import INLINE_BUILD_CHARS, open_sink
 from switchyard.db.engine import Database, SqliteDatabase
 from switchyard.gateway.idempotency import (
     CLAIM_TIMEOUT_S,
@@ -271,5 +273,44 @@ async def test_an_answer_does_not_wait_past_its_deadline_for_a_slow_store(
         assert retry.status == 200 and retry.headers.get("x-switchyard-idempotent-replay") == "true", retry
         assert len(upstreams.openai.received) == 1
     finally:
+        await h.aclose()
+        store.close()
+
+
+async def test_a_stuck_idempotency_store_holds_up_no_other_request(
+    backend: str, gw_dirs: tuple[Path, Path, dict[str, str]], upstreams: FakeUpstreams, tmp_path: Path
+) -> None:
+    """Stop 49: each claim waiting on the store held one of the event loop's default worker
+    threads (asyncio's, min(32, CPUs + 4)). Once keyed requests held them all, every other
+    request waited for one too: the audit record of a large or redacted request (or of any
+    request, with the keyring on Postgres) is built there. Now the store has a worker of its own."""
+    upstreams.reset()
+    policies, state, keys = gw_dirs
+    db = store_database(backend, tmp_path / "idempotency.db", SCHEMA)
+    store = SqlIdempotencyStore(db)
+    h = build_harness(policies, state, keys, idempotency=store)
+    sink = await open_sink(tmp_path / "audit-state", lambda: h.store.current.data)  # the real one
+    h.parts.audit = sink
+    default_workers = min(32, (os.cpu_count() or 1) + 4)  # `ThreadPoolExecutor`'s default size
+    raw = json.dumps(BODY).encode()
+    large = {**BODY, "messages": [{"role": "user", "content": "a long question " * (INLINE_BUILD_CHARS // 16 + 1)}]}
+    plain_hdr = {"authorization": f"Bearer {keys['qa']}", DEADLINE_HEADER: "3000"}
+    try:
+        with a_stuck_writer(backend, db):
+            keyed = [
+                asyncio.create_task(h.pipeline.handle(raw, {**plain_hdr, "idempotency-key": f"k-held-{i}"}))
+                for i in range(default_workers)
+            ]
+            await asyncio.sleep(0.5)  # every claim is waiting on the store
+            started = time.monotonic()
+            try:
+                plain = await asyncio.wait_for(h.pipeline.handle(json.dumps(large).encode(), plain_hdr), timeout=8)
+            except TimeoutError:
+                pytest.fail(f"a request without a key waited behind {default_workers} stuck claims, 8 s and on")
+            took = time.monotonic() - started
+            assert plain.status == 200 and took < 3.0, (plain, took)
+            assert {answer.status for answer in await asyncio.gather(*keyed)} == {503}
+    finally:
+        await sink.close()
         await h.aclose()
         store.close()

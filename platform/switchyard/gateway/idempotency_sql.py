@@ -24,9 +24,11 @@ claim deletes the expired entries and markers by their expiry index, never a sca
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import math
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, ParamSpec, TypeVar
 
@@ -105,9 +107,14 @@ def _values(entry: IdempotencyEntry) -> tuple[Any, ...]:
 
 
 class SqlIdempotencyStore:
-    """`IdempotencyStore` over a `Database`; its calls run in a worker thread, and a database
-    error is `IdempotencyUnavailable` (the pipeline answers 503 before a claim, and retries
-    storing an answer after one)."""
+    """`IdempotencyStore` over a `Database`; its calls run on a worker thread of its own, and a
+    database error is `IdempotencyUnavailable` (the pipeline answers 503 before a claim, and
+    retries storing an answer after one).
+
+    Its own thread, not the event loop's default workers: a store stuck behind another
+    session's lock then holds up keyed requests only (each until its deadline), not the audit
+    records every request builds on those workers (stop 49). One is enough: the database runs
+    one transaction at a time on its one connection anyway."""
 
     def __init__(
         self,
@@ -126,6 +133,7 @@ class SqlIdempotencyStore:
         self._errors = database_errors()
         self._next_sweep_at = -math.inf
         prepare(db, SCHEMA)
+        self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="idempotency-store")
 
     @classmethod
     def in_state_dir(
@@ -141,6 +149,7 @@ class SqlIdempotencyStore:
             raise
 
     def close(self) -> None:
+        self._worker.shutdown(wait=False)  # a call stuck on the database must not hold a shutdown
         self.db.close()
 
     # ------------------------------------------------------------ the protocol
@@ -158,10 +167,12 @@ class SqlIdempotencyStore:
         return await self._run(self._purge_subject, scope, subject)
 
     async def _run(self, operation: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
-        # A worker thread, so the event loop never waits on the database. A caller cancelled
-        # meanwhile does not stop the transaction: a claim it won lapses after the claim timeout.
+        # The store's worker, so the event loop never waits on the database. A caller cancelled
+        # meanwhile does not stop a transaction under way (one not started yet is not run).
         try:
-            return await asyncio.to_thread(operation, *args, **kwargs)
+            return await asyncio.get_running_loop().run_in_executor(
+                self._worker, functools.partial(operation, *args, **kwargs)
+            )
         except self._errors as exc:
             raise IdempotencyUnavailable(
                 f"the idempotency store at {redacted(self.db.url)} failed: {type(exc).__name__}: {exc}"
