@@ -3,6 +3,9 @@ that validates it with the official SDK's request types, and every fault maps to
 
 from __future__ import annotations
 
+import asyncio
+import os
+import time
 from collections.abc import AsyncIterator
 from dataclasses import replace
 
@@ -209,3 +212,47 @@ async def test_secret_file_credential(tmp_path: object, upstreams: FakeUpstreams
     p = build_provider("openai", spec, None)
     assert (await p.complete(CALL)).text == upstreams.openai.reply
     await p.aclose()
+
+
+def default_workers() -> int:
+    return min(32, (os.cpu_count() or 1) + 4)  # asyncio's default executor (`ThreadPoolExecutor`'s size)
+
+
+async def test_bedrock_calls_take_no_default_worker_and_are_billed_only_when_sent(
+    upstreams: FakeUpstreams, gw_env: None
+) -> None:
+    """Stop 49: boto3 blocks, and Bedrock's calls ran on the event loop's default workers: six
+    on a 2-CPU replica. More concurrent calls than that waited for a thread while their timeout
+    ran, and each that timed out was charged at the bound, sent or not; and while the calls held
+    the workers, nothing else in the replica got one (every request's audit record may be built
+    there). Now the provider has threads of its own, and a call withdrawn before a thread took
+    it is not billed."""
+    upstreams.reset()
+    upstreams.bedrock.sticky = Fault("latency", delay_s=3.0)  # every call outlives its timeout
+    calls = default_workers() + 4
+    wide = BedrockProvider("bedrock", "us-east-1", upstreams.base, 10.0)
+    narrow: BedrockProvider | None = None
+    try:
+        running = [asyncio.ensure_future(wide.complete(replace(CALL, timeout_s=1.5))) for _ in range(calls)]
+        await asyncio.sleep(0.5)
+        started = time.monotonic()
+        await asyncio.wait_for(asyncio.to_thread(lambda: None), timeout=5)
+        assert time.monotonic() - started < 0.5  # a default worker was free all along
+        outcomes = await asyncio.gather(*running, return_exceptions=True)
+        assert all(isinstance(o, ProviderError) and o.error_class is ErrorClass.TIMEOUT for o in outcomes), outcomes
+        assert len(upstreams.bedrock.received) == calls  # every call was sent, none waited for a thread
+        assert sum(isinstance(o, ProviderError) and o.billed for o in outcomes) == calls
+        # Two threads, four calls: two are sent (and billed at the bound), two withdrawn unsent.
+        upstreams.reset()
+        upstreams.bedrock.sticky = Fault("latency", delay_s=3.0)
+        narrow = BedrockProvider("bedrock", "us-east-1", upstreams.base, 10.0, max_calls=2)
+        outcomes = await asyncio.gather(
+            *(narrow.complete(replace(CALL, timeout_s=1.5)) for _ in range(4)), return_exceptions=True
+        )
+        assert len(upstreams.bedrock.received) == 2
+        assert sorted(isinstance(o, ProviderError) and o.billed for o in outcomes) == [False, False, True, True]
+    finally:
+        upstreams.bedrock.sticky = None
+        await wide.aclose()
+        if narrow is not None:
+            await narrow.aclose()

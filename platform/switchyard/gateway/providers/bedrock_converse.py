@@ -1,4 +1,5 @@
-"""AWS Bedrock's Converse API through boto3, run in a worker thread (boto3 is synchronous).
+"""AWS Bedrock's Converse API through boto3, run on the provider's own threads (boto3 is
+synchronous: `providers.blocking_calls`).
 
 `endpoint_url` (the provider's `base_url` in policy) points tests at a local server.
 
@@ -57,6 +58,7 @@ from switchyard.gateway.providers.base import (
     ToolCall,
     ToolCallDelta,
 )
+from switchyard.gateway.providers.blocking_calls import MAX_CALLS, BlockingCalls, withdraw
 from switchyard.gateway.providers.openai_format import (
     FunctionTool,
     cannot_honour,
@@ -220,23 +222,28 @@ def bedrock_runtime_client(region: str | None, endpoint_url: str | None, timeout
         retries={"total_max_attempts": 1, "mode": "standard"},  # the gateway retries, with its deadline
         connect_timeout=min(timeout_s, 10.0),
         read_timeout=timeout_s,
-        max_pool_connections=50,
+        max_pool_connections=MAX_CALLS,
     )
     return boto3.client("bedrock-runtime", region_name=region or "us-east-1", endpoint_url=endpoint_url, config=config)
 
 
 class BedrockProvider:
-    def __init__(self, name: str, region: str | None, endpoint_url: str | None, timeout_s: float) -> None:
+    def __init__(
+        self, name: str, region: str | None, endpoint_url: str | None, timeout_s: float, *, max_calls: int = MAX_CALLS
+    ) -> None:
         self.name = name
         self._client = bedrock_runtime_client(region, endpoint_url, timeout_s)
+        self._calls = BlockingCalls(name, max_calls)
 
     async def complete(self, call: ProviderCall) -> Completion:
         params = to_converse(self.name, call)
+        job = self._calls.submit(self._client.converse, **params)
         try:
-            resp = await asyncio.wait_for(asyncio.to_thread(self._client.converse, **params), timeout=call.timeout_s)
+            resp = await asyncio.wait_for(asyncio.wrap_future(job), timeout=call.timeout_s)
         except TimeoutError:
-            # The call goes on in its thread and may be answered (and billed): charged at the bound.
-            raise ProviderError(ErrorClass.TIMEOUT, f"{self.name} timed out", billed=True) from None
+            # A call that was sent goes on in its thread and may be answered (and billed):
+            # charged at the bound. One still waiting for a thread is withdrawn: never sent.
+            raise ProviderError(ErrorClass.TIMEOUT, f"{self.name} timed out", billed=withdraw(job)) from None
         except ClientError as exc:
             raise _client_error(self.name, exc) from None
         except ReadTimeoutError:  # sent whole: the model may finish, and bill, the answer
@@ -274,6 +281,7 @@ class BedrockProvider:
         yield Delta(finish_reason=done.finish_reason, usage=done.usage)
 
     async def aclose(self) -> None:
+        self._calls.close()
         self._client.close()
 
 

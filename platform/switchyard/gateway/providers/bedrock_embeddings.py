@@ -1,6 +1,6 @@
 """Amazon Titan Text Embeddings v2 on Bedrock (`amazon.titan-embed-text-v2:0`) through boto3's
-`bedrock-runtime` `invoke_model`, one call per input, run in worker threads (boto3 is
-synchronous, and Titan embeds one text per call).
+`bedrock-runtime` `invoke_model`, one call per input, run on the provider's own threads (boto3
+is synchronous, and Titan embeds one text per call: `providers.blocking_calls`).
 
 Body `{"inputText", "dimensions", "normalize": true}`, answer `{"embedding",
 "inputTextTokenCount"}`. At most `concurrency` calls of one request run at once, so a request
@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import asyncio
 import json
-from dataclasses import dataclass
+from concurrent.futures import Future
+from dataclasses import dataclass, field
 from typing import Any
 
 from botocore.exceptions import (
@@ -28,6 +29,7 @@ from switchyard.gateway import json_text
 from switchyard.gateway.providers import answers
 from switchyard.gateway.providers.base import EmbeddingCall, Embeddings, ProviderError
 from switchyard.gateway.providers.bedrock_converse import _client_error, bedrock_runtime_client
+from switchyard.gateway.providers.blocking_calls import MAX_CALLS, BlockingCalls, withdraw
 from switchyard.policy.models import ErrorClass
 
 TITAN_DIMENSIONS = (256, 512, 1024)
@@ -38,17 +40,25 @@ TITAN_DEFAULT_DIMENSIONS = 1024
 class _Progress:
     """How far one request's calls got: what AWS may bill when one of them fails."""
 
-    started: int = 0
+    calls: list[Future[Any]] = field(default_factory=list)  # submitted to the provider's threads
     failed: int = 0
 
 
 class BedrockEmbeddingsProvider:
     def __init__(
-        self, name: str, region: str | None, endpoint_url: str | None, timeout_s: float, *, concurrency: int = 8
+        self,
+        name: str,
+        region: str | None,
+        endpoint_url: str | None,
+        timeout_s: float,
+        *,
+        concurrency: int = 8,
+        max_calls: int = MAX_CALLS,
     ) -> None:
         self.name = name
         self._concurrency = concurrency
         self._client = bedrock_runtime_client(region, endpoint_url, timeout_s)
+        self._calls = BlockingCalls(name, max_calls)
 
     async def embed(self, call: EmbeddingCall) -> Embeddings:
         dimensions = call.dimensions or TITAN_DEFAULT_DIMENSIONS
@@ -63,9 +73,10 @@ class BedrockEmbeddingsProvider:
 
         async def one(text: str) -> tuple[tuple[float, ...], int | None]:
             async with gate:
-                progress.started += 1
+                job = self._calls.submit(self._invoke, call.model_version, text, dimensions)
+                progress.calls.append(job)
                 try:
-                    return await asyncio.to_thread(self._invoke, call.model_version, text, dimensions)
+                    return await asyncio.wrap_future(job)
                 except ProviderError:
                     progress.failed += 1
                     raise
@@ -75,15 +86,19 @@ class BedrockEmbeddingsProvider:
             results = await asyncio.gather(*tasks)
         except ProviderError as exc:
             for task in tasks:
-                task.cancel()  # the calls not started yet are never made
-            # Calls that answered, or are still running in their threads, are billed by AWS.
-            billed = exc.billed or progress.started > progress.failed
+                task.cancel()  # the calls not submitted yet are never made
+            # Calls that answered, or are still running in their threads, are billed by AWS;
+            # those still waiting for a thread are withdrawn, never sent.
+            sent = sum(withdraw(job) for job in progress.calls)
+            billed = exc.billed or sent > progress.failed
             raise ProviderError(
                 exc.error_class, exc.message, status=exc.status, retry_after_s=exc.retry_after_s, billed=billed
             ) from None
         except BaseException:
             for task in tasks:
                 task.cancel()
+            for job in progress.calls:
+                withdraw(job)  # the caller is gone: nothing more is sent
             raise
         counts = [tokens for _, tokens in results]
         reported = all(n is not None for n in counts)
@@ -121,4 +136,5 @@ class BedrockEmbeddingsProvider:
         return vector, answers.token_count(data.get("inputTextTokenCount"))
 
     async def aclose(self) -> None:
+        self._calls.close()
         self._client.close()
