@@ -91,13 +91,18 @@ class Refresher:
         self.refresh_policies()
 
     async def run(self) -> None:
+        # One loop per source: a key read that hangs (Postgres behind a lock, or a dropped
+        # connection) holds back key refreshes only. In one loop it held back policies too.
+        async with asyncio.TaskGroup() as loops:
+            loops.create_task(self._every(self.refresh_keys))
+            loops.create_task(self._every(self.refresh_policies))
+
+    async def _every(self, step: Callable[[], None]) -> None:
         while True:
             await asyncio.sleep(self.refresh_s)
             started = time.monotonic()
-            # File hashing and database reads block: keep them off the event loop.
-            for step in (self.refresh_keys, self.refresh_policies):
-                try:
-                    await asyncio.to_thread(step)
-                except Exception:  # a bug in one step: logged, and the loop goes on
-                    log.exception("%s failed; the loop goes on with what is in force", step.__name__)
-            log.debug("refresh took %.1f ms", (time.monotonic() - started) * 1000)
+            try:
+                await asyncio.to_thread(step)  # file hashing and database reads block: off the loop
+            except Exception:  # a bug in the step: logged, and the loop goes on
+                log.exception("%s failed; the loop goes on with what is in force", step.__name__)
+            log.debug("%s took %.1f ms", step.__name__, (time.monotonic() - started) * 1000)

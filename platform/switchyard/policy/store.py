@@ -182,14 +182,15 @@ class PolicyStore:
                 log.error("cannot save the last good policy set to %s: %s", self._last_good.directory, exc)
 
     def _reject(self, error: str, commit: str | None) -> None:
-        self.last_error = error
-        self.rejected += 1
         log.error("policy change rejected; keeping the last valid set in force:\n%s", error)
         try:
             files = hash_files(self.root)  # what was rejected, for the journal (rare: may be slow)
         except OSError:
             files = {}
         self._record(PolicyChange(time.time(), False, "", commit, files, error))
+        # Shown once journaled: whoever sees the status degraded finds the change in the journal.
+        self.rejected += 1
+        self.last_error = error
 
     def _record(self, change: PolicyChange) -> None:
         if self._journal is None:
