@@ -323,9 +323,12 @@ class _Story:
     def _status(self) -> None:
         status = _switchyard("status", "--state-dir", str(self.state))
         g = status["gpus"]
-        self.say(
-            f"11. status: {g['total']:.0f} GPUs = {g['serve']:.0f} serve + {g['train']:.0f} train"
-            f" + {g['free']:.0f} free"
-        )
+        if g["serve"] is None:  # the dashboard did not answer in time
+            self.say(f"11. status: {g['total']:.0f} GPUs, {g['free']:.0f} free ({g['error']})")
+        else:
+            self.say(
+                f"11. status: {g['total']:.0f} GPUs = {g['serve']:.0f} serve + {g['train']:.0f} train"
+                f" + {g['free']:.0f} free"
+            )
         self.report.step("status", gpus=g, serve_apps=sorted(status["serve"]))
         self.report.summary["status"] = {"gpus": g}

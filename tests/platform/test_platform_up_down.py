@@ -9,12 +9,15 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from subprocess import PIPE
 from typing import Any
 
 import pytest
 
+from switchyard.cluster.head import short_temp_dir
 from switchyard.cluster.record import write_record
 from switchyard.policy.keys import KeyStore
 from tests.platform.test_stale_records import gone_pid, platform_record
@@ -90,6 +93,25 @@ def pid_alive(pid: int) -> bool:
 
 
 @pytest.mark.own_cluster
+@contextmanager
+def suspended_dashboard(state: Path) -> Iterator[None]:
+    """Stop the Ray dashboard of the platform on `state` (SIGSTOP) for the block."""
+    import psutil
+
+    temp_dir = f"--temp-dir={short_temp_dir(state.resolve())}/"
+    [dashboard] = [
+        p
+        for p in psutil.process_iter(["cmdline"])
+        if any(a.endswith("dashboard/dashboard.py") for a in p.info["cmdline"] or ())
+        and any(a.startswith(temp_dir) for a in p.info["cmdline"])
+    ]
+    dashboard.suspend()
+    try:
+        yield
+    finally:
+        dashboard.resume()
+
+
 def test_local_platform_up_status_down(tmp_path: Path) -> None:
     state = str(tmp_path / "state")
     # A platform that crashed (or whose machine restarted) left its record: `up` clears it and
@@ -150,6 +172,16 @@ def test_local_platform_up_status_down(tmp_path: Path) -> None:
         fairness = status["scheduler"]["fairness"]
         assert fairness["teams"] and fairness["inversion_bound_s"] == 300.0
         assert "fair share (received / fair GPU-s" in shown
+        # A hung dashboard (stopped: its port accepts, nothing answers) is what an operator runs
+        # `status` about. It used to wait out the state API's 30 s and print a traceback (stop 49).
+        with suspended_dashboard(Path(state)):
+            started = time.monotonic()
+            hung = switchyard("status", "--state-dir", state, "--json", check=False)
+            took = time.monotonic() - started
+        assert hung.returncode == 0 and "Traceback" not in hung.stderr, hung.stderr
+        division = as_json(hung)["gpus"]
+        assert division["serve"] is None and "the Ray dashboard did not answer" in division["error"], division
+        assert as_json(hung)["scheduler"]["total_gpus"] == 8 and took < 28, took
 
         # The demo key is a real key: its hash is in the state dir, the key itself is not.
         assert up["demo_api_key"].split("_", 2)[2].encode() not in (Path(state) / "keys.db").read_bytes()

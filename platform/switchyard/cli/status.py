@@ -47,7 +47,11 @@ def render(info: dict[str, Any]) -> None:
     g = info["gpus"]
     print(f"gateway {info['gateway_url']}   console {info['console_url']}   dashboard {info['dashboard_url']}")
     print(f"ray {info['ray_address']}")
-    print(f"\nGPUs: {g['total']:.0f} total = {g['serve']:.0f} serve + {g['train']:.0f} train + {g['free']:.0f} free\n")
+    if g["serve"] is None:
+        print(f"\nGPUs: {g['total']:.0f} total, {g['free']:.0f} free ({g['error']})\n")
+    else:
+        division = f"{g['serve']:.0f} serve + {g['train']:.0f} train + {g['free']:.0f} free"
+        print(f"\nGPUs: {g['total']:.0f} total = {division}\n")
     print_table(
         ["node", "group", "gpus", "cpus"],
         [(n["node_id"], n["node_group"], n["gpus"], n["cpus"]) for n in info["nodes"]],

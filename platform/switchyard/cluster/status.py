@@ -15,6 +15,7 @@ from typing import Any
 import ray
 from ray import serve
 from ray.util.state import list_actors
+from ray.util.state.exception import RayStateApiException
 
 from switchyard.cluster.policy_publisher import find_publisher
 from switchyard.cluster.record import PlatformRecord
@@ -22,13 +23,31 @@ from switchyard.cluster.scheduler_client import RetryPolicy, platform_scheduler
 
 log = logging.getLogger(__name__)
 
+# The state API is served by the dashboard, which a busy cluster can leave hanging: `status` is
+# what an operator runs then, so it waits this long for it (not the API's 30 s) and shows the rest.
+STATE_API_TIMEOUT_S = 10
 
-def gpu_division(ray_address: str) -> dict[str, float]:
-    """GPUs held by Serve replicas, by training (and any other GPU actor), and free."""
+
+def gpu_division(ray_address: str) -> dict[str, Any]:
+    """GPUs held by Serve replicas, by training (and any other GPU actor), and free. Serve's
+    share comes from the state API: when the dashboard does not answer, it is None and
+    `error` says why."""
     total = ray.cluster_resources().get("GPU", 0.0)
     free = ray.available_resources().get("GPU", 0.0)
+    try:
+        actors = list_actors(
+            address=ray_address,
+            filters=[("state", "=", "ALIVE")],
+            detail=True,
+            limit=10_000,
+            timeout=STATE_API_TIMEOUT_S,
+        )
+    except RayStateApiException as exc:
+        log.info("state API: %s", exc)
+        error = f"the Ray dashboard did not answer in {STATE_API_TIMEOUT_S} s: Serve's share of the GPUs is unknown"
+        return {"total": total, "serve": None, "train": None, "free": free, "error": error}
     serve_gpus = 0.0
-    for actor in list_actors(address=ray_address, filters=[("state", "=", "ALIVE")], detail=True, limit=10_000):
+    for actor in actors:
         gpus = float((actor.required_resources or {}).get("GPU", 0.0))
         if gpus and actor.class_name.startswith("ServeReplica"):
             serve_gpus += gpus
