@@ -54,6 +54,26 @@ async def test_sequential_replay_does_not_call_or_charge_again(gw: Harness, upst
     assert len(upstreams.openai.received) == 1 and len(gw.budget.settled) == 1
 
 
+async def test_a_duplicate_waiting_on_a_key_in_flight_is_504_at_its_deadline(
+    gw: Harness, upstreams: FakeUpstreams
+) -> None:
+    """The store answers every poll at once; it is the first request that is slow. So the
+    duplicate's answer at its deadline is 504 `deadline_exceeded` (the key is in flight), not a
+    503 blaming the store, and comes by that deadline."""
+    for slow in (upstreams.openai, upstreams.anthropic):  # the primary and its fallback
+        slow.sticky = Fault("latency", delay_s=1.5)
+    raw = json.dumps(BODY).encode()
+    first = asyncio.ensure_future(gw.pipeline.handle(raw, headers(gw, "k-in-flight")))
+    await asyncio.sleep(0.2)  # the first owns the key
+    started = time.monotonic()
+    duplicate = await gw.pipeline.handle(raw, {**headers(gw, "k-in-flight"), DEADLINE_HEADER: "700"})
+    took = time.monotonic() - started
+    assert isinstance(duplicate, JSONResult) and duplicate.status == 504, duplicate
+    assert duplicate.body["error"]["code"] == "deadline_exceeded" and took < 1.0, (duplicate.body, took)
+    await first  # answered or not, once: the duplicate made no call
+    assert len(upstreams.openai.received) + len(upstreams.anthropic.received) <= 2
+
+
 async def test_same_key_different_body_is_409(gw: Harness) -> None:
     http = gw.raw()
     assert (await http.post("/v1/chat/completions", json=BODY, headers=headers(gw, "k-409"))).status_code == 200

@@ -121,13 +121,15 @@ class KeyedRequests:
                     param="Idempotency-Key",
                 )
                 return answered_here(error_result(conflict, hdr))
+            # In flight on another request: poll for its answer until the deadline, which then
+            # is this key's (504), not the store's (the store answered every poll).
+            await asyncio.sleep(min(self._poll_s, max(ctx.deadline - self._timer(), 0.0)))
             if self._timer() >= ctx.deadline:
                 late = DeadlineExceeded(
                     "deadline_exceeded",
                     "a request with this Idempotency-Key is still in flight and the deadline passed",
                 )
                 return answered_here(error_result(late, hdr))
-            await asyncio.sleep(self._poll_s)
         result: Result = await asyncio.shield(self._own(self._run_claimed(store, ctx, key, execute)))
         return result
 
