@@ -334,3 +334,46 @@ async def test_a_stuck_idempotency_store_holds_up_no_other_request(
         await sink.close()
         await h.aclose()
         store.close()
+
+
+class CountedClaims(SqlIdempotencyStore):
+    """The durable store, counting the claim transactions it runs (on its one worker)."""
+
+    made = 0
+
+    def _claim(self, scope: str, key: str, body_hash: str) -> Claim:
+        self.made += 1
+        return super()._claim(scope, key, body_hash)
+
+
+async def test_claims_given_up_on_are_not_made_when_the_store_comes_back(
+    gw_dirs: tuple[Path, Path, dict[str, str]], upstreams: FakeUpstreams, tmp_path: Path
+) -> None:
+    """Stop 49: behind a stuck writer, every keyed request queued a claim on the store's worker,
+    and gave up at its deadline (503). Each queued claim was still made once the writer let go,
+    and then freed: a backlog of two transactions per request given up, which the requests
+    arriving after the store came back waited behind. Now a claim whose request gave up before
+    it started is withdrawn; only the one under way is made, and freed."""
+    upstreams.reset()
+    policies, state, keys = gw_dirs
+    store = CountedClaims(SqliteDatabase(tmp_path / "idempotency.db"))
+    h = build_harness(policies, state, keys, idempotency=store)
+    raw = json.dumps(BODY).encode()
+    given_up = 60
+    try:
+        with a_stuck_writer("sqlite", store.db):
+            answers = await asyncio.gather(
+                *(
+                    h.pipeline.handle(raw, {**headers(h, f"k-backlog-{i}"), DEADLINE_HEADER: "500"})
+                    for i in range(given_up)
+                )
+            )
+            assert {a.status for a in answers} == {503}
+        started = time.monotonic()
+        fresh = await h.pipeline.handle(raw, {**headers(h, "k-after"), DEADLINE_HEADER: "5000"})
+        took = time.monotonic() - started
+        assert fresh.status == 200, fresh
+        assert store.made == 2, (store.made, took)  # the claim under way when they gave up, and the fresh one
+    finally:
+        await h.aclose()
+        store.close()

@@ -55,7 +55,10 @@ class Claim:
 
 
 class IdempotencyStore(Protocol):
-    async def claim(self, scope: str, key: str, body_hash: str) -> Claim: ...
+    async def claim(self, scope: str, key: str, body_hash: str) -> Claim:
+        """Cancelled before it returns, a claim is either not made or freed by the store once
+        made: its caller left, and nobody else would free it."""
+        ...
 
     async def complete(self, scope: str, key: str, response: StoredResponse) -> None: ...
 

@@ -26,9 +26,10 @@ from __future__ import annotations
 import asyncio
 import functools
 import json
+import logging
 import math
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, ParamSpec, TypeVar
 
@@ -84,6 +85,8 @@ _CLAIM_ROUNDS = 8
 
 P = ParamSpec("P")
 T = TypeVar("T")
+
+log = logging.getLogger(__name__)
 
 
 def _subject_lock(scope: str, subject: str) -> str:
@@ -155,7 +158,17 @@ class SqlIdempotencyStore:
     # ------------------------------------------------------------ the protocol
 
     async def claim(self, scope: str, key: str, body_hash: str) -> Claim:
-        return await self._run(self._claim, scope, key, body_hash)
+        """A caller that leaves (hangs up, or its deadline passes) withdraws its claim if the
+        worker has not started it: a store that comes back after being stuck then works through
+        what is still wanted, not a backlog of claims, and their frees, for requests already
+        answered 503. A claim under way is made all the same, and freed."""
+        job = self._worker.submit(self._claim, scope, key, body_hash)
+        try:
+            return await self._result(job)
+        except asyncio.CancelledError:
+            if not job.cancel():  # under way, or made: free it once made, if it was won
+                job.add_done_callback(self._free_if_won(scope, key))
+            raise
 
     async def complete(self, scope: str, key: str, response: StoredResponse) -> None:
         await self._run(self._complete, scope, key, response)
@@ -169,14 +182,34 @@ class SqlIdempotencyStore:
     async def _run(self, operation: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
         # The store's worker, so the event loop never waits on the database. A caller cancelled
         # meanwhile does not stop a transaction under way (one not started yet is not run).
+        return await self._result(self._worker.submit(functools.partial(operation, *args, **kwargs)))
+
+    async def _result(self, job: Future[T]) -> T:
         try:
-            return await asyncio.get_running_loop().run_in_executor(
-                self._worker, functools.partial(operation, *args, **kwargs)
-            )
+            return await asyncio.wrap_future(job)
         except self._errors as exc:
             raise IdempotencyUnavailable(
                 f"the idempotency store at {redacted(self.db.url)} failed: {type(exc).__name__}: {exc}"
             ) from exc
+
+    def _free_if_won(self, scope: str, key: str) -> Callable[[Future[Claim]], None]:
+        def free(job: Future[Claim]) -> None:  # on the worker, or here if the job is done
+            if job.cancelled() or job.exception() is not None or job.result().outcome != "owner":
+                return
+            try:
+                self._worker.submit(self._abandon_left, scope, key)
+            except RuntimeError:  # the store is closed: the claim lapses after the claim timeout
+                log.warning("idempotency claim of %s left by its caller will lapse: the store is closed", scope)
+
+        return free
+
+    def _abandon_left(self, scope: str, key: str) -> None:
+        try:
+            self._abandon(scope, key)
+        except self._errors as exc:
+            log.warning(
+                "could not release the idempotency claim of %s left by its caller; it will lapse: %s", scope, exc
+            )
 
     # ------------------------------------------------------------ one transaction each
 

@@ -8,7 +8,8 @@ calling (and paying) again. A claim still being made when its client hangs up is
 made, or that client's retry would wait on it until it lapsed (stop 48).
 
 The store gets until the request's deadline, as the budget ledger does: a store stuck behind
-another session's lock answers 503 in time, and the claim it makes later is freed (stop 49).
+another session's lock answers 503 in time, and the claim is withdrawn, or freed once made
+(stop 49).
 """
 
 from __future__ import annotations
@@ -82,9 +83,13 @@ class KeyedRequests:
                 async with asyncio.timeout(max(ctx.deadline - self._timer(), 0.0)):
                     claim = await asyncio.shield(claiming)
             except (asyncio.CancelledError, TimeoutError) as exc:
-                # The client left, or its deadline passed, while the key was being claimed. The
-                # claim is made anyway (the store's transaction runs on): free it once made.
-                claiming.add_done_callback(self._free_if_owned(store, ctx.team, key))
+                # The client left, or its deadline passed, while the key was being claimed. A
+                # claim made is freed; one still being made is withdrawn, or freed once made,
+                # by the store (`IdempotencyStore.claim`).
+                if claiming.done():
+                    self._free_if_owned(store, ctx.team, key)(claiming)
+                else:
+                    claiming.cancel()
                 if isinstance(exc, asyncio.CancelledError):
                     raise
                 log.error("request %s: the idempotency store did not answer before the deadline", ctx.request_id)
