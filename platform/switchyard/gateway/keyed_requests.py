@@ -164,7 +164,7 @@ class KeyedRequests:
                 async with asyncio.timeout(max(ctx.deadline - self._timer(), 0.0)):
                     await asyncio.shield(storing)
             except TimeoutError:
-                log.error("request %s: the idempotency store is slow: the answer is stored meanwhile", ctx.request_id)
+                log.warning("request %s: the answer goes out before it is stored (the deadline)", ctx.request_id)
         else:
             self._own(forget_claim(store, ctx.team, key))  # failures are not stored: a retry may succeed
         return result
