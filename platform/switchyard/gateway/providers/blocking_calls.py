@@ -21,7 +21,6 @@ MAX_CALLS = 50  # per provider: its boto3 client's connection pool (`max_pool_co
 
 class BlockingCalls:
     def __init__(self, provider: str, max_calls: int = MAX_CALLS) -> None:
-        self.max_calls = max_calls
         self._pool = ThreadPoolExecutor(max_workers=max_calls, thread_name_prefix=f"provider-{provider}")
 
     def submit(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> Future[T]:
