@@ -86,10 +86,13 @@ def test_processes_opening_a_new_file_at_once_all_open_it(tmp_path: Path) -> Non
     four processes opening one new file at once failed with "database is locked" in 8 of 60
     rounds. Two `switchyard up`s on a fresh state dir did that with `keys.db` (CI, stop 45):
     the second printed the error instead of naming the first, and left it running."""
-    context = multiprocessing.get_context("fork")
+    # Not "fork": the test process holds the session's Ray threads, and a child forked while one
+    # of them held the allocator's lock died in malloc (a CI run). The fork server is a process
+    # of its own, with no other threads; its children still start within the lead below.
+    context = multiprocessing.get_context("forkserver")
     results = context.Queue()
     for round_ in range(30):
-        start = time.time() + 0.2
+        start = time.time() + 0.5
         path = str(tmp_path / f"{round_}.db")
         openers = [context.Process(target=_open_and_write, args=(path, start, results)) for _ in range(4)]
         for p in openers:
