@@ -104,9 +104,11 @@ def with_stalls(stalls: Stalls, sink: StoreAuditSink, budget: LeasedBudgetGate) 
         stalls.mark(stand_in)
         await open_stream(stand_in, durable)
 
-    async def stalling_record(exchange: Exchange, durable: bool) -> None:
+    async def stalling_record(
+        exchange: Exchange, durable: bool, *, within_s: float | None = None, withholds: bool = False
+    ) -> None:
         await stalls.at("record", exchange.ctx.request_id)
-        await record(exchange, durable)
+        await record(exchange, durable, within_s=within_s, withholds=withholds)
 
     async def stalling_settle(reservation: Reservation, bills: Sequence[Bill]) -> None:
         await stalls.at("settle", reservation.reservation_id)

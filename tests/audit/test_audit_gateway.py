@@ -19,13 +19,17 @@ import socket
 import sqlite3
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Awaitable
+import threading
+import time
+from collections.abc import AsyncIterator, Awaitable, Sequence
 from contextlib import closing
 from pathlib import Path
 
 import httpx
+import pytest
 from _audit_helpers import CARD, EMAIL, PHONE
 
+from switchyard.audit.builder import PendingEntry
 from switchyard.audit.gateway import gateway_audit_parts
 from switchyard.audit.record import RequestRecord
 from switchyard.audit.redaction import PresidioRedactor
@@ -40,6 +44,7 @@ from switchyard.gateway.idempotency import InMemoryIdempotencyStore
 from switchyard.gateway.interim import InMemoryBudgetGate
 from switchyard.gateway.metrics import InMemoryMetrics
 from switchyard.gateway.pipeline import ChatPipeline, GatewayParts
+from switchyard.gateway.planning import DEADLINE_HEADER
 from switchyard.gateway.pool import ProviderPool
 from switchyard.gateway.providers.base import Completion, ProviderCall
 from switchyard.gateway.providers.inprocess import InProcessProvider
@@ -80,10 +85,15 @@ def _provider(name: str, seen: list[str]) -> InProcessProvider:
 
 
 def _replica(
-    ps: PolicySet, keys: KeyStore, sink: StoreAuditSink, redactor: PresidioRedactor, seen: list[str]
+    ps: PolicySet,
+    keys: KeyStore,
+    sink: StoreAuditSink,
+    redactor: PresidioRedactor,
+    seen: list[str],
+    metrics: InMemoryMetrics | None = None,
 ) -> tuple[httpx.AsyncClient, InMemoryBudgetGate]:
     gate = InMemoryBudgetGate(ps)
-    metrics = InMemoryMetrics()
+    metrics = metrics or InMemoryMetrics()
     parts = GatewayParts(
         policies=lambda: ps,
         keys=KeySnapshot(keys.verifier(), keys.version()),
@@ -494,3 +504,87 @@ async def test_a_live_replica_sends_on_what_a_dead_neighbour_left_without_a_rest
     assert not list((state / "budgets" / "journal").glob("*.charges")), "a journal was left"
     _assert_recorded_at_the_ledgers_charges(state, _stream_records(state), streamed)  # nothing twice
     assert AuditStore.in_state_dir(state).verify() == []
+
+
+async def test_a_withheld_high_risk_answer_is_recorded_as_the_503_its_caller_got(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The audit store refuses a high-risk record: the answer is withheld (503) and its record
+    is kept for the store's return. That record states what the caller got, not the 200 the
+    model's answer would have been."""
+    state = tmp_path / "state"
+    policy_store = _policies(tmp_path, state)
+    keys = KeyStore.in_state_dir(state)
+    payments = {"authorization": f"Bearer {keys.create('payments', Role.MEMBER)[0]}"}
+    sink, redactor = gateway_audit_parts(policy_store, state)
+    metrics = InMemoryMetrics()
+    client, gate = _replica(policy_store.current, keys, sink, redactor, [], metrics)
+    real = sink.store.append
+
+    def full_disk(items: Sequence[PendingEntry]) -> int:
+        raise sqlite3.OperationalError("database or disk is full")
+
+    monkeypatch.setattr(sink.store, "append", full_disk)
+    body = {"model": "auto", "messages": [], "variables": {"dispute_id": "D-1", "summary": "charged twice"}}
+    r = await client.post("/v1/chat/completions", json=body, headers=payments)
+    assert r.status_code == 503 and r.json()["error"]["code"] == "audit_unavailable", r.text
+    assert metrics.requests == {("payments", "dispute-review", 503, "anthropic"): 1}  # counted as what it got
+    # One error logged for one refusal: the owned task that withheld the answer did not fail.
+    assert not [r for r in caplog.records if r.name == "switchyard.gateway.owned_tasks"]
+    monkeypatch.setattr(sink.store, "append", real)
+    await sink.close()  # the store is back: the spool drains into it
+    await client.aclose()
+    store = AuditStore.in_state_dir(state)
+    [record] = [e.entry for e in store.find(limit=100) if isinstance(e.entry, RequestRecord)]
+    assert record.request_id == r.headers["x-switchyard-request-id"]
+    assert (record.status_code, record.error_code) == (503, "audit_unavailable")
+    assert record.cost_usd == pytest.approx(sum(usd for _, usd, _ in gate.settled)) and record.cost_usd > 0
+    store.close()
+
+
+async def test_answers_queued_behind_a_hung_audit_commit_are_withheld_at_their_deadline(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The audit store hangs in a commit (a session holding the chain's lock that does not go
+    on). The high-risk answers queued behind it are withheld at their deadline (503), not held
+    for as long as the store hangs; each is recorded as withheld once the store is back. The
+    answer whose commit was under way is answered when its commit ends."""
+    state = tmp_path / "state"
+    policy_store = _policies(tmp_path, state)
+    keys = KeyStore.in_state_dir(state)
+    payments = {"authorization": f"Bearer {keys.create('payments', Role.MEMBER)[0]}"}
+    sink, redactor = gateway_audit_parts(policy_store, state)
+    client, _ = _replica(policy_store.current, keys, sink, redactor, [])
+    real = sink.store.append
+    entered, release = threading.Event(), threading.Event()
+
+    def hung(items: Sequence[PendingEntry]) -> int:
+        entered.set()
+        release.wait(30)
+        return real(items)
+
+    monkeypatch.setattr(sink.store, "append", hung)
+    body = {"model": "auto", "messages": [], "variables": {"dispute_id": "D-1", "summary": "charged twice"}}
+    under_way = asyncio.create_task(client.post("/v1/chat/completions", json=body, headers=payments))
+    assert await asyncio.to_thread(entered.wait, 10)
+    short = {**payments, DEADLINE_HEADER: "1500"}
+    started = time.monotonic()
+    try:
+        queued = await asyncio.wait_for(
+            asyncio.gather(*(client.post("/v1/chat/completions", json=body, headers=short) for _ in range(3))), 8
+        )
+    finally:
+        waited = time.monotonic() - started
+        release.set()
+    assert [r.status_code for r in queued] == [503] * 3 and waited < 4, (waited, [r.text for r in queued])
+    assert {r.json()["error"]["code"] for r in queued} == {"audit_unavailable"}
+    assert (await under_way).status_code == 200  # its transaction was under way: it committed
+    await sink.close()
+    await client.aclose()
+    store = AuditStore.in_state_dir(state)
+    records = {e.entry.request_id: e.entry for e in store.find(limit=100) if isinstance(e.entry, RequestRecord)}
+    assert {rid: (r.status_code, r.error_code) for rid, r in records.items()} == {
+        (await under_way).headers["x-switchyard-request-id"]: (200, None),
+        **{r.headers["x-switchyard-request-id"]: (503, "audit_unavailable") for r in queued},
+    }
+    store.close()

@@ -99,9 +99,11 @@ class TeeAuditSink:
         self.sink = sink
         self.exchanges: list[Exchange] = []
 
-    async def record(self, exchange: Exchange, durable: bool) -> None:
+    async def record(
+        self, exchange: Exchange, durable: bool, *, within_s: float | None = None, withholds: bool = False
+    ) -> None:
         self.exchanges.append(exchange)
-        await self.sink.record(exchange, durable)
+        await self.sink.record(exchange, durable, within_s=within_s, withholds=withholds)
 
     async def open_stream(self, stand_in: Exchange, durable: bool) -> None:
         await self.sink.open_stream(stand_in, durable)

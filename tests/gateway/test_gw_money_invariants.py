@@ -131,8 +131,10 @@ class RecordingSink:
         self.inner = inner
         self.records: defaultdict[str, list[Exchange]] = defaultdict(list)  # user -> exchanges
 
-    async def record(self, exchange: Exchange, durable: bool) -> None:
-        await self.inner.record(exchange, durable)
+    async def record(
+        self, exchange: Exchange, durable: bool, *, within_s: float | None = None, withholds: bool = False
+    ) -> None:
+        await self.inner.record(exchange, durable, within_s=within_s, withholds=withholds)
         self.records[exchange.ctx.user or ""].append(exchange)
 
     async def open_stream(self, stand_in: Exchange, durable: bool) -> None:

@@ -89,9 +89,11 @@ class _ThreadedSink:
     def __init__(self, inner: CollectingAuditSink) -> None:
         self.inner = inner
 
-    async def record(self, exchange: Exchange, durable: bool) -> None:
+    async def record(
+        self, exchange: Exchange, durable: bool, *, within_s: float | None = None, withholds: bool = False
+    ) -> None:
         await asyncio.to_thread(lambda: None)
-        await self.inner.record(exchange, durable)
+        await self.inner.record(exchange, durable, within_s=within_s, withholds=withholds)
 
     async def open_stream(self, stand_in: Exchange, durable: bool) -> None:
         await asyncio.to_thread(lambda: None)

@@ -34,12 +34,24 @@ class GroupCommitter:
         self._waiting: list[tuple[PendingEntry, asyncio.Future[None]]] = []
         self._committer: asyncio.Task[None] | None = None
 
-    async def append(self, pending: PendingEntry) -> None:
-        """Returns once `pending` is committed; raises what its batch's commit raised."""
-        done = asyncio.get_running_loop().create_future()
-        self._waiting.append((pending, done))
+    async def append(self, pending: PendingEntry, within_s: float | None = None) -> None:
+        """Returns once `pending` is committed; raises what its batch's commit raised.
+
+        `within_s` bounds the wait for a record still queued behind a commit in flight (a store
+        stuck behind another session's lock): past it the record is withdrawn, never to be
+        committed by this committer, and `TimeoutError` raised. A record whose transaction is
+        under way cannot be withdrawn, so its caller waits for that transaction, which the
+        database's lock timeout bounds (`switchyard.db.engine`)."""
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        waiting = (pending, done)
+        self._waiting.append(waiting)
         if self._committer is None or self._committer.done():
             self._committer = asyncio.create_task(self._commit_all(), name="audit-group-commit")
+        await asyncio.wait({done}, timeout=within_s)
+        if not done.done() and any(w is waiting for w in self._waiting):
+            self._waiting = [w for w in self._waiting if w is not waiting]
+            done.cancel()
+            raise TimeoutError("the audit store did not take the record in time; it was withdrawn")
         await done
 
     async def _commit_all(self) -> None:

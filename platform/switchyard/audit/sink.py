@@ -41,6 +41,7 @@ class StoreAuditSink:
         self._starting = asyncio.Lock()
         # The store or keyring cannot answer (locked, full, unreachable): `AuditUnavailable`.
         self._unavailable = database_errors()
+        self._not_taken: tuple[type[Exception], ...] = (*self._unavailable, TimeoutError)  # or not in time
         self._unbuildable: tuple[type[Exception], ...] = (*self._unavailable, OSError)
 
     async def _started_spool(self) -> AuditSpool:
@@ -83,30 +84,35 @@ class StoreAuditSink:
         high = durable or stand_in.ctx.flow.risk_tier is RiskTier.HIGH
         await (await self._started_spool()).open_stream(pending, durable=high)
 
-    async def record(self, exchange: Exchange, durable: bool) -> None:
+    async def record(
+        self, exchange: Exchange, durable: bool, *, within_s: float | None = None, withholds: bool = False
+    ) -> None:
+        durable = durable or exchange.ctx.flow.risk_tier is RiskTier.HIGH
         pending = await self._build(exchange)
-        await self._store(pending, durable or exchange.ctx.flow.risk_tier is RiskTier.HIGH)
+        if durable or self.spool is None:
+            await self._commit(exchange, pending, within_s, withholds)
+        else:
+            await (await self._started_spool()).put(pending)
         if self.spool is not None:
             self.spool.close_stream(exchange.ctx.request_id)  # stored or spooled: it supersedes a stand-in
 
-    async def _store(self, pending: PendingEntry, durable: bool) -> None:
-        if durable or self.spool is None:
-            try:
-                await self._commits.append(pending)
-            except self._unavailable as exc:
-                log.error(
-                    "audit store %s rejected request %s: %s",
-                    redacted(self.store.db.url),
-                    pending.record.request_id,
-                    exc,
-                )
-                if self.spool is not None:
-                    # Not durable in the store, so the answer is withheld (503); but the request
-                    # may have been billed, so its record is kept for the store's return.
-                    await (await self._started_spool()).put(pending)
-                raise AuditUnavailable(f"the audit store is unavailable ({type(exc).__name__})") from exc
-            return
-        await (await self._started_spool()).put(pending)
+    async def _commit(self, exchange: Exchange, pending: PendingEntry, within_s: float | None, withholds: bool) -> None:
+        try:
+            await self._commits.append(pending, within_s)
+        except self._not_taken as exc:
+            log.error(
+                "audit store %s did not take the record of request %s: %s",
+                redacted(self.store.db.url),
+                pending.record.request_id,
+                exc,
+            )
+            if self.spool is not None:
+                # Not durable in the store: kept for the store's return, as the caller answers
+                # (the request may have been billed). An answer that waited on this record is
+                # withheld, so its record says what the caller got instead.
+                kept = await self._build(exchange.withheld()) if withholds else pending
+                await (await self._started_spool()).put(kept)
+            raise AuditUnavailable(f"the audit store is unavailable ({type(exc).__name__})") from exc
 
     async def recover(self) -> DrainReport:
         """Drain what dead writers on this host left in the spool directory: call before taking

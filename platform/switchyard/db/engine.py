@@ -9,6 +9,9 @@ names a byte column `{blob}` (BLOB / BYTEA). What the stores rely on, in both di
   lock) where a whole sequence must be serialised, such as appending to a hash chain.
 - **Reads that never block a writer**: `read()` (SQLite: a deferred transaction on WAL;
   Postgres: a snapshot).
+- **A lock wait is bounded**, by SQLite's busy timeout and by Postgres's `lock_timeout`, both
+  `sqlite_db.BUSY_TIMEOUT_S`: a transaction behind a lock that is not let go (a stuck session,
+  a migration) fails with the database's error instead of waiting for as long as it is held.
 - **A lost connection is not a lost store.** A Postgres connection that broke (the server
   restarted, a network blip) is replaced on the next transaction; a transaction that cannot
   even begin is retried once on a fresh connection, since nothing of it ran.
@@ -179,17 +182,25 @@ class PostgresDatabase:
     lock_rows = " FOR UPDATE"
     clock_sql = "SELECT extract(epoch FROM clock_timestamp())::double precision"
 
-    def __init__(self, url: str, connect_timeout_s: float = 10.0) -> None:
+    def __init__(
+        self, url: str, connect_timeout_s: float = 10.0, lock_timeout_s: float = sqlite_db.BUSY_TIMEOUT_S
+    ) -> None:
         import psycopg  # imported here: SQLite deployments never load it
 
         self._psycopg = psycopg
         self.url = url
         self._connect_timeout_s = connect_timeout_s
+        self._lock_timeout_s = lock_timeout_s
         self._lock = threading.Lock()
         self._conn = self._connect()
 
     def _connect(self) -> Any:
-        return self._psycopg.connect(self.url, autocommit=True, connect_timeout=int(self._connect_timeout_s))
+        conn = self._psycopg.connect(self.url, autocommit=True, connect_timeout=int(self._connect_timeout_s))
+        # Postgres waits for a lock without end by default; bound it as SQLite's busy timeout
+        # does, so a session that holds a lock and does not go on fails this one's statement
+        # (LockNotAvailable) rather than holding the store's one connection as long as it likes.
+        conn.execute("SELECT set_config('lock_timeout', %s, false)", (f"{round(self._lock_timeout_s * 1000)}ms",))
+        return conn
 
     def _live(self) -> Any:
         if self._conn.closed or self._conn.broken:

@@ -35,7 +35,7 @@ import uuid
 from collections.abc import Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import date
-from typing import Any
+from typing import Any, TypeVar
 
 from switchyard.budgets.money import nanos_to_usd
 from switchyard.budgets.pricing import UnknownPrice, entry_price
@@ -76,6 +76,7 @@ from switchyard.gateway.results import (
 )
 from switchyard.gateway.routing import Candidate, pick_primary, plan_route
 from switchyard.gateway.seams import (
+    AUDIT_UNAVAILABLE,
     AuditUnavailable,
     Bill,
     BudgetUnavailable,
@@ -87,12 +88,14 @@ from switchyard.gateway.seams import (
     RequestContext,
     Reservation,
     Usage,
+    record_wait_s,
 )
 from switchyard.policy.keys import Principal
 from switchyard.policy.models import EffectiveFlow, ModelEntry, RiskTier
 from switchyard.policy.policy_set import PolicySet
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 H_COST = "x-switchyard-cost-usd"
 
@@ -351,15 +354,14 @@ class EmbeddingsPipeline:
             usage=Usage(tokens, 0),
         )
         hdr.update({H_PROVIDER: cand.provider, H_MODEL: outcome.model_version or "none"})
-        try:
-            # Charged and audited in a task the pipeline owns: a client that hangs up now
-            # cannot cut the charge or the record short (the answer just is not sent).
-            await asyncio.shield(self._own(self._charge_and_audit(run, reservation, outcome)))
-        except AuditUnavailable as exc:
+        # Charged and audited in a task the pipeline owns: a client that hangs up now cannot
+        # cut the charge or the record short (the answer just is not sent).
+        unrecorded = await asyncio.shield(self._own(self._charge_and_audit(run, reservation, outcome)))
+        if unrecorded is not None:
             self._count(ctx, 503, cand.provider)
             hdr[H_COST] = f"{outcome.cost:.8f}"
             down = Unavailable(
-                "audit_unavailable", f"the audit store cannot take the record of this high-risk request ({exc})"
+                AUDIT_UNAVAILABLE, f"the audit store cannot take the record of this high-risk request ({unrecorded})"
             )
             return error_result(down, hdr)
         hdr[H_COST] = f"{outcome.cost:.8f}"
@@ -403,10 +405,15 @@ class EmbeddingsPipeline:
         except AuditUnavailable as exc:  # no answer is left to withhold: logged
             log.error("audit record of failed request %s was not written: %s", run.plan.ctx.request_id, exc)
 
-    async def _charge_and_audit(self, run: _Run, reservation: Reservation, o: Outcome) -> None:
-        """An answer's charge and record; `AuditUnavailable` means it must not be sent."""
+    async def _charge_and_audit(self, run: _Run, reservation: Reservation, o: Outcome) -> AuditUnavailable | None:
+        """An answer's charge and record. An `AuditUnavailable` returned means the answer must
+        not be sent: its record, kept for the store's return, says it was withheld."""
         o.cost = await self._charge(run, reservation, o)
-        await self._audit(run, o)
+        try:
+            await self._audit(run, o, withholds=True)
+        except AuditUnavailable as exc:
+            return exc  # returned, not raised: the owned task has not failed
+        return None
 
     async def _charge(self, run: _Run, reservation: Reservation, o: Outcome) -> float:
         """Settle what the provider billed, or free the reservation if nothing was billed; the
@@ -438,7 +445,9 @@ class EmbeddingsPipeline:
             bills.append(bill(catalog, run.log.current.model, bound, day, "bound"))
         return bills
 
-    async def _audit(self, run: _Run, o: Outcome) -> None:
+    async def _audit(self, run: _Run, o: Outcome, *, withholds: bool = False) -> None:
+        """The request's record; an answer that `withholds` for want of it waits until the
+        deadline (`record_wait_s`), as the chat pipeline's does."""
         ctx = run.plan.ctx
         exchange = Exchange(
             ctx=ctx,
@@ -457,14 +466,17 @@ class EmbeddingsPipeline:
             contract_result="not_declared" if run.log.attempts else "not_reached",
             error_code=o.error_code,
         )
-        await self.parts.audit.record(exchange, durable=ctx.flow.risk_tier is RiskTier.HIGH)
+        within_s = record_wait_s(ctx, self.parts.timer()) if withholds else None
+        await self.parts.audit.record(
+            exchange, durable=ctx.flow.risk_tier is RiskTier.HIGH, within_s=within_s, withholds=withholds
+        )
 
     def _count(self, ctx: RequestContext, status: int, provider: str | None) -> None:
         """One request's fate in the metrics: its status and its end-to-end time."""
         self.parts.metrics.request(ctx.team, ctx.flow.flow, status, provider)
         self.parts.metrics.latency(ctx.team, ctx.flow.flow, provider, status, self.parts.timer() - ctx.started)
 
-    def _own(self, work: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
+    def _own(self, work: Coroutine[Any, Any, T]) -> asyncio.Task[T]:
         return self._owned.run(work)
 
     async def drain(self) -> None:

@@ -103,7 +103,10 @@ class CollectingAuditSink:
         self.exchanges: deque[Exchange] = deque(maxlen=keep)
         self.fail_durable = fail_durable  # tests: the durable store is down
 
-    async def record(self, exchange: Exchange, durable: bool) -> None:
+    async def record(
+        self, exchange: Exchange, durable: bool, *, within_s: float | None = None, withholds: bool = False
+    ) -> None:
+        """In memory: nothing waits, and a record refused (`fail_durable`) is not kept."""
         if durable and self.fail_durable:
             raise AuditUnavailable("the durable audit store is not reachable")
         self.exchanges.append(exchange)

@@ -81,6 +81,7 @@ from switchyard.gateway.results import (
 )
 from switchyard.gateway.routing import Candidate
 from switchyard.gateway.seams import (
+    AUDIT_UNAVAILABLE,
     AuditSink,
     AuditUnavailable,
     Bill,
@@ -95,6 +96,7 @@ from switchyard.gateway.seams import (
     Redactor,
     Reservation,
     Usage,
+    record_wait_s,
 )
 from switchyard.gateway.stage_timing import StageTimings
 from switchyard.gateway.streaming import StreamSettlement, stream_body
@@ -427,14 +429,18 @@ class ChatPipeline:
             model_version=hdr[H_MODEL],
             usage=done.usage,
         )
-        try:
-            # Charged and audited in a task the pipeline owns: a client that hangs up now
-            # cannot cut the charge or the record short (the answer just is not sent).
-            await asyncio.shield(self.own(self._charge_and_audit_answer(plan, redacted, reservation, outcome, chain)))
-        except AuditUnavailable as exc:
+        # Charged and audited in a task the pipeline owns: a client that hangs up now cannot
+        # cut the charge or the record short (the answer just is not sent).
+        unrecorded = await asyncio.shield(
+            self.own(self._charge_and_audit_answer(plan, redacted, reservation, outcome, chain))
+        )
+        if unrecorded is not None:
+            hdr[H_COST] = cost_header(outcome.cost)
+            self._count(plan, 503, cand.provider, AUDIT_UNAVAILABLE)
             return error_result(
                 Unavailable(
-                    "audit_unavailable", f"the audit store cannot take the record of this high-risk request ({exc})"
+                    AUDIT_UNAVAILABLE,
+                    f"the audit store cannot take the record of this high-risk request ({unrecorded})",
                 ),
                 hdr,
             )
@@ -513,10 +519,10 @@ class ChatPipeline:
             await self._open_stream_record(plan, redacted, reservation, chain, cand, outcome)
         except AuditUnavailable as exc:
             close_stream_soon(rest)
-            outcome.status, outcome.error_code = 503, "audit_unavailable"
+            outcome.status, outcome.error_code = 503, AUDIT_UNAVAILABLE
             await asyncio.shield(end.finish())  # what the provider may have billed, and the record
             return error_result(
-                Unavailable("audit_unavailable", f"the audit log cannot keep this stream's record ({exc})"), hdr
+                Unavailable(AUDIT_UNAVAILABLE, f"the audit log cannot keep this stream's record ({exc})"), hdr
             )
         end.stand_in = True
         body = stream_body(self.parts, plan, redacted, end, cand.model, first, rest)
@@ -559,10 +565,15 @@ class ChatPipeline:
 
     async def _charge_and_audit_answer(
         self, plan: Plan, redacted: Redacted, reservation: Reservation, o: Outcome, chain: ChainLog
-    ) -> None:
-        """An answer's charge and record; `AuditUnavailable` means it must not be sent."""
+    ) -> AuditUnavailable | None:
+        """An answer's charge and record. An `AuditUnavailable` returned means the answer must
+        not be sent: its record, kept for the store's return, says it was withheld."""
         o.cost = await self.charge(plan, o, reservation, self.bills(plan, redacted, chain))
-        await self._audit(plan, redacted, o, chain)
+        try:
+            await self._audit(plan, redacted, o, chain, withholds=True)
+        except AuditUnavailable as exc:
+            return exc  # returned, not raised: the owned task has not failed
+        return None
 
     async def _open_stream_record(
         self,
@@ -599,10 +610,19 @@ class ChatPipeline:
         except AuditUnavailable as exc:
             log.error("stand-in of stream %s not restated: %s", plan.ctx.request_id, exc)
 
-    async def _audit(self, plan: Plan, redacted: Redacted, o: Outcome, chain: ChainLog) -> None:
+    async def _audit(
+        self, plan: Plan, redacted: Redacted, o: Outcome, chain: ChainLog, *, withholds: bool = False
+    ) -> None:
+        """The request's record. An answer that `withholds` for want of it waits for the store
+        until the deadline (`record_wait_s`); a record of an answer already gone or refused
+        waits as long as the store takes."""
+        within_s = record_wait_s(plan.ctx, self.parts.timer()) if withholds else None
         with self._stage(plan, "audit.record"):
             await self.parts.audit.record(
-                self._exchange(plan, redacted, o, chain), durable=plan.ctx.flow.risk_tier is RiskTier.HIGH
+                self._exchange(plan, redacted, o, chain),
+                durable=plan.ctx.flow.risk_tier is RiskTier.HIGH,
+                within_s=within_s,
+                withholds=withholds,
             )
 
     def _exchange(self, plan: Plan, redacted: Redacted, o: Outcome, chain: ChainLog) -> Exchange:

@@ -9,7 +9,7 @@ Everything that crosses a seam is a frozen value object defined here.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, date, datetime
 from typing import Any, Literal, Protocol
 
@@ -246,16 +246,42 @@ class Exchange:
     skipped: tuple[tuple[str, str], ...] = ()  # (model, reason) of candidates not tried
     bills: tuple[Bill, ...] = ()  # what was charged, one per billed attempt (sums to cost_usd)
 
+    def withheld(self) -> Exchange:
+        """This answer as its caller gets it when its record cannot be kept durably: a 503
+        `audit_unavailable` (`AuditUnavailable`). The model's output stays in the record: it
+        was produced and billed, only not sent."""
+        return replace(self, status_code=503, error_code=AUDIT_UNAVAILABLE)
+
+
+AUDIT_UNAVAILABLE = "audit_unavailable"  # the error code of an answer withheld for want of its record
+# A commit takes milliseconds: the floor keeps an answer that came just before its deadline from
+# being withheld by a healthy store.
+MIN_RECORD_WAIT_S = 1.0
+
+
+def record_wait_s(ctx: RequestContext, now: float) -> float:
+    """How long an answer waits for its durable record (`AuditSink.record`'s `within_s`): until
+    the request's deadline, and at least `MIN_RECORD_WAIT_S` (`now` on the gateway's timer)."""
+    return max(ctx.deadline - now, MIN_RECORD_WAIT_S)
+
 
 class AuditUnavailable(Exception):
     """The durable store cannot take a record; high-risk flows fail closed (HTTP 503)."""
 
 
 class AuditSink(Protocol):
-    async def record(self, exchange: Exchange, durable: bool) -> None:
+    async def record(
+        self, exchange: Exchange, durable: bool, *, within_s: float | None = None, withholds: bool = False
+    ) -> None:
         """`durable=True` returns only once the record is on stable storage (high-risk flows);
         otherwise it may be queued, within the sink's stated loss bound. It supersedes the
-        request's stand-in, if it has one."""
+        request's stand-in, if it has one.
+
+        A durable record the store cannot take, or has not taken within `within_s` seconds,
+        raises `AuditUnavailable` (a transaction already under way is waited for: the store's
+        lock timeout bounds it). The sink then keeps the record for the store's return where
+        it can: as it is, or, when the caller `withholds` its answer for want of the record,
+        as `exchange.withheld()`, which is what the caller is answered instead."""
         ...
 
     async def open_stream(self, stand_in: Exchange, durable: bool) -> None:
