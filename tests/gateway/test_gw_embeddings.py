@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import sqlite3
 import time
 from collections import Counter
 from collections.abc import AsyncIterator, Iterator
@@ -32,6 +33,7 @@ from switchyard.audit.builder import RecordBuilder
 from switchyard.audit.record import RequestRecord
 from switchyard.audit.redaction import PresidioRedactor, TextScrubber
 from switchyard.audit.sink import StoreAuditSink
+from switchyard.audit.spool import AuditSpool
 from switchyard.audit.store import AuditStore
 from switchyard.audit.subject_keys import SubjectKeyring, unseal
 from switchyard.gateway.attempts import RetryPolicy
@@ -77,6 +79,7 @@ RECS_TEAM = {
         "patients": {"prompt": "assistant@1", "model": "titan-embed-v2", "data_class": "regulated"},
         "tight": {"prompt": "assistant@1", "model": "text-embedding-3-small", "budget": {"day_usd": 0.0000001}},
         "chat": {"prompt": "assistant@1", "model": "gpt-4o-mini"},
+        "ledger": {"prompt": "assistant@1", "model": "text-embedding-3-small", "risk_tier": "high"},
     },
 }
 
@@ -477,6 +480,36 @@ async def test_a_client_that_hangs_up_is_charged_and_audited(gw: EmbeddingGatewa
     bound = input_tokens_bound("cl100k", ["hang up"])
     assert gone.status_code == 499 and gone.error_code == "client_disconnected" and gone.provider == "openai"
     assert gone.cost_usd == _usd(bound) and not gw.budget.held
+
+
+async def test_a_withheld_high_risk_embedding_is_recorded_as_the_503_its_caller_got(
+    gw: EmbeddingGateway, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The store refuses a high-risk record: the vectors are withheld (503) and the record kept
+    for the store's return says so; it said 200."""
+    tee, spool = gw.audit, AuditSpool(tmp_path / "spool", gw.store, drain_interval_s=3600)
+    await spool.start()
+    plain = tee.sink
+    tee.sink = StoreAuditSink(plain.builder, gw.store, spool)
+
+    def full_disk(items: Any) -> int:
+        raise sqlite3.OperationalError("database or disk is full")
+
+    try:
+        with monkeypatch.context() as m:
+            m.setattr(gw.store, "append", full_disk)
+            body = json.dumps({"model": "auto", "input": "ledger line"}).encode()
+            answer = await gw.pipeline.handle(body, gw.headers("ledger"))
+        await spool.stop()  # the store is back: the spool drains into it
+    finally:
+        tee.sink = plain
+    assert answer.status == 503 and answer.body["error"]["code"] == "audit_unavailable"
+    record = gw.record(answer.headers["x-switchyard-request-id"])
+    assert (record.status_code, record.error_code, record.cost_usd) == (
+        503,
+        "audit_unavailable",
+        _usd(fake_tokens("ledger line")),
+    )
 
 
 class _BrokenEmbedder:
