@@ -97,7 +97,9 @@ def _replica(
     parts = GatewayParts(
         policies=lambda: ps,
         keys=KeySnapshot(keys.verifier(), keys.version()),
-        providers=ProviderPool(overrides={n: _provider(n, seen) for n in ("openai", "anthropic", "bedrock")}),
+        providers=ProviderPool(
+            overrides={n: _provider(n, seen) for n in ("openai", "anthropic", "bedrock", "azure-openai")}
+        ),
         budget=gate,
         redactor=redactor,
         audit=sink,
@@ -587,4 +589,47 @@ async def test_answers_queued_behind_a_hung_audit_commit_are_withheld_at_their_d
         (await under_way).headers["x-switchyard-request-id"]: (200, None),
         **{r.headers["x-switchyard-request-id"]: (503, "audit_unavailable") for r in queued},
     }
+    store.close()
+
+
+async def test_a_high_risk_stream_ends_by_its_deadline_behind_a_hung_audit_commit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A stream's bytes are out before its record is stored, but its response ends only once
+    the record is: the OpenAI SDK reads on after `[DONE]` to the end of the response, so a
+    high-risk stream behind a hung audit commit held its client for as long as the store hung.
+    Now the record waits until the deadline, then is kept for the store's return."""
+    state = tmp_path / "state"
+    policy_store = _policies(tmp_path, state)
+    keys = KeyStore.in_state_dir(state)
+    payments = {"authorization": f"Bearer {keys.create('payments', Role.MEMBER)[0]}"}
+    legal = {"authorization": f"Bearer {keys.create('legal', Role.MEMBER)[0]}", DEADLINE_HEADER: "1500"}
+    sink, redactor = gateway_audit_parts(policy_store, state)
+    client, _ = _replica(policy_store.current, keys, sink, redactor, [])
+    real = sink.store.append
+    entered, release = threading.Event(), threading.Event()
+
+    def hung(items: Sequence[PendingEntry]) -> int:
+        entered.set()
+        release.wait(30)
+        return real(items)
+
+    monkeypatch.setattr(sink.store, "append", hung)
+    body = {"model": "auto", "messages": [], "variables": {"dispute_id": "D-1", "summary": "charged twice"}}
+    under_way = asyncio.create_task(client.post("/v1/chat/completions", json=body, headers=payments))
+    assert await asyncio.to_thread(entered.wait, 10)
+    review = {"model": "auto", "messages": [], "variables": {"jurisdiction": "EU"}, "stream": True}
+    started = time.monotonic()
+    try:
+        stream = await asyncio.wait_for(client.post("/v1/chat/completions", json=review, headers=legal), 8)
+    finally:
+        waited = time.monotonic() - started
+        release.set()
+    assert stream.status_code == 200 and stream.text.rstrip().endswith("data: [DONE]") and waited < 4, waited
+    assert (await under_way).status_code == 200
+    await sink.close()  # the store is back: the stream's kept record drains into it
+    await client.aclose()
+    store = AuditStore.in_state_dir(state)
+    [record] = [e.entry for e in store.find(team="legal", limit=10) if isinstance(e.entry, RequestRecord)]
+    assert (record.request_id, record.status_code) == (stream.headers["x-switchyard-request-id"], 200)
     store.close()

@@ -446,8 +446,8 @@ class EmbeddingsPipeline:
         return bills
 
     async def _audit(self, run: _Run, o: Outcome, *, withholds: bool = False) -> None:
-        """The request's record; an answer that `withholds` for want of it waits until the
-        deadline (`record_wait_s`), as the chat pipeline's does."""
+        """The request's record; it waits for the store until the deadline (`record_wait_s`),
+        as the chat pipeline's does."""
         ctx = run.plan.ctx
         exchange = Exchange(
             ctx=ctx,
@@ -466,7 +466,7 @@ class EmbeddingsPipeline:
             contract_result="not_declared" if run.log.attempts else "not_reached",
             error_code=o.error_code,
         )
-        within_s = record_wait_s(ctx, self.parts.timer()) if withholds else None
+        within_s = record_wait_s(ctx, self.parts.timer())
         await self.parts.audit.record(
             exchange, durable=ctx.flow.risk_tier is RiskTier.HIGH, within_s=within_s, withholds=withholds
         )

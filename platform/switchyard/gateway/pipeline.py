@@ -613,10 +613,10 @@ class ChatPipeline:
     async def _audit(
         self, plan: Plan, redacted: Redacted, o: Outcome, chain: ChainLog, *, withholds: bool = False
     ) -> None:
-        """The request's record. An answer that `withholds` for want of it waits for the store
-        until the deadline (`record_wait_s`); a record of an answer already gone or refused
-        waits as long as the store takes."""
-        within_s = record_wait_s(plan.ctx, self.parts.timer()) if withholds else None
+        """The request's record. It waits for the store until the deadline (`record_wait_s`):
+        an answer that `withholds` for want of it is then withheld; any other answer (an error,
+        a stream whose bytes are out) ends, its record kept for the store's return."""
+        within_s = record_wait_s(plan.ctx, self.parts.timer())
         with self._stage(plan, "audit.record"):
             await self.parts.audit.record(
                 self._exchange(plan, redacted, o, chain),
