@@ -7,11 +7,13 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
+import psycopg
 import pytest
 
-from switchyard.db.engine import open_database
+from switchyard.db.engine import open_database, postgres_lock_key
 from switchyard.db.location import DATABASE_URL_ENV
 from switchyard.db.migrations import SchemaError
 from switchyard.db.schemas import store_schemas
@@ -68,6 +70,28 @@ def test_a_database_ahead_of_the_code_is_refused_by_name(backend: str, tmp_path:
     with pytest.raises(SchemaError, match=rf"keys schema .* is at version 7, newer than this code.s {KEYS.version}"):
         KeyStore(db)
     db.close()
+
+
+def test_a_migration_behind_a_lock_not_let_go_fails_in_the_lock_timeout_naming_it(tmp_path: Path) -> None:
+    """Another session holds the migrations' lock and does not go on (an operator's open
+    session, a stuck migration): `db migrate` fails in 10 s naming the lock timeout, and the
+    store it was migrating is left as it was. Postgres's default waits for as long as the lock
+    is held."""
+    env = _env("postgres", tmp_path / "state")
+    holder = psycopg.connect(postgres_url(), autocommit=True)
+    try:
+        holder.execute("BEGIN")
+        holder.execute("SELECT pg_advisory_xact_lock(%s)", (postgres_lock_key("schema_versions"),))
+        started = time.monotonic()
+        migrated = _switchyard(env, "db", "migrate")
+        took = time.monotonic() - started
+    finally:
+        holder.close()
+    assert migrated.returncode == 1 and took < 60, (took, migrated.stderr)
+    assert "cannot migrate" in migrated.stderr and "lock timeout" in migrated.stderr, migrated.stderr
+    assert "Traceback" not in migrated.stderr
+    status = _switchyard(env, "db", "status", "--json")
+    assert {r["state"] for r in json.loads(status.stdout)} == {"behind"}
 
 
 def test_a_gateway_replica_refuses_a_shared_database_nobody_migrated() -> None:

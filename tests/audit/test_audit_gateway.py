@@ -508,6 +508,28 @@ async def test_a_live_replica_sends_on_what_a_dead_neighbour_left_without_a_rest
     assert AuditStore.in_state_dir(state).verify() == []
 
 
+DISPUTE = {"model": "auto", "messages": [], "variables": {"dispute_id": "D-1", "summary": "charged twice"}}
+
+
+async def _a_commit_that_hangs(
+    client: httpx.AsyncClient, headers: dict[str, str], sink: StoreAuditSink, monkeypatch: pytest.MonkeyPatch
+) -> tuple[asyncio.Task[httpx.Response], threading.Event]:
+    """A high-risk request whose audit commit hangs, as one behind a lock that another session
+    holds and does not let go, until the event returned is set; returns once it is under way."""
+    real = sink.store.append
+    entered, release = threading.Event(), threading.Event()
+
+    def hung(items: Sequence[PendingEntry]) -> int:
+        entered.set()
+        release.wait(30)
+        return real(items)
+
+    monkeypatch.setattr(sink.store, "append", hung)
+    under_way = asyncio.create_task(client.post("/v1/chat/completions", json=DISPUTE, headers=headers))
+    assert await asyncio.to_thread(entered.wait, 10)
+    return under_way, release
+
+
 async def test_a_withheld_high_risk_answer_is_recorded_as_the_503_its_caller_got(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -527,8 +549,7 @@ async def test_a_withheld_high_risk_answer_is_recorded_as_the_503_its_caller_got
         raise sqlite3.OperationalError("database or disk is full")
 
     monkeypatch.setattr(sink.store, "append", full_disk)
-    body = {"model": "auto", "messages": [], "variables": {"dispute_id": "D-1", "summary": "charged twice"}}
-    r = await client.post("/v1/chat/completions", json=body, headers=payments)
+    r = await client.post("/v1/chat/completions", json=DISPUTE, headers=payments)
     assert r.status_code == 503 and r.json()["error"]["code"] == "audit_unavailable", r.text
     assert metrics.requests == {("payments", "dispute-review", 503, "anthropic"): 1}  # counted as what it got
     # One error logged for one refusal: the owned task that withheld the answer did not fail.
@@ -557,23 +578,12 @@ async def test_answers_queued_behind_a_hung_audit_commit_are_withheld_at_their_d
     payments = {"authorization": f"Bearer {keys.create('payments', Role.MEMBER)[0]}"}
     sink, redactor = gateway_audit_parts(policy_store, state)
     client, _ = _replica(policy_store.current, keys, sink, redactor, [])
-    real = sink.store.append
-    entered, release = threading.Event(), threading.Event()
-
-    def hung(items: Sequence[PendingEntry]) -> int:
-        entered.set()
-        release.wait(30)
-        return real(items)
-
-    monkeypatch.setattr(sink.store, "append", hung)
-    body = {"model": "auto", "messages": [], "variables": {"dispute_id": "D-1", "summary": "charged twice"}}
-    under_way = asyncio.create_task(client.post("/v1/chat/completions", json=body, headers=payments))
-    assert await asyncio.to_thread(entered.wait, 10)
+    under_way, release = await _a_commit_that_hangs(client, payments, sink, monkeypatch)
     short = {**payments, DEADLINE_HEADER: "1500"}
     started = time.monotonic()
     try:
         queued = await asyncio.wait_for(
-            asyncio.gather(*(client.post("/v1/chat/completions", json=body, headers=short) for _ in range(3))), 8
+            asyncio.gather(*(client.post("/v1/chat/completions", json=DISPUTE, headers=short) for _ in range(3))), 8
         )
     finally:
         waited = time.monotonic() - started
@@ -596,9 +606,9 @@ async def test_a_high_risk_stream_ends_by_its_deadline_behind_a_hung_audit_commi
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A stream's bytes are out before its record is stored, but its response ends only once
-    the record is: the OpenAI SDK reads on after `[DONE]` to the end of the response, so a
-    high-risk stream behind a hung audit commit held its client for as long as the store hung.
-    Now the record waits until the deadline, then is kept for the store's return."""
+    the record is: a client that reads the response to its end (here httpx, as curl and
+    `requests` do) was held behind a hung audit commit for as long as the store hung. Now the
+    record waits until the deadline, then is kept for the store's return."""
     state = tmp_path / "state"
     policy_store = _policies(tmp_path, state)
     keys = KeyStore.in_state_dir(state)
@@ -606,18 +616,7 @@ async def test_a_high_risk_stream_ends_by_its_deadline_behind_a_hung_audit_commi
     legal = {"authorization": f"Bearer {keys.create('legal', Role.MEMBER)[0]}", DEADLINE_HEADER: "1500"}
     sink, redactor = gateway_audit_parts(policy_store, state)
     client, _ = _replica(policy_store.current, keys, sink, redactor, [])
-    real = sink.store.append
-    entered, release = threading.Event(), threading.Event()
-
-    def hung(items: Sequence[PendingEntry]) -> int:
-        entered.set()
-        release.wait(30)
-        return real(items)
-
-    monkeypatch.setattr(sink.store, "append", hung)
-    body = {"model": "auto", "messages": [], "variables": {"dispute_id": "D-1", "summary": "charged twice"}}
-    under_way = asyncio.create_task(client.post("/v1/chat/completions", json=body, headers=payments))
-    assert await asyncio.to_thread(entered.wait, 10)
+    under_way, release = await _a_commit_that_hangs(client, payments, sink, monkeypatch)
     review = {"model": "auto", "messages": [], "variables": {"jurisdiction": "EU"}, "stream": True}
     started = time.monotonic()
     try:
