@@ -246,6 +246,11 @@ def test_killing_a_serve_replica_under_load_keeps_ledger_and_audit_reconciled(
     def running_replicas() -> int:
         return int(serve.status().applications["gateway"].deployments["gateway"].replica_states.get("RUNNING", 0))
 
+    # Serve's status lags the kill: for a moment it still counts the victim RUNNING (a CI run
+    # read 2, then 1). So first see the victim gone, then its replacement RUNNING.
+    noticed_by = time.monotonic() + 30
+    while running_replicas() == 2 and time.monotonic() < noticed_by:
+        time.sleep(0.2)
     deadline = time.monotonic() + 120
     while running_replicas() < 2 and time.monotonic() < deadline:
         time.sleep(0.5)
