@@ -56,6 +56,7 @@ from switchyard.policy.policy_set import PolicySet
 from switchyard.policy.store import PolicyStore
 
 HOLD = "[hold]"  # as _audit_gateway_replica.py: its stream stops after the first piece
+MISSHAPEN = "[misshapen]"  # the provider's answer then breaks the flow's output schema
 HERE = Path(__file__).parent
 CUSTOMER = f"My card {CARD} was charged twice; mail me at {EMAIL} or call {PHONE}."
 
@@ -75,6 +76,8 @@ def _provider(name: str, seen: list[str]) -> InProcessProvider:
         seen.append(text)
         if "<EMAIL_ADDRESS_1>" in text:  # the redacted support flow: refer to the placeholder
             reply = "We refunded you and wrote to <EMAIL_ADDRESS_1> today."
+        elif MISSHAPEN in text:
+            reply = json.dumps({"escalate": "perhaps"})
         else:
             reply = json.dumps({"escalate": True, "reason": "card charged twice"})
         await asyncio.sleep(0.001)
@@ -631,4 +634,41 @@ async def test_a_high_risk_stream_ends_by_its_deadline_behind_a_hung_audit_commi
     store = AuditStore.in_state_dir(state)
     [record] = [e.entry for e in store.find(team="legal", limit=10) if isinstance(e.entry, RequestRecord)]
     assert (record.request_id, record.status_code) == (stream.headers["x-switchyard-request-id"], 200)
+    store.close()
+
+
+async def test_a_high_risk_error_ends_by_its_deadline_behind_a_hung_audit_commit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An error is the answer, so it is not withheld, but it was sent only once its record was
+    stored: behind a hung audit commit, a high-risk error (here the model's answer breaks the
+    flow's output schema) held its caller for as long as the store hung. Now its record waits
+    until the deadline, then is kept for the store's return."""
+    state = tmp_path / "state"
+    policy_store = _policies(tmp_path, state)
+    keys = KeyStore.in_state_dir(state)
+    payments = {"authorization": f"Bearer {keys.create('payments', Role.MEMBER)[0]}"}
+    sink, redactor = gateway_audit_parts(policy_store, state)
+    client, _ = _replica(policy_store.current, keys, sink, redactor, [])
+    under_way, release = await _a_commit_that_hangs(client, payments, sink, monkeypatch)
+    broken = {**DISPUTE, "variables": {"dispute_id": "D-2", "summary": f"charged twice {MISSHAPEN}"}}
+    started = time.monotonic()
+    try:
+        r = await asyncio.wait_for(
+            client.post("/v1/chat/completions", json=broken, headers={**payments, DEADLINE_HEADER: "1500"}), 8
+        )
+    finally:
+        waited = time.monotonic() - started
+        release.set()
+    assert r.status_code == 422 and waited < 4, (waited, r.text)
+    assert r.json()["error"]["code"] == "output_contract_violated"
+    assert (await under_way).status_code == 200
+    await sink.close()  # the store is back: the error's kept record drains into it
+    await client.aclose()
+    store = AuditStore.in_state_dir(state)
+    records = {
+        e.entry.request_id: e.entry for e in store.find(team="payments", limit=10) if isinstance(e.entry, RequestRecord)
+    }
+    record = records[r.headers["x-switchyard-request-id"]]
+    assert (record.status_code, record.error_code) == (422, "output_contract_violated")
     store.close()
