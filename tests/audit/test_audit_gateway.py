@@ -24,6 +24,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Sequence
 from contextlib import closing
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -51,7 +52,7 @@ from switchyard.gateway.providers.inprocess import InProcessProvider
 from switchyard.gateway.seams import Usage
 from switchyard.paths import repo_root
 from switchyard.policy.keys import KeyStore
-from switchyard.policy.models import Role
+from switchyard.policy.models import BodyStorage, Role
 from switchyard.policy.policy_set import PolicySet
 from switchyard.policy.store import PolicyStore
 
@@ -565,6 +566,48 @@ async def test_a_withheld_high_risk_answer_is_recorded_as_the_503_its_caller_got
     assert record.request_id == r.headers["x-switchyard-request-id"]
     assert (record.status_code, record.error_code) == (503, "audit_unavailable")
     assert record.cost_usd == pytest.approx(sum(usd for _, usd, _ in gate.settled)) and record.cost_usd > 0
+    store.close()
+
+
+async def test_a_withheld_answer_is_kept_when_the_database_is_gone_for_the_keyring_too(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The database goes away between a high-risk record's build and its commit, as a shared
+    Postgres does for the audit store and the subject keyring alike. The answer is withheld
+    and its record kept for the store's return. The record kept was built again, to say 503,
+    and that build read the subject's key from the database that had just gone: it failed, and
+    the record of a billed request was lost."""
+    state = tmp_path / "state"
+    policy_store = _policies(tmp_path, state)
+    keys = KeyStore.in_state_dir(state)
+    payments = {"authorization": f"Bearer {keys.create('payments', Role.MEMBER)[0]}"}
+    sink, redactor = gateway_audit_parts(policy_store, state)
+    client, gate = _replica(policy_store.current, keys, sink, redactor, [])
+    real_append, keyring = sink.store.append, sink.builder.keyring
+    real_key_for = keyring.key_for
+
+    def unreachable(*_: object) -> Any:
+        raise sqlite3.OperationalError("unable to open database file")
+
+    def database_gone(items: Sequence[PendingEntry]) -> int:
+        monkeypatch.setattr(keyring, "key_for", unreachable)
+        unreachable()
+        return 0
+
+    monkeypatch.setattr(sink.store, "append", database_gone)
+    r = await client.post("/v1/chat/completions", json=DISPUTE, headers=payments)
+    assert r.status_code == 503 and r.json()["error"]["code"] == "audit_unavailable", r.text
+    monkeypatch.setattr(sink.store, "append", real_append)  # the database is back
+    monkeypatch.setattr(keyring, "key_for", real_key_for)
+    await sink.close()
+    await client.aclose()
+    store = AuditStore.in_state_dir(state)
+    records = [e.entry for e in store.find(limit=100) if isinstance(e.entry, RequestRecord)]
+    assert [(x.request_id, x.status_code, x.error_code) for x in records] == [
+        (r.headers["x-switchyard-request-id"], 503, "audit_unavailable")
+    ]
+    assert records[0].cost_usd == pytest.approx(sum(usd for _, usd, _ in gate.settled)) and records[0].cost_usd > 0
+    assert records[0].output.storage is not BodyStorage.NONE  # its bodies were kept too
     store.close()
 
 

@@ -34,7 +34,7 @@ from switchyard.audit.subject_keys import (
 )
 from switchyard.budgets.money import nanos_to_usd
 from switchyard.gateway.messages import map_text
-from switchyard.gateway.seams import Bill, Exchange
+from switchyard.gateway.seams import AUDIT_UNAVAILABLE, Bill, Exchange
 from switchyard.policy.models import BodyStorage, DataClass
 
 DAY_S = 86_400
@@ -65,6 +65,14 @@ class BodyBlob:
 class PendingEntry:
     record: RequestRecord
     bodies: tuple[BodyBlob, ...]
+
+    def withheld(self) -> PendingEntry:
+        """The record of this answer withheld for want of it being stored: what its caller got,
+        a 503 `audit_unavailable`, with the model's output (produced and billed, only not sent).
+        Derived, not built again: a build reads the subject's key, from a database that may be
+        the very one failing."""
+        record = self.record.model_copy(update={"status_code": 503, "error_code": AUDIT_UNAVAILABLE})
+        return PendingEntry(record, self.bodies)
 
 
 class RecordBuilder:

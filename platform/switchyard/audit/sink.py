@@ -90,13 +90,13 @@ class StoreAuditSink:
         durable = durable or exchange.ctx.flow.risk_tier is RiskTier.HIGH
         pending = await self._build(exchange)
         if durable or self.spool is None:
-            await self._commit(exchange, pending, within_s, withholds)
+            await self._commit(pending, within_s, withholds)
         else:
             await (await self._started_spool()).put(pending)
         if self.spool is not None:
             self.spool.close_stream(exchange.ctx.request_id)  # stored or spooled: it supersedes a stand-in
 
-    async def _commit(self, exchange: Exchange, pending: PendingEntry, within_s: float | None, withholds: bool) -> None:
+    async def _commit(self, pending: PendingEntry, within_s: float | None, withholds: bool) -> None:
         try:
             await self._commits.append(pending, within_s)
         except self._not_taken as exc:
@@ -110,7 +110,7 @@ class StoreAuditSink:
                 # Not durable in the store: kept for the store's return, as the caller answers
                 # (the request may have been billed). An answer that waited on this record is
                 # withheld, so its record says what the caller got instead.
-                kept = await self._build(exchange.withheld()) if withholds else pending
+                kept = pending.withheld() if withholds else pending
                 await (await self._started_spool()).put(kept)
             raise AuditUnavailable(f"the audit store is unavailable ({type(exc).__name__})") from exc
 

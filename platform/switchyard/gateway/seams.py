@@ -9,7 +9,7 @@ Everything that crosses a seam is a frozen value object defined here.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from datetime import UTC, date, datetime
 from typing import Any, Literal, Protocol
 
@@ -246,12 +246,6 @@ class Exchange:
     skipped: tuple[tuple[str, str], ...] = ()  # (model, reason) of candidates not tried
     bills: tuple[Bill, ...] = ()  # what was charged, one per billed attempt (sums to cost_usd)
 
-    def withheld(self) -> Exchange:
-        """This answer as its caller gets it when its record cannot be kept durably: a 503
-        `audit_unavailable` (`AuditUnavailable`). The model's output stays in the record: it
-        was produced and billed, only not sent."""
-        return replace(self, status_code=503, error_code=AUDIT_UNAVAILABLE)
-
 
 AUDIT_UNAVAILABLE = "audit_unavailable"  # the error code of an answer withheld for want of its record
 # A commit takes milliseconds: the floor keeps an answer that came just before its deadline from
@@ -281,7 +275,8 @@ class AuditSink(Protocol):
         raises `AuditUnavailable` (a transaction already under way is waited for: the store's
         lock timeout bounds it). The sink then keeps the record for the store's return where
         it can: as it is, or, when the caller `withholds` its answer for want of the record,
-        as `exchange.withheld()`, which is what the caller is answered instead."""
+        as what the caller is answered instead: a 503 `AUDIT_UNAVAILABLE`, with the model's
+        output, which was produced and billed, only not sent."""
         ...
 
     async def open_stream(self, stand_in: Exchange, durable: bool) -> None:
