@@ -23,6 +23,7 @@ import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Sequence
 from contextlib import closing
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -515,6 +516,43 @@ async def test_a_live_replica_sends_on_what_a_dead_neighbour_left_without_a_rest
 DISPUTE = {"model": "auto", "messages": [], "variables": {"dispute_id": "D-1", "summary": "charged twice"}}
 
 
+@dataclass
+class _PaymentsReplica:
+    """One gateway replica with the SQLite audit sink, and a key of the payments team, whose
+    dispute-review flow is high risk (and of the teams named `also`)."""
+
+    payments: dict[str, str]
+    also: dict[str, dict[str, str]]  # a team's headers
+    sink: StoreAuditSink
+    client: httpx.AsyncClient
+    gate: InMemoryBudgetGate
+    state: Path
+
+
+def _payments_replica(
+    tmp_path: Path, metrics: InMemoryMetrics | None = None, also: tuple[str, ...] = ()
+) -> _PaymentsReplica:
+    state = tmp_path / "state"
+    policy_store = _policies(tmp_path, state)
+    keys = KeyStore.in_state_dir(state)
+    headers = {team: {"authorization": f"Bearer {keys.create(team, Role.MEMBER)[0]}"} for team in ("payments", *also)}
+    sink, redactor = gateway_audit_parts(policy_store, state)
+    client, gate = _replica(policy_store.current, keys, sink, redactor, [], metrics)  # the keys made so far
+    return _PaymentsReplica(headers.pop("payments"), headers, sink, client, gate, state)
+
+
+async def _records_once_the_store_is_back(gw: _PaymentsReplica) -> dict[str, RequestRecord]:
+    """Every request record, by request id, once the replica has shut down and its spool
+    drained into the store."""
+    await gw.sink.close()
+    await gw.client.aclose()
+    store = AuditStore.in_state_dir(gw.state)
+    try:
+        return {e.entry.request_id: e.entry for e in store.find(limit=100) if isinstance(e.entry, RequestRecord)}
+    finally:
+        store.close()
+
+
 async def _a_commit_that_hangs(
     client: httpx.AsyncClient, headers: dict[str, str], sink: StoreAuditSink, monkeypatch: pytest.MonkeyPatch
 ) -> tuple[asyncio.Task[httpx.Response], threading.Event]:
@@ -540,33 +578,25 @@ async def test_a_withheld_high_risk_answer_is_recorded_as_the_503_its_caller_got
     """The audit store refuses a high-risk record: the answer is withheld (503) and its record
     is kept for the store's return. That record states what the caller got, not the 200 the
     model's answer would have been."""
-    state = tmp_path / "state"
-    policy_store = _policies(tmp_path, state)
-    keys = KeyStore.in_state_dir(state)
-    payments = {"authorization": f"Bearer {keys.create('payments', Role.MEMBER)[0]}"}
-    sink, redactor = gateway_audit_parts(policy_store, state)
     metrics = InMemoryMetrics()
-    client, gate = _replica(policy_store.current, keys, sink, redactor, [], metrics)
+    gw = _payments_replica(tmp_path, metrics)
+    sink, payments = gw.sink, gw.payments
     real = sink.store.append
 
     def full_disk(items: Sequence[PendingEntry]) -> int:
         raise sqlite3.OperationalError("database or disk is full")
 
     monkeypatch.setattr(sink.store, "append", full_disk)
-    r = await client.post("/v1/chat/completions", json=DISPUTE, headers=payments)
+    r = await gw.client.post("/v1/chat/completions", json=DISPUTE, headers=payments)
     assert r.status_code == 503 and r.json()["error"]["code"] == "audit_unavailable", r.text
     assert metrics.requests == {("payments", "dispute-review", 503, "anthropic"): 1}  # counted as what it got
     # One error logged for one refusal: the owned task that withheld the answer did not fail.
     assert not [r for r in caplog.records if r.name == "switchyard.gateway.owned_tasks"]
     monkeypatch.setattr(sink.store, "append", real)
-    await sink.close()  # the store is back: the spool drains into it
-    await client.aclose()
-    store = AuditStore.in_state_dir(state)
-    [record] = [e.entry for e in store.find(limit=100) if isinstance(e.entry, RequestRecord)]
+    [record] = (await _records_once_the_store_is_back(gw)).values()  # the spool drains into it
     assert record.request_id == r.headers["x-switchyard-request-id"]
     assert (record.status_code, record.error_code) == (503, "audit_unavailable")
-    assert record.cost_usd == pytest.approx(sum(usd for _, usd, _ in gate.settled)) and record.cost_usd > 0
-    store.close()
+    assert record.cost_usd == pytest.approx(sum(usd for _, usd, _ in gw.gate.settled)) and record.cost_usd > 0
 
 
 async def test_a_withheld_answer_is_kept_when_the_database_is_gone_for_the_keyring_too(
@@ -577,13 +607,8 @@ async def test_a_withheld_answer_is_kept_when_the_database_is_gone_for_the_keyri
     and its record kept for the store's return. The record kept was built again, to say 503,
     and that build read the subject's key from the database that had just gone: it failed, and
     the record of a billed request was lost."""
-    state = tmp_path / "state"
-    policy_store = _policies(tmp_path, state)
-    keys = KeyStore.in_state_dir(state)
-    payments = {"authorization": f"Bearer {keys.create('payments', Role.MEMBER)[0]}"}
-    sink, redactor = gateway_audit_parts(policy_store, state)
-    client, gate = _replica(policy_store.current, keys, sink, redactor, [])
-    real_append, keyring = sink.store.append, sink.builder.keyring
+    gw = _payments_replica(tmp_path)
+    real_append, keyring = gw.sink.store.append, gw.sink.builder.keyring
     real_key_for = keyring.key_for
 
     def unreachable(*_: object) -> Any:
@@ -594,21 +619,17 @@ async def test_a_withheld_answer_is_kept_when_the_database_is_gone_for_the_keyri
         unreachable()
         return 0
 
-    monkeypatch.setattr(sink.store, "append", database_gone)
-    r = await client.post("/v1/chat/completions", json=DISPUTE, headers=payments)
+    monkeypatch.setattr(gw.sink.store, "append", database_gone)
+    r = await gw.client.post("/v1/chat/completions", json=DISPUTE, headers=gw.payments)
     assert r.status_code == 503 and r.json()["error"]["code"] == "audit_unavailable", r.text
-    monkeypatch.setattr(sink.store, "append", real_append)  # the database is back
+    monkeypatch.setattr(gw.sink.store, "append", real_append)  # the database is back
     monkeypatch.setattr(keyring, "key_for", real_key_for)
-    await sink.close()
-    await client.aclose()
-    store = AuditStore.in_state_dir(state)
-    records = [e.entry for e in store.find(limit=100) if isinstance(e.entry, RequestRecord)]
+    records = list((await _records_once_the_store_is_back(gw)).values())
     assert [(x.request_id, x.status_code, x.error_code) for x in records] == [
         (r.headers["x-switchyard-request-id"], 503, "audit_unavailable")
     ]
-    assert records[0].cost_usd == pytest.approx(sum(usd for _, usd, _ in gate.settled)) and records[0].cost_usd > 0
+    assert records[0].cost_usd == pytest.approx(sum(usd for _, usd, _ in gw.gate.settled)) and records[0].cost_usd > 0
     assert records[0].output.storage is not BodyStorage.NONE  # its bodies were kept too
-    store.close()
 
 
 async def test_answers_queued_behind_a_hung_audit_commit_are_withheld_at_their_deadline(
@@ -618,18 +639,13 @@ async def test_answers_queued_behind_a_hung_audit_commit_are_withheld_at_their_d
     on). The high-risk answers queued behind it are withheld at their deadline (503), not held
     for as long as the store hangs; each is recorded as withheld once the store is back. The
     answer whose commit was under way is answered when its commit ends."""
-    state = tmp_path / "state"
-    policy_store = _policies(tmp_path, state)
-    keys = KeyStore.in_state_dir(state)
-    payments = {"authorization": f"Bearer {keys.create('payments', Role.MEMBER)[0]}"}
-    sink, redactor = gateway_audit_parts(policy_store, state)
-    client, _ = _replica(policy_store.current, keys, sink, redactor, [])
-    under_way, release = await _a_commit_that_hangs(client, payments, sink, monkeypatch)
-    short = {**payments, DEADLINE_HEADER: "1500"}
+    gw = _payments_replica(tmp_path)
+    under_way, release = await _a_commit_that_hangs(gw.client, gw.payments, gw.sink, monkeypatch)
+    short = {**gw.payments, DEADLINE_HEADER: "1500"}
     started = time.monotonic()
     try:
         queued = await asyncio.wait_for(
-            asyncio.gather(*(client.post("/v1/chat/completions", json=DISPUTE, headers=short) for _ in range(3))), 8
+            asyncio.gather(*(gw.client.post("/v1/chat/completions", json=DISPUTE, headers=short) for _ in range(3))), 8
         )
     finally:
         waited = time.monotonic() - started
@@ -637,15 +653,11 @@ async def test_answers_queued_behind_a_hung_audit_commit_are_withheld_at_their_d
     assert [r.status_code for r in queued] == [503] * 3 and waited < 4, (waited, [r.text for r in queued])
     assert {r.json()["error"]["code"] for r in queued} == {"audit_unavailable"}
     assert (await under_way).status_code == 200  # its transaction was under way: it committed
-    await sink.close()
-    await client.aclose()
-    store = AuditStore.in_state_dir(state)
-    records = {e.entry.request_id: e.entry for e in store.find(limit=100) if isinstance(e.entry, RequestRecord)}
+    records = await _records_once_the_store_is_back(gw)
     assert {rid: (r.status_code, r.error_code) for rid, r in records.items()} == {
         (await under_way).headers["x-switchyard-request-id"]: (200, None),
         **{r.headers["x-switchyard-request-id"]: (503, "audit_unavailable") for r in queued},
     }
-    store.close()
 
 
 async def test_a_high_risk_stream_ends_by_its_deadline_behind_a_hung_audit_commit(
@@ -655,29 +667,20 @@ async def test_a_high_risk_stream_ends_by_its_deadline_behind_a_hung_audit_commi
     the record is: a client that reads the response to its end (here httpx, as curl and
     `requests` do) was held behind a hung audit commit for as long as the store hung. Now the
     record waits until the deadline, then is kept for the store's return."""
-    state = tmp_path / "state"
-    policy_store = _policies(tmp_path, state)
-    keys = KeyStore.in_state_dir(state)
-    payments = {"authorization": f"Bearer {keys.create('payments', Role.MEMBER)[0]}"}
-    legal = {"authorization": f"Bearer {keys.create('legal', Role.MEMBER)[0]}", DEADLINE_HEADER: "1500"}
-    sink, redactor = gateway_audit_parts(policy_store, state)
-    client, _ = _replica(policy_store.current, keys, sink, redactor, [])
-    under_way, release = await _a_commit_that_hangs(client, payments, sink, monkeypatch)
+    gw = _payments_replica(tmp_path, also=("legal",))
+    legal = {**gw.also["legal"], DEADLINE_HEADER: "1500"}
+    under_way, release = await _a_commit_that_hangs(gw.client, gw.payments, gw.sink, monkeypatch)
     review = {"model": "auto", "messages": [], "variables": {"jurisdiction": "EU"}, "stream": True}
     started = time.monotonic()
     try:
-        stream = await asyncio.wait_for(client.post("/v1/chat/completions", json=review, headers=legal), 8)
+        stream = await asyncio.wait_for(gw.client.post("/v1/chat/completions", json=review, headers=legal), 8)
     finally:
         waited = time.monotonic() - started
         release.set()
     assert stream.status_code == 200 and stream.text.rstrip().endswith("data: [DONE]") and waited < 4, waited
     assert (await under_way).status_code == 200
-    await sink.close()  # the store is back: the stream's kept record drains into it
-    await client.aclose()
-    store = AuditStore.in_state_dir(state)
-    [record] = [e.entry for e in store.find(team="legal", limit=10) if isinstance(e.entry, RequestRecord)]
-    assert (record.request_id, record.status_code) == (stream.headers["x-switchyard-request-id"], 200)
-    store.close()
+    record = (await _records_once_the_store_is_back(gw))[stream.headers["x-switchyard-request-id"]]
+    assert record.status_code == 200  # its kept record drained into the store
 
 
 async def test_a_high_risk_error_ends_by_its_deadline_behind_a_hung_audit_commit(
@@ -687,18 +690,13 @@ async def test_a_high_risk_error_ends_by_its_deadline_behind_a_hung_audit_commit
     stored: behind a hung audit commit, a high-risk error (here the model's answer breaks the
     flow's output schema) held its caller for as long as the store hung. Now its record waits
     until the deadline, then is kept for the store's return."""
-    state = tmp_path / "state"
-    policy_store = _policies(tmp_path, state)
-    keys = KeyStore.in_state_dir(state)
-    payments = {"authorization": f"Bearer {keys.create('payments', Role.MEMBER)[0]}"}
-    sink, redactor = gateway_audit_parts(policy_store, state)
-    client, _ = _replica(policy_store.current, keys, sink, redactor, [])
-    under_way, release = await _a_commit_that_hangs(client, payments, sink, monkeypatch)
+    gw = _payments_replica(tmp_path)
+    under_way, release = await _a_commit_that_hangs(gw.client, gw.payments, gw.sink, monkeypatch)
     broken = {**DISPUTE, "variables": {"dispute_id": "D-2", "summary": f"charged twice {MISSHAPEN}"}}
     started = time.monotonic()
     try:
         r = await asyncio.wait_for(
-            client.post("/v1/chat/completions", json=broken, headers={**payments, DEADLINE_HEADER: "1500"}), 8
+            gw.client.post("/v1/chat/completions", json=broken, headers={**gw.payments, DEADLINE_HEADER: "1500"}), 8
         )
     finally:
         waited = time.monotonic() - started
@@ -706,12 +704,5 @@ async def test_a_high_risk_error_ends_by_its_deadline_behind_a_hung_audit_commit
     assert r.status_code == 422 and waited < 4, (waited, r.text)
     assert r.json()["error"]["code"] == "output_contract_violated"
     assert (await under_way).status_code == 200
-    await sink.close()  # the store is back: the error's kept record drains into it
-    await client.aclose()
-    store = AuditStore.in_state_dir(state)
-    records = {
-        e.entry.request_id: e.entry for e in store.find(team="payments", limit=10) if isinstance(e.entry, RequestRecord)
-    }
-    record = records[r.headers["x-switchyard-request-id"]]
-    assert (record.status_code, record.error_code) == (422, "output_contract_violated")
-    store.close()
+    record = (await _records_once_the_store_is_back(gw))[r.headers["x-switchyard-request-id"]]
+    assert (record.status_code, record.error_code) == (422, "output_contract_violated")  # kept, then drained
