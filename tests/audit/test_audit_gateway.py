@@ -25,7 +25,7 @@ from collections.abc import AsyncIterator, Awaitable, Sequence
 from contextlib import closing
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import NoReturn
 
 import httpx
 import pytest
@@ -611,13 +611,12 @@ async def test_a_withheld_answer_is_kept_when_the_database_is_gone_for_the_keyri
     real_append, keyring = gw.sink.store.append, gw.sink.builder.keyring
     real_key_for = keyring.key_for
 
-    def unreachable(*_: object) -> Any:
+    def unreachable(*_: object) -> NoReturn:
         raise sqlite3.OperationalError("unable to open database file")
 
-    def database_gone(items: Sequence[PendingEntry]) -> int:
-        monkeypatch.setattr(keyring, "key_for", unreachable)
+    def database_gone(items: Sequence[PendingEntry]) -> NoReturn:
+        monkeypatch.setattr(keyring, "key_for", unreachable)  # from now on, for the keyring too
         unreachable()
-        return 0
 
     monkeypatch.setattr(gw.sink.store, "append", database_gone)
     r = await gw.client.post("/v1/chat/completions", json=DISPUTE, headers=gw.payments)
